@@ -1,0 +1,33 @@
+# Everything the project needs, from nothing: `make demo` (README command one), `make test` (two).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: setup demo test test-fast lint bench clean
+
+$(BIN)/anyspec: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev,server,bench]'
+	touch $@
+
+setup: $(BIN)/anyspec
+
+demo: setup
+	$(BIN)/anyspec demo
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info

