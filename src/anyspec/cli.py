@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-class UsageError(Exception):
-    """A problem with the user's input: printed as one line, exit status 2."""
+from anyspec.errors import AnyspecError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anyspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    # Each sub-command module adds its parser here: add_arguments(sub) -> sets func=run(args)
+    # Each sub-command's module adds its parser with add_parser(sub), setting func=run(args).
     from anyspec.vocab import analyze
 
     analyze.add_parser(sub)
@@ -24,6 +22,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except UsageError as exc:
+    except AnyspecError as exc:
         print(f"anyspec {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import platformdirs
 
+from anyspec.errors import AnyspecError
 
-class FetchError(RuntimeError):
+
+class FetchError(AnyspecError):
     """A registry package or a file inside it could not be had or did not verify."""
 
 
