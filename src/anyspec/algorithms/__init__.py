@@ -1,0 +1,1 @@
+"""Speculative decoding algorithms as plain functions on tensors."""

@@ -1,0 +1,158 @@
+"""A causal LM from transformers with a KV cache that is extended and cropped, never re-prefilled.
+
+``extend(ids)`` appends tokens to the cache and returns their logits; ``crop(n)`` keeps the first
+``n`` cached tokens (after a rejection). The engine drives both the draft and the target with
+these two calls.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from anyspec.errors import ConfigError
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+def cpu_has_bf16() -> bool:
+    """True when this CPU computes bf16 natively (AVX-512 BF16 or AMX); else bf16 is emulated and slow."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    if torch.backends.cpu.get_cpu_capability() == "AVX512_BF16":
+        return True
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = line.split()
+                    return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:
+        pass
+    return False
+
+
+def default_dtype() -> torch.dtype:
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return default_dtype()
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of auto, bf16, fp16, fp32")
+    return DTYPES[dtype]
+
+
+class TransformersModel:
+    """One model, its tokenizer and its KV cache. ``cached_ids`` are the tokens in the cache."""
+
+    def __init__(self, model, tokenizer, name: str = "model"):
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
+        self.device = next(model.parameters()).device
+        self._new_cache = lambda: DynamicCache(config=model.config)
+        self.cache = self._new_cache()
+        self.cached_ids: list[int] = []
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached_ids)
+
+    def reset(self) -> None:
+        self.cache = self._new_cache()
+        self.cached_ids = []
+
+    @torch.inference_mode()
+    def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
+        """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]`` (or the ``last`` rows)."""
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        keep = len(ids) if last is None else last
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=keep)
+        self.cache = out.past_key_values
+        self.cached_ids.extend(ids)
+        return out.logits[0].float()
+
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` cached tokens."""
+        if n < self.num_cached:
+            self.cache.crop(n)
+            del self.cached_ids[n:]
+
+    def eos_ids(self) -> set[int]:
+        """End-of-sequence ids from the generation config and the tokenizer."""
+        ids: set[int] = set()
+        gen = getattr(self.model, "generation_config", None)
+        for value in (getattr(gen, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value is not None:
+                ids.update(int(v) for v in value)
+        return ids
+
+
+def check_model_path(spec: str) -> None:
+    """Fail before loading when ``spec`` is neither an existing path, a built-in name nor a hub id."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file() and not list(path.glob("*.gguf")):
+            raise ConfigError(f"{spec} is a folder without config.json or a .gguf file; "
+                              "point at a model folder")
+        return
+    if spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ConfigError(f"model path {spec} does not exist")
+
+
+def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
+               trust_remote_code: bool = False, allow_download: bool = False,
+               name: str = "model") -> TransformersModel:
+    """Load a model folder, a GGUF file (de-quantized by transformers), a built-in name or a hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(spec).expanduser()
+    if not path.exists():
+        path = _resolve_builtin(spec) or path
+    kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
+                  local_files_only=not allow_download and not path.exists())
+    if path.is_file() and path.suffix == ".gguf":
+        source, kwargs["gguf_file"] = str(path.parent), path.name
+    elif path.is_dir() and not (path / "config.json").is_file() and list(path.glob("*.gguf")):
+        source, kwargs["gguf_file"] = str(path), sorted(path.glob("*.gguf"))[0].name
+    elif path.exists():
+        source = str(path)
+    else:
+        source = spec
+        if not allow_download:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if path.exists():
+        kwargs["local_files_only"] = True
+    tok_keys = ("gguf_file", "trust_remote_code", "local_files_only")
+    tok_kwargs = {k: v for k, v in kwargs.items() if k in tok_keys}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **tok_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device)
+    except OSError as exc:
+        hint = "" if allow_download else " (downloads are off; pass a local folder or a built-in name)"
+        raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}{hint}") from None
+    return TransformersModel(model, tokenizer, name=name)
+
+
+def _resolve_builtin(spec: str) -> Path | None:
+    try:
+        from anyspec.models import resolve_model
+    except ImportError:
+        return None
+    try:
+        return Path(resolve_model(spec))
+    except ConfigError:
+        return None
