@@ -15,6 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     from anyspec.vocab import analyze
 
     analyze.add_parser(sub)
+    from anyspec import models
+
+    models.add_parser(sub)
     return parser
 
 

