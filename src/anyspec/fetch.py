@@ -134,7 +134,8 @@ def _mark_verified(path: Path, sha256: str) -> None:
     path.with_name(path.name + ".sha256").write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}")
 
 
-def download_packages(specs: list[tuple[str, str]], progress: bool = True, desc: str = "download") -> list[Path]:
+def download_packages(specs: list[tuple[str, str]], progress: bool = True,
+                      desc: str = "download") -> list[Path]:
     """Download several ``(package, version)`` archives, with one progress tick per package."""
     from tqdm import tqdm
 
