@@ -15,9 +15,11 @@ def build_parser() -> argparse.ArgumentParser:
     from anyspec.vocab import analyze
 
     analyze.add_parser(sub)
-    from anyspec import models
+    from anyspec import bench, demo, models
 
     models.add_parser(sub)
+    bench.add_parser(sub)
+    demo.add_parser(sub)
     return parser
 
 

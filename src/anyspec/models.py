@@ -191,6 +191,8 @@ def convert(gguf: Path, out: Path, progress: bool = True, desc: str = "convert")
         if reloaded.chat_template != tok.chat_template or reloaded.eos_token != tok.eos_token:
             raise FetchError(f"the converted {gguf.stem} lost its chat template or eos token; not caching it")
         bar.update(1)
+    for f in out.iterdir():
+        f.chmod(0o644)
     meta = {"format": FORMAT, "dtype": "bfloat16", "eos_token": tok.eos_token,
             "convert_seconds": round(time.time() - t0, 1)}
     (out / "anyspec.json").write_text(json.dumps(meta, indent=1) + "\n")

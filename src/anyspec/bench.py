@@ -1,0 +1,353 @@
+"""``anyspec bench``: anyspec against the target alone and Hugging Face's assisted generation.
+
+On the same loaded models, dtype and prompts it runs, per prompt and in an order that rotates from
+prompt to prompt (so slow drift of the machine falls on every method alike):
+
+- ``target``: the target alone, on anyspec's own loop (k = 0), greedy: the reference output;
+- ``anyspec-greedy`` / ``anyspec-sampled``: TLI speculative decoding, greedy and sampled;
+- ``hf-target`` / ``hf-uag``: transformers ``generate`` alone and with ``assistant_model=`` +
+  ``assistant_tokenizer=`` (Universal Assisted Generation), each against its own baseline;
+- ``vllm``: only when vLLM is installed.
+
+Greedy outputs are compared token by token with ``target``; where they differ, the position and
+the target's top-1 minus top-2 logit at that position are reported (a near-tie there means the
+difference is numerical, not a bug). Writes JSON, a Markdown table and optionally a PNG plot.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from anyspec.errors import ConfigError
+
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
+METHODS = ("target", "anyspec-greedy", "anyspec-sampled", "hf-target", "hf-uag", "vllm")
+BASELINE = {"anyspec-greedy": "target", "anyspec-sampled": "target", "hf-uag": "hf-target",
+            "hf-target": "target", "vllm": "target"}
+
+
+def load_prompts(path: Path) -> list[dict]:
+    """JSONL: one ``{"id": ..., "messages": [{"role": "user", "content": ...}]}`` (or ``"prompt"``) a line."""
+    if not path.is_file():
+        raise ConfigError(f"prompt file {path} does not exist")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ConfigError(f"{path}:{n} is not valid JSON") from None
+        if "messages" not in row and "prompt" not in row:
+            raise ConfigError(f"{path}:{n} has neither 'messages' nor 'prompt'")
+        rows.append({"id": row.get("id", f"{path.stem}-{n}"), "set": path.stem,
+                     "prompt": row.get("messages") or row["prompt"]})
+    if not rows:
+        raise ConfigError(f"prompt file {path} has no prompts")
+    return rows
+
+
+# ---- methods: each returns {"ids", "text", "seconds", "drafted", "accepted"} -------------------------
+
+def _prompt_ids(tok, prompt) -> list[int]:
+    """The target's prompt tokens exactly as the engine builds them."""
+    if isinstance(prompt, str):
+        return tok.encode(prompt)
+    text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False)
+
+
+def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True) -> dict:
+    from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+
+    key = ("engine", draft, sampled)
+    if key not in ctx:
+        config = SpeculativeConfig(num_speculative_tokens=ctx["k"],
+                                   draft_sample_method="sample" if sampled else "greedy")
+        ctx[key] = Engine(ctx["target"], ctx["draft"] if draft else None, config)
+    params = SamplingParams(temperature=ctx["temperature"] if sampled else 0.0,
+                            max_new_tokens=ctx["max_new_tokens"], seed=ctx["seed"] if sampled else None)
+    t = time.perf_counter()
+    res = ctx[key].generate(prompt, params)
+    dt = time.perf_counter() - t
+    return {"ids": list(res.token_ids), "text": res.text, "seconds": dt,
+            "drafted": res.stats.drafted if draft else None,
+            "accepted": res.stats.accepted if draft else None}
+
+
+def run_hf(ctx: dict, prompt, assisted: bool) -> dict:
+    import torch
+
+    target, tok = ctx["target"].model, ctx["target"].tokenizer
+    ids = torch.tensor([_prompt_ids(tok, prompt)])
+    kw = {"max_new_tokens": ctx["max_new_tokens"], "do_sample": False, "attention_mask": torch.ones_like(ids),
+          "top_p": None, "top_k": None, "temperature": None}
+    if tok.pad_token_id is not None:
+        kw["pad_token_id"] = tok.pad_token_id
+    if assisted:
+        kw.update(assistant_model=ctx["draft"].model, tokenizer=tok,
+                  assistant_tokenizer=ctx["draft"].tokenizer)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = target.generate(ids, **kw)
+    dt = time.perf_counter() - t
+    new = out[0, ids.shape[1]:].tolist()
+    eos = ctx["eos"]
+    for i, token in enumerate(new):
+        if token in eos:
+            new = new[:i]
+            break
+    return {"ids": new, "text": tok.decode(new), "seconds": dt, "drafted": None, "accepted": None}
+
+
+def run_vllm(ctx: dict, prompt) -> dict:
+    """vLLM's own speculative decoding with the same pair (untested on this CPU-only machine)."""
+    from vllm import LLM
+    from vllm import SamplingParams as VP
+
+    if "vllm" not in ctx:
+        ctx["vllm"] = LLM(model=str(ctx["target_path"]), dtype=ctx["dtype_name"], speculative_config={
+            "model": str(ctx["draft_path"]), "num_speculative_tokens": ctx["k"]})
+    tok = ctx["target"].tokenizer
+    t = time.perf_counter()
+    out = ctx["vllm"].generate([{"prompt_token_ids": _prompt_ids(tok, prompt)}],
+                               VP(temperature=0.0, max_tokens=ctx["max_new_tokens"]), use_tqdm=False)
+    dt = time.perf_counter() - t
+    ids = [t for t in out[0].outputs[0].token_ids if t not in ctx["eos"]]
+    return {"ids": ids, "text": out[0].outputs[0].text, "seconds": dt, "drafted": None, "accepted": None}
+
+
+RUNNERS = {
+    "target": lambda ctx, p: run_anyspec(ctx, p, sampled=False, draft=False),
+    "anyspec-greedy": lambda ctx, p: run_anyspec(ctx, p, sampled=False),
+    "anyspec-sampled": lambda ctx, p: run_anyspec(ctx, p, sampled=True),
+    "hf-target": lambda ctx, p: run_hf(ctx, p, assisted=False),
+    "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
+    "vllm": run_vllm,
+}
+
+
+def available(methods: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The methods that can run here, and a note for each one skipped."""
+    notes = {}
+    if "vllm" in methods and importlib.util.find_spec("vllm") is None:
+        notes["vllm"] = "vLLM is not installed (pip install 'anyspec[vllm]'); skipped"
+    if any(m.startswith("anyspec") or m == "target" for m in methods):
+        try:
+            import anyspec.engine  # noqa: F401
+        except ImportError as exc:
+            for m in methods:
+                if m.startswith("anyspec") or m == "target":
+                    notes[m] = f"the anyspec engine does not import ({exc}); skipped"
+    return [m for m in methods if m not in notes], notes
+
+
+# ---- comparison ----------------------------------------------------------------------------------
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
+    """The target's top-1 minus top-2 logit for the token at ``pos`` after ``prompt + ref[:pos]``."""
+    import torch
+
+    ids = _prompt_ids(ctx["target"].tokenizer, prompt) + ref[:pos]
+    with torch.inference_mode():
+        logits = ctx["target"].model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+# ---- the run -------------------------------------------------------------------------------------
+
+def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[str], max_new_tokens: int = 64,
+              k: int = 4, dtype: str | None = None, temperature: float = 0.7, seed: int = 0,
+              threads: int | None = None, limit: int | None = None, log=print) -> dict:
+    import torch
+
+    from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
+
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    prompts = [p for f in prompt_files for p in load_prompts(f)[:limit]]
+    check_model_path(target)
+    check_model_path(draft)
+    methods, notes = available(methods)
+    if threads:
+        torch.set_num_threads(threads)
+    torch_dtype = resolve_dtype(dtype)
+    t = time.perf_counter()
+    tgt = load_model(target, dtype=torch_dtype, name="target")
+    drf = load_model(draft, dtype=torch_dtype, name="draft")
+    log(f"loaded {target} + {draft} ({torch_dtype}) in {time.perf_counter() - t:.1f}s; "
+        f"{torch.get_num_threads()} threads")
+    from anyspec.models import MODELS, resolve_model
+
+    ctx = {"target": tgt, "draft": drf, "k": k, "temperature": temperature, "seed": seed,
+           "max_new_tokens": max_new_tokens, "eos": tgt.eos_ids(),
+           "dtype_name": str(torch_dtype).split(".")[-1],
+           "target_path": resolve_model(target) if target in MODELS else target,
+           "draft_path": resolve_model(draft) if draft in MODELS else draft}
+
+    warm = {"max_new_tokens": ctx["max_new_tokens"]}
+    ctx["max_new_tokens"] = 4
+    for m in methods:
+        RUNNERS[m](ctx, [{"role": "user", "content": "Say hi."}])
+    ctx.update(warm)
+
+    runs = []
+    for i, p in enumerate(prompts):
+        order = methods[i % len(methods):] + methods[:i % len(methods)]
+        for m in order:
+            r = RUNNERS[m](ctx, p["prompt"])
+            r.update(method=m, prompt=p["id"], set=p["set"], order=order.index(m))
+            runs.append(r)
+            log(f"  {p['set']}/{p['id']:<18} {m:<16} {len(r['ids']):>4} tok {r['seconds']:7.2f}s "
+                f"{len(r['ids']) / r['seconds']:6.2f} tok/s")
+        ref = next((r for r in runs if r["prompt"] == p["id"] and r["method"] == "target"), None)
+        for r in runs:
+            if r["prompt"] != p["id"] or r["method"] == "target" or r["method"] == "anyspec-sampled" \
+                    or ref is None:
+                continue
+            pos = first_difference(ref["ids"], r["ids"])
+            r["identical"] = pos is None
+            if pos is not None:
+                r["diff_pos"] = pos
+                r["diff_margin"] = logit_margin(ctx, p["prompt"], ref["ids"], pos) if pos < len(ref["ids"]) \
+                    else None
+    return {"config": {"target": target, "draft": draft, "dtype": ctx["dtype_name"], "k": k,
+                       "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
+                       "threads": torch.get_num_threads(), "prompts": [str(f) for f in prompt_files],
+                       "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+                       "torch": torch.__version__, "python": sys.version.split()[0],
+                       "hf_uag": "transformers generate() defaults (num_assistant_tokens schedule)"},
+            "notes": notes, "runs": runs, "summary": summarize(runs)}
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    rows = []
+    for s in sorted({r["set"] for r in runs}) + ["all"]:
+        sel = [r for r in runs if s in ("all", r["set"])]
+        tps = {}
+        for m in dict.fromkeys(r["method"] for r in sel):
+            mine = [r for r in sel if r["method"] == m]
+            tokens, seconds = sum(len(r["ids"]) for r in mine), sum(r["seconds"] for r in mine)
+            tps[m] = tokens / seconds if seconds else 0.0
+            drafted = sum(r["drafted"] or 0 for r in mine)
+            compared = [r for r in mine if "identical" in r]
+            rows.append({
+                "set": s, "method": m, "prompts": len(mine), "tokens": tokens, "seconds": round(seconds, 3),
+                "tokens_per_second": round(tps[m], 3),
+                "acceptance": round(sum(r["accepted"] or 0 for r in mine) / drafted, 3) if drafted else None,
+                "identical": f"{sum(r['identical'] for r in compared)}/{len(compared)}" if compared else None,
+                "diffs": [(r["prompt"], r["diff_pos"], None if r["diff_margin"] is None
+                           else round(r["diff_margin"], 3)) for r in compared if not r["identical"]],
+            })
+        for row in rows:
+            if row["set"] == s:
+                base = BASELINE.get(row["method"])
+                row["speedup"] = round(row["tokens_per_second"] / tps[base], 3) if tps.get(base) else None
+    return rows
+
+
+def markdown(result: dict) -> str:
+    c = result["config"]
+    lines = [f"target `{c['target']}`, draft `{c['draft']}`, {c['dtype']}, k={c['k']}, "
+             f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, sampled at T={c['temperature']}",
+             "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | identical to target | "
+             "first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["summary"]:
+        vs = f"{r['speedup']:.2f}x ({BASELINE[r['method']]})" if r.get("speedup") is not None else "-"
+        diffs = "; ".join(f"{p} @{pos} ({m})" for p, pos, m in r["diffs"][:4]) or "-"
+        lines.append(f"| {r['set']} | {r['method']} | {r['tokens']} | {r['tokens_per_second']:.2f} | {vs} | "
+                     f"{r['acceptance'] if r['acceptance'] is not None else '-'} | {r['identical'] or '-'} | "
+                     f"{diffs} |")
+    lines += [f"- {m}: {note}" for m, note in result["notes"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'anyspec[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["summary"] if r["set"] != "all"]
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    width = 0.8 / max(len(methods), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sets) * len(methods) ** 0.5), 4))
+    for j, m in enumerate(methods):
+        xs, ys = [], []
+        for i, s in enumerate(sets):
+            r = next((r for r in rows if r["set"] == s and r["method"] == m), None)
+            if r:
+                xs.append(i + j * width)
+                ys.append(r["tokens_per_second"])
+                if r.get("speedup") is not None and m not in ("target", "hf-target"):
+                    ax.annotate(f"{r['speedup']:.2f}x", (i + j * width, r["tokens_per_second"]),
+                                ha="center", va="bottom", fontsize=7)
+        ax.bar(xs, ys, width, label=m)
+    c = result["config"]
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(sets))], sets)
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"{c['target']} <- {c['draft']} ({c['dtype']}, k={c['k']}, {c['threads']} threads)",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_parser(sub) -> None:
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--prompts", nargs="+", type=Path, default=None,
+                   help="JSONL prompt files (default: benchmarks/prompts/code.jsonl and prose.jsonl)")
+    p.add_argument("--limit", type=int, default=None, help="at most N prompts from each file")
+    p.add_argument("--methods", nargs="+", default=[m for m in METHODS], choices=METHODS)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--dtype", default=None, help="auto (default), bf16 or fp32")
+    p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", type=Path, default=None, help="write the full result here")
+    p.add_argument("--markdown", type=Path, default=None, help="write the table here (it is printed anyway)")
+    p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here (needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    files = args.prompts or [PROMPTS_DIR / "code.jsonl", PROMPTS_DIR / "prose.jsonl"]
+    if args.max_new_tokens < 1:
+        raise ConfigError("--max-new-tokens must be >= 1")
+    for f in files:
+        load_prompts(f)
+    result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
+                       args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
+                       args.limit, log=lambda s: print(s, file=sys.stderr, flush=True))
+    table = markdown(result)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(table)
+    if args.plot:
+        plot(result, args.plot)
+    return 0

