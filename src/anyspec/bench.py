@@ -239,7 +239,7 @@ def summarize(runs: list[dict]) -> list[dict]:
     for s in sorted({r["set"] for r in runs}) + ["all"]:
         sel = [r for r in runs if s in ("all", r["set"])]
         tps = {}
-        for m in dict.fromkeys(r["method"] for r in sel):
+        for m in sorted({r["method"] for r in sel}, key=METHODS.index):
             mine = [r for r in sel if r["method"] == m]
             tokens, seconds = sum(len(r["ids"]) for r in mine), sum(r["seconds"] for r in mine)
             tps[m] = tokens / seconds if seconds else 0.0
@@ -305,7 +305,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("tokens / s")
     ax.set_title(f"{c['target']} <- {c['draft']} ({c['dtype']}, k={c['k']}, {c['threads']} threads)",
                  fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
