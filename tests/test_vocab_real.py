@@ -1,0 +1,128 @@
+"""The vocabulary bridge on real tokenizers of several families (fetched from pinned packages)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import reference_tokenizations
+
+from anyspec.vocab import VocabMapping, detect_family
+from anyspec.vocab.analyze import string_match
+from anyspec.vocab.bytes import BYTE_LEVEL, METASPACE, WORDPIECE, token_table
+
+REFERENCE_FAMILIES = [("gpt-2", "tok_gpt2", BYTE_LEVEL), ("qwen2", "tok_qwen2", BYTE_LEVEL),
+                      ("llama-bpe", "tok_llama3", BYTE_LEVEL), ("llama-spm", "tok_llama2", METASPACE),
+                      ("phi-3", "tok_phi3", METASPACE)]
+
+
+@pytest.mark.parametrize(("name", "fixture", "family"), REFERENCE_FAMILIES)
+def test_reference_tokenizations_concatenate_to_the_input(name, fixture, family, request):
+    tok = request.getfixturevalue(fixture)
+    assert detect_family(tok).kind == family
+    table = token_table(tok)
+    checked = 0
+    for text, ids in reference_tokenizations(name):
+        got = b"".join(table[i] for i in ids)
+        want = text.encode("utf-8")
+        if family == METASPACE and want:
+            want = b" " + want  # SentencePiece (llama.cpp) prepends a space to the input
+        assert got == want, (name, text)
+        checked += 1
+    assert checked >= 40
+
+
+def test_wordpiece_reference_matches_normalized_input(tok_bert):
+    assert detect_family(tok_bert).kind == WORDPIECE
+    table = token_table(tok_bert)
+    normalizer = tok_bert.backend_tokenizer.normalizer
+    unk = tok_bert.unk_token_id
+    checked = 0
+    for text, ids in reference_tokenizations("bert-bge"):
+        if unk in ids:
+            continue
+        got = b"".join(table[i] for i in ids)
+        want = "".join(normalizer.normalize_str(text).split()).encode("utf-8")
+        assert got == want, text
+        checked += 1
+    assert checked >= 30
+
+
+def test_tekken_bytes_are_the_rank_file_bytes(tok_tekken):
+    from conftest import MISTRAL_COMMON, TEKKEN
+
+    from anyspec.fetch import package_file
+    from anyspec.vocab.bytes import tiktoken_ranks
+
+    ranks = tiktoken_ranks(package_file(*MISTRAL_COMMON, *TEKKEN))
+    table = token_table(tok_tekken)
+    n_special = 1000
+    assert table.special[:n_special].all() and not table.special[n_special:].any()
+    for rank in [0, 10, 255, 256, 1000, 5000, 65000, len(table) - n_special - 1]:
+        assert table[n_special + rank] == ranks[rank]
+    text = "def f(x):\n\treturn x * 2  # café\n"
+    ids = tok_tekken.encode(text, add_special_tokens=False)
+    assert b"".join(table[i] for i in ids) == text.encode()
+
+
+def _mapped_pairs_agree(mapping: VocabMapping) -> int:
+    d2t = mapping.draft_to_target.numpy()
+    pairs = np.flatnonzero(d2t >= 0)
+    target, draft = mapping.target_token_bytes, mapping.draft_token_bytes
+    bad = [d for d in pairs.tolist() if draft[d] != target[int(d2t[d])]]
+    assert not bad, f"{len(bad)} false matches, e.g. draft ids {bad[:5]}"
+    return len(pairs)
+
+
+PAIRS = [("tok_qwen2", "tok_mistral"), ("tok_mistral", "tok_qwen2"), ("tok_qwen2", "tok_llama2"),
+         ("tok_llama3", "tok_gpt2"), ("tok_phi3", "tok_smollm2"), ("tok_qwen2", "tok_gemma3"),
+         ("tok_gemma3", "tok_qwen2"), ("tok_tekken", "tok_llama2"), ("tok_bert", "tok_gpt2")]
+
+
+@pytest.mark.parametrize(("target_name", "draft_name"), PAIRS)
+def test_no_false_matches_and_at_least_string_matching(target_name, draft_name, request, vocab_cache):
+    target, draft = request.getfixturevalue(target_name), request.getfixturevalue(draft_name)
+    mapping = VocabMapping(target, draft, len(target), len(draft))
+    n = _mapped_pairs_agree(mapping)
+    assert n == mapping.intersection_size > 0
+    by_string = string_match(target, draft, mapping.target_token_bytes, mapping.draft_token_bytes,
+                             len(target), len(draft))
+    correct = [d for d in np.flatnonzero(by_string >= 0).tolist()
+               if mapping.draft_token_bytes[d] == mapping.target_token_bytes[int(by_string[d])]]
+    assert mapping.intersection_size >= len(correct)
+    inside = mapping.intersection_mask.numpy()
+    assert inside[correct].all(), "a true string match is missing from the byte intersection"
+
+
+@pytest.mark.parametrize("draft_name", ["tok_gemma3", "tok_mistral"])
+def test_newline_tab_and_accent_are_shared_with_qwen(draft_name, tok_qwen2, request, vocab_cache):
+    draft = request.getfixturevalue(draft_name)
+    for target, other, name in [(tok_qwen2, draft, "forward"), (draft, tok_qwen2, "reverse")]:
+        mapping = VocabMapping(target, other, len(target), len(other))
+        target_table, draft_table = mapping.target_token_bytes, mapping.draft_token_bytes
+        for text in ["\n", "\t", "é"]:
+            piece = text.encode()
+            draft_ids = [i for i, b in enumerate(draft_table.pieces)
+                         if b == piece and not draft_table.special[i]]
+            target_ids = [i for i, b in enumerate(target_table.pieces)
+                          if b == piece and not target_table.special[i]]
+            assert draft_ids and target_ids, (name, text)
+            preferred = min(target_ids, key=lambda i: (target_table.fallback[i], i))
+            mapped = mapping.map_draft_to_target_ids(torch.tensor(draft_ids))
+            assert mapped.tolist() == [preferred] * len(draft_ids), (name, text)
+            d = draft_ids[0]
+            assert mapping.intersection_mask[d]
+
+
+def test_special_tokens_and_eos(tok_qwen2, tok_gemma3, vocab_cache):
+    mapping = VocabMapping(tok_qwen2, tok_gemma3, 151936, 262144)
+    im_end = tok_qwen2.convert_tokens_to_ids("<|im_end|>")
+    end_of_turn = tok_gemma3.convert_tokens_to_ids("<end_of_turn>")
+    assert im_end in mapping.target_eos_ids and tok_qwen2.eos_token_id in mapping.target_eos_ids
+    assert end_of_turn in mapping.draft_eos_ids and tok_gemma3.eos_token_id in mapping.draft_eos_ids
+    for token in ["<bos>", "<eos>", "<pad>", "<unused12>", "<start_of_turn>", "<end_of_turn>"]:
+        idx = tok_gemma3.convert_tokens_to_ids(token)
+        assert not mapping.intersection_mask[idx], token
+    for token in ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "[PAD151700]"]:
+        idx = tok_qwen2.convert_tokens_to_ids(token)
+        assert mapping.target_to_draft[idx] == -1, token
