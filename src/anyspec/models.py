@@ -251,7 +251,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     if args.models_command == "list":
-        print(f"{'name':<20} {'role':<38} {'download':>9} {'cached':>9}  source")
+        print(f"{'name':<20} {'role':<38} {'GGUF':>9} {'cached':>9}  source")
         for m in MODELS.values():
             cached = _mb(_folder_size(model_dir(m.name))) if is_cached(m.name) else "no"
             print(f"{m.name:<20} {m.role:<38} {_mb(m.size):>9} {cached:>9}  {m.source}; {m.license}")
