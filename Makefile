@@ -26,6 +26,11 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
+bench: setup
+	mkdir -p benchmarks/results
+	$(BIN)/anyspec bench --json benchmarks/results/bench.json --markdown benchmarks/results/bench.md \
+		--plot benchmarks/results/bench.png
+
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
 
