@@ -86,7 +86,7 @@ class TransformersModel:
     def crop(self, n: int) -> None:
         """Keep the first ``n`` cached tokens."""
         if n < self.num_cached:
-            self.cache.crop(n)
+            self.cache.crop(n - self.num_cached)
             del self.cached_ids[n:]
 
     def eos_ids(self) -> set[int]:
