@@ -1,7 +1,8 @@
 """TLI speculative sampling draws exactly from the target's distribution (chi-square tests).
 
 Tiny fixed "models" (logit tables indexed by the previous token) over a draft vocabulary that
-differs from the target's: 3 target tokens lie outside the intersection, 1 draft token too.
+differs from the target's: target tokens 2 and 4 lie outside the intersection, draft token 5 too,
+and draft tokens 1 and 7 stand for the same target token (as "▁" and <0x20> do in SentencePiece).
 """
 
 import math
@@ -12,8 +13,8 @@ import torch
 from anyspec.algorithms import tli
 from anyspec.algorithms.sampling import logits_to_probs
 
-VT, VD = 8, 7
-DRAFT_TO_TARGET = torch.tensor([3, 0, 5, 1, 7, -1, 6])  # draft 5 outside; target 2, 4 outside
+VT, VD = 8, 8
+DRAFT_TO_TARGET = torch.tensor([3, 0, 5, 1, 7, -1, 6, 0])  # draft 5 outside; 1 and 7 share target 0
 N = 20_000
 
 

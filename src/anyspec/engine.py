@@ -23,7 +23,7 @@ from anyspec.draft_context import (
     common_prefix,
 )
 from anyspec.errors import ConfigError
-from anyspec.tokenbytes import token_bytes_table
+from anyspec.tokenbytes import text_bytes_table, token_bytes_table
 
 METHODS = ("draft_model",)
 ALGORITHMS = ("tli",)
@@ -135,16 +135,18 @@ class DraftProposer:
     def __init__(self, draft, target, config: SpeculativeConfig):
         self.model = draft
         self.config = config
+        tokenizer = draft.tokenizer
         if config.use_heterogeneous_vocab:
             from anyspec.vocab import VocabMapping
 
-            mapping = VocabMapping(target.tokenizer, draft.tokenizer, target.vocab_size, draft.vocab_size,
-                                   "cpu")
+            mapping = VocabMapping(target.tokenizer, tokenizer, target.vocab_size, draft.vocab_size, "cpu")
             if mapping.intersection_size == 0:
                 raise ConfigError("the draft and target vocabularies share no token; choose another draft")
             self.intersection_mask = mapping.intersection_mask.to(torch.bool)
             draft_to_target = mapping.draft_to_target.to(torch.long)
             target_to_draft = mapping.target_to_draft.to(torch.long)
+            self.token_bytes = text_bytes_table(mapping.draft_token_bytes, draft.vocab_size)
+            self.unk_id = mapping.draft_unk_id
         else:
             if draft.vocab_size != target.vocab_size:
                 raise ConfigError(
@@ -152,16 +154,13 @@ class DraftProposer:
                     f"({target.vocab_size}); set use_heterogeneous_vocab=True to draft across vocabularies")
             self.intersection_mask = None
             draft_to_target = target_to_draft = torch.arange(target.vocab_size)
+            self.token_bytes = []
+            self.unk_id = 0
         self.inter_draft_ids, self.inter_target_ids = tli.intersection_ids(draft_to_target,
                                                                             self.intersection_mask)
-        if self.inter_target_ids.unique().numel() != self.inter_target_ids.numel():
-            raise ConfigError("the vocabulary map is not one-to-one on the intersection; report this pair")
         self.draft_to_target = draft_to_target.tolist()
         self.target_to_draft = target_to_draft.tolist()
-        self.token_bytes = token_bytes_table(draft.tokenizer, draft.vocab_size)
-        self.anchor_ids = draft.tokenizer.encode(ANCHOR, add_special_tokens=False)
-        unk = draft.tokenizer.unk_token_id
-        self.unk_id = unk if unk is not None else 0
+        self.anchor_ids = tokenizer.encode(ANCHOR, add_special_tokens=False)
         self.own_context = config.use_heterogeneous_vocab and config.draft_context == "retokenize"
 
     def start(self, prompt_text: str, target_prompt_ids: list[int], chat: bool) -> DraftContext:
@@ -200,7 +199,9 @@ class Engine:
         self.config = config or SpeculativeConfig()
         self.proposer = DraftProposer(draft, target, self.config) if draft is not None else None
         self.target_bytes = token_bytes_table(target.tokenizer, target.vocab_size)
-        self.eos_ids = target.eos_ids()
+        from anyspec.vocab.bytes import eos_ids
+
+        self.eos_ids = target.eos_ids() | set(eos_ids(target.tokenizer))
 
     def generate(self, prompt: str | list[dict], params: SamplingParams | None = None,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:

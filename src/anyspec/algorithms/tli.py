@@ -2,7 +2,7 @@
 
 The draft and the target have different vocabularies. Their *intersection* is the set of tokens
 whose bytes are identical on both sides; ``draft_to_target`` maps each intersection token's draft
-id to its target id (injective on the intersection, -1 elsewhere).
+id to the target id with the same bytes (-1 elsewhere).
 
 One round, for k draft tokens:
 
@@ -12,11 +12,11 @@ One round, for k draft tokens:
 2. The target scores [pending token, t1..tk] in ONE forward pass: k+1 distributions p_0..p_k.
 3. ``verify``: token t_i is accepted with probability min(1, p_i(t_i) / q'_i(t_i)). At the first
    rejection the next token is drawn from norm(max(0, p_i - q'_i)) over the WHOLE target
-   vocabulary (q' is scattered into target space, so tokens outside the intersection, where
-   q' = 0, keep their full target probability). If all k are accepted, a *bonus token* is drawn
-   from p_k. Every round therefore commits between 1 and k+1 tokens, and each committed token is
-   distributed exactly as if the target had sampled it alone (Leviathan et al. 2023; the
-   intersection only changes q', never p).
+   vocabulary (q' is pushed into target space, so tokens outside the intersection, where
+   q' = 0, keep their full target probability; draft tokens sharing a target id add up). If all k
+   are accepted, a *bonus token* is drawn from p_k. Every round therefore commits between 1 and
+   k+1 tokens, and each committed token is distributed exactly as if the target had sampled it
+   alone (Leviathan et al. 2023; the intersection only changes q', never p).
 
 Greedy decoding is the temperature -> 0 limit: accept while t_i == argmax p_i, then emit argmax.
 """
@@ -58,14 +58,14 @@ def propose(draft_logits: torch.Tensor, intersection_mask: torch.Tensor | None, 
 
 def to_target_space(q: torch.Tensor, draft_ids: torch.Tensor, target_ids: torch.Tensor,
                     target_vocab_size: int) -> torch.Tensor:
-    """Scatter draft-vocabulary probabilities ``q [.., Vd]`` onto the target vocabulary ``[.., Vt]``.
+    """Push draft-vocabulary probabilities ``q [.., Vd]`` onto the target vocabulary ``[.., Vt]``.
 
-    Only intersection tokens carry mass (q' is zero elsewhere by construction), and the map is
-    injective there, so no two draft tokens land on one target id.
+    Only intersection tokens carry mass (q' is zero elsewhere by construction). Two draft tokens
+    with the same bytes (e.g. SentencePiece's "▁" and its byte piece <0x20>) land on one target
+    id and their probabilities add up: the probability that the draft proposes that target id.
     """
     out = q.new_zeros(*q.shape[:-1], target_vocab_size)
-    out[..., target_ids] = q[..., draft_ids]
-    return out
+    return out.index_add_(-1, target_ids, q[..., draft_ids])
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_target_ids: list[int]) -> tuple[int, int]:
