@@ -1,0 +1,52 @@
+"""A live anyspec server on a free 127.0.0.1 port, in a thread, for tests over real HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+from anyspec.backends.transformers import load_model
+from anyspec.engine import Engine, SpeculativeConfig
+from tiny_models import save_tiny_model
+
+MODEL_NAME = "tiny-qwen2"
+
+
+def tiny_pair(tok_target, tok_draft, folder):
+    """A Qwen2 target (chat template from its tokenizer) and a Llama draft with another vocabulary."""
+    target = save_tiny_model(tok_target, folder / "target", "qwen2", seed=0, max_positions=256)
+    draft = save_tiny_model(tok_draft, folder / "draft", "llama", seed=1, max_positions=256)
+    return target, draft
+
+
+def load_engine(target_dir, draft_dir, k: int = 3) -> Engine:
+    target = load_model(str(target_dir), dtype="fp32", name="target")
+    draft = load_model(str(draft_dir), dtype="fp32", name="draft") if draft_dir else None
+    return Engine(target, draft, SpeculativeConfig(num_speculative_tokens=k))
+
+
+@contextlib.contextmanager
+def live_server(engine: Engine, **settings):
+    """Yield the base URL (``http://127.0.0.1:PORT``) of a uvicorn server over ``engine``; stop it after."""
+    import uvicorn
+
+    from anyspec.server import Settings, create_app
+
+    app = create_app(engine, Settings(model_name=MODEL_NAME, **settings))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()
