@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_parser(sub)
     bench.add_parser(sub)
     demo.add_parser(sub)
+    from anyspec import server
+
+    server.add_parser(sub)
     return parser
 
 
