@@ -1,0 +1,153 @@
+"""The OpenAI-compatible server over real HTTP on 127.0.0.1, driven by the official ``openai`` client.
+
+Tiny random-weight models with real tokenizers (a Qwen2 target, a Llama/SentencePiece draft), loaded
+from disk by path. Every greedy answer is compared with a second, in-process engine over the same
+folders: the server must give exactly what the engine gives alone.
+"""
+
+import re
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from live_server import MODEL_NAME, live_server, load_engine, tiny_pair  # noqa: E402
+
+from anyspec.engine import SamplingParams  # noqa: E402
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
+
+
+@pytest.fixture(scope="module")
+def folders(tok_qwen2, tok_llama2, tmp_path_factory):
+    return tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def reference(folders):
+    return load_engine(*folders)
+
+
+@pytest.fixture(scope="module")
+def server(folders):
+    with live_server(load_engine(*folders), queue_size=8) as (url, _):
+        yield url
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+def greedy(n, **kw):
+    return SamplingParams(temperature=0.0, max_new_tokens=n, **kw)
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL_NAME]
+    health = httpx.get(server + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+def test_completion_equals_engine_alone(client, reference):
+    prompt = "def fibonacci(n):"
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0)
+    alone = reference.generate(prompt, greedy(12))
+    assert out.choices[0].text == alone.text
+    assert out.choices[0].finish_reason == alone.finish_reason
+    assert out.usage.prompt_tokens == alone.stats.prompt_tokens
+    assert out.usage.completion_tokens == len(alone.token_ids)
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    stats = out.model_extra["anyspec"]
+    assert stats["speculative"] is True and stats["drafted"] > 0 and 0 <= stats["acceptance_rate"] <= 1
+
+
+def test_streamed_completion_equals_plain(client, reference):
+    prompt = "The capital of France is"
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    alone = reference.generate(prompt, greedy(10))
+    assert text == alone.text
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1, "expected several text chunks"
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [alone.finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(alone.token_ids)
+
+
+def test_chat_uses_the_chat_template(client, reference):
+    out = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=8, temperature=0)
+    alone = reference.generate(CHAT, greedy(8))
+    plain = reference.generate("Name a prime.", greedy(8))
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == alone.text
+    assert out.usage.prompt_tokens == alone.stats.prompt_tokens > plain.stats.prompt_tokens
+
+
+def test_streamed_chat(client, reference):
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=8,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == reference.generate(CHAT, greedy(8)).text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert all(c.usage is None for c in chunks), "usage is only sent when stream_options asks for it"
+
+
+def test_speculation_off_per_request(client, reference):
+    prompt = "import numpy as np\n"
+    on = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10, temperature=0)
+    off = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10, temperature=0,
+                                    extra_body={"speculative": False})
+    assert off.choices[0].text == on.choices[0].text == reference.generate(prompt, greedy(10)).text
+    assert on.model_extra["anyspec"]["drafted"] > 0
+    assert off.model_extra["anyspec"]["speculative"] is False and off.model_extra["anyspec"]["drafted"] == 0
+
+
+def test_seeded_sampling_is_reproducible(client, reference):
+    kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=10, temperature=0.9, top_p=0.95)
+    a = client.completions.create(seed=7, **kw).choices[0].text
+    b = client.completions.create(seed=7, **kw).choices[0].text
+    c = client.completions.create(seed=8, extra_body={"top_k": 50}, **kw).choices[0].text
+    assert a == b == reference.generate("Once upon a time", SamplingParams(
+        temperature=0.9, top_p=0.95, max_new_tokens=10, seed=7)).text
+    assert c == reference.generate("Once upon a time", SamplingParams(
+        temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=10, seed=8)).text
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_stop_strings(client, reference, as_list):
+    prompt = "SELECT * FROM"
+    full = reference.generate(prompt, greedy(16)).text
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    assert stop.strip(), f"pick a visible stop string from {full!r}"
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0,
+                                    stop=[stop, "never-seen"] if as_list else stop)
+    assert out.choices[0].text == full[:full.index(stop)]
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_metrics(server, client):
+    before = httpx.get(server + "/metrics").text
+    client.completions.create(model=MODEL_NAME, prompt="count: 1, 2,", max_tokens=5, temperature=0)
+    after = httpx.get(server + "/metrics")
+    assert after.status_code == 200 and after.headers["content-type"].startswith("text/plain")
+    key = 'anyspec_requests_total{path="/v1/completions",status="200"}'
+    assert metric(after.text, key) == (metric(before, key) if key in before else 0) + 1
+    tokens = "anyspec_generated_tokens_total"
+    assert metric(after.text, tokens) >= metric(before, tokens) + 1
+    assert metric(after.text, "anyspec_draft_tokens_total") > 0
+    assert 0 <= metric(after.text, "anyspec_acceptance_rate") <= 1
+    assert metric(after.text, "anyspec_mean_accepted_length") >= 0
+    assert metric(after.text, "anyspec_tokens_per_second") > 0
+    assert metric(after.text, "anyspec_queue_depth") == 0
+    for name in ("anyspec_requests_total", "anyspec_acceptance_rate", "anyspec_queue_depth"):
+        assert f"# TYPE {name} " in after.text
