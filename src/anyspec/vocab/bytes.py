@@ -246,38 +246,20 @@ def special_ids(tokenizer: Any, n: int) -> np.ndarray:
     return special
 
 
-def _added_ids(tokenizer: Any) -> list[int]:
-    backend = backend_of(tokenizer)
-    return list(backend.get_added_tokens_decoder()) if backend is not None else []
-
-
-def strings_to_bytes(strings: list[str | None], family: Family, added_ids: list[int] = (),
+def strings_to_bytes(strings: list[str | None], family: Family,
                      byte_pieces: dict[int, int] | None = None) -> list[bytes | None]:
-    """Decode each token string to bytes the way the family's decoder does.
+    """Decode each token string to bytes the way the family's decoder does, one token at a time.
 
-    ``added_ids`` are ids of added tokens (byte-level decoders pass those through as UTF-8 when
-    they hold characters outside the byte alphabet); ``byte_pieces`` maps the ids of ``<0xNN>``
-    pieces to their byte (found by scanning ``strings`` when not given).
+    This is the reference the array path of :func:`token_table` is checked against.
+    ``byte_pieces`` maps the ids of ``<0xNN>`` pieces to their byte (found by scanning when None).
     """
     if family.kind == BYTE_LEVEL:
-        table = _byte_level_decode_table()
-        out = []
-        for s in strings:
-            try:
-                out.append(s.translate(table).encode("latin-1"))
-            except UnicodeEncodeError:
-                out.append(s.encode("utf-8"))
-            except AttributeError:
-                out.append(None)
-        chars = _byte_level_chars()
-        for idx in added_ids:
-            s = strings[idx] if idx < len(strings) else None
-            if s is not None and not set(s) <= chars:
-                out[idx] = s.encode("utf-8")
-        return out
+        table, foreign = _byte_level_decode_table(), _not_byte_level()
+        return [None if s is None else s.encode("utf-8", "surrogatepass") if foreign.search(s)
+                else s.translate(table).encode("latin-1") for s in strings]
     if family.kind == METASPACE:
         space = family.space
-        out = [None if s is None else (s.replace(space, " ") if space else s).encode("utf-8")
+        out = [None if s is None else (s.replace(space, " ") if space else s).encode("utf-8", "surrogatepass")
                for s in strings]
         if family.byte_fallback:
             if byte_pieces is None:
@@ -289,12 +271,78 @@ def strings_to_bytes(strings: list[str | None], family: Family, added_ids: list[
         prefix = family.continuing_prefix or "##"
         cut = len(prefix)
         return [None if s is None else (s[cut:] if s.startswith(prefix) and len(s) > cut else s)
-                .encode("utf-8") for s in strings]
+                .encode("utf-8", "surrogatepass") for s in strings]
     suffix = family.word_suffix
     if suffix:
         return [None if s is None else (s[:-len(suffix)] + " " if s.endswith(suffix) else s)
-                .encode("utf-8") for s in strings]
-    return [None if s is None else s.encode("utf-8") for s in strings]
+                .encode("utf-8", "surrogatepass") for s in strings]
+    return [None if s is None else s.encode("utf-8", "surrogatepass") for s in strings]
+
+
+@cache
+def _not_byte_level() -> re.Pattern:
+    """A character byte-level BPE does not use: its decoder then passes the token through as UTF-8."""
+    return re.compile("[^" + re.escape("".join(sorted(bytes_to_unicode().values()))) + "]")
+
+
+@cache
+def _byte_level_lut() -> np.ndarray:
+    """Code point -> byte for byte-level characters, −1 for any other code point below the cap."""
+    top = max(map(ord, bytes_to_unicode().values())) + 2
+    lut = np.full(top, -1, dtype=np.int16)
+    for b, ch in bytes_to_unicode().items():
+        lut[ord(ch)] = b
+    return lut
+
+
+def _code_points(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+def _cumulative(lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def _splice(blob: bytes, offsets: np.ndarray, replace: dict[int, bytes]) -> tuple[bytes, np.ndarray]:
+    """Replace the bytes of a few tokens in a (blob, offsets) vocabulary."""
+    if not replace:
+        return blob, offsets
+    lengths = np.diff(offsets)
+    off = offsets.tolist()
+    parts, prev = [], 0
+    for idx in sorted(replace):
+        parts += [blob[prev:off[idx]], replace[idx]]
+        prev = off[idx + 1]
+        lengths[idx] = len(replace[idx])
+    parts.append(blob[prev:])
+    return b"".join(parts), _cumulative(lengths)
+
+
+def _array_bytes(strings: list[str], family: Family, byte_pieces: dict[int, int]) -> tuple[bytes, np.ndarray]:
+    """(blob, offsets) for a byte-level or SentencePiece vocabulary, with C-level string and array ops.
+
+    The whole vocabulary is joined into one string; code points give per-token byte lengths.
+    """
+    char_offsets = _cumulative(np.fromiter(map(len, strings), dtype=np.int64, count=len(strings)))
+    joined = "".join(strings)
+    if family.kind == BYTE_LEVEL:
+        lut = _byte_level_lut()
+        codes = _code_points(joined)
+        mapped = lut[np.minimum(codes, len(lut) - 1)]
+        foreign = _cumulative(mapped < 0)
+        outside = np.flatnonzero(foreign[char_offsets[1:]] > foreign[char_offsets[:-1]])
+        blob = np.where(mapped < 0, 0, mapped).astype(np.uint8).tobytes()
+        replace = {i: strings[i].encode("utf-8", "surrogatepass") for i in outside.tolist()}
+        return _splice(blob, char_offsets, replace)
+    if family.space:
+        joined = joined.replace(family.space, " ")
+    codes = _code_points(joined)
+    utf8_len = 1 + (codes >= 0x80).astype(np.int64) + (codes >= 0x800) + (codes >= 0x10000)
+    offsets = _cumulative(utf8_len)[char_offsets]
+    blob = joined.encode("utf-8", "surrogatepass")
+    return _splice(blob, offsets, {i: bytes([v]) for i, v in byte_pieces.items()})
 
 
 def _scan_byte_pieces(strings: list[str | None]) -> dict[int, int]:
@@ -323,11 +371,20 @@ def token_table(tokenizer: Any, family: Family | None = None) -> TokenTable:
     """The bytes every token of ``tokenizer`` stands for, plus which ids are special."""
     family = family or detect_family(tokenizer)
     strings = token_strings(tokenizer)
+    n = len(strings)
     pieces_of_bytes = byte_piece_ids(tokenizer, strings) if family.byte_fallback else {}
-    pieces = strings_to_bytes(strings, family, _added_ids(tokenizer), pieces_of_bytes)
-    fallback = np.zeros(len(strings), dtype=bool)
-    fallback[[i for i in pieces_of_bytes if i < len(strings)]] = True
-    return TokenTable.from_list(pieces, special_ids(tokenizer, len(strings)), fallback)
+    fallback = np.zeros(n, dtype=bool)
+    fallback[[i for i in pieces_of_bytes if i < n]] = True
+    special = special_ids(tokenizer, n)
+    single_char_space = family.space is None or len(family.space) == 1
+    if family.kind not in (BYTE_LEVEL, METASPACE) or not single_char_space:
+        return TokenTable.from_list(strings_to_bytes(strings, family, pieces_of_bytes), special, fallback)
+    present = np.ones(n, dtype=bool)
+    if None in strings:
+        present = np.fromiter((s is not None for s in strings), dtype=bool, count=n)
+        strings = [s if s is not None else "" for s in strings]
+    blob, offsets = _array_bytes(strings, family, pieces_of_bytes)
+    return TokenTable(blob, offsets, present, special, fallback)
 
 
 def token_bytes(tokenizer: Any) -> list[bytes | None]:
@@ -363,9 +420,7 @@ def eos_ids(tokenizer: Any) -> tuple[int, ...]:
         found.extend(int(e) for e in eos)
     backend = backend_of(tokenizer)
     if backend is not None:
-        for idx, added in backend.get_added_tokens_decoder().items():
-            if added.content in END_OF_TURN_MARKERS:
-                found.append(idx)
+        found.extend(i for i in map(backend.token_to_id, END_OF_TURN_MARKERS) if i is not None)
     else:
         vocab = tokenizer.get_vocab()
         found.extend(vocab[m] for m in END_OF_TURN_MARKERS if m in vocab)

@@ -13,6 +13,7 @@ caught with high probability and rebuilt.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -21,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from anyspec.fetch import cache_dir
-from anyspec.vocab.bytes import TokenTable, _added_ids, backend_of, detect_family, strings_to_bytes
+from anyspec.vocab.bytes import TokenTable, backend_of, byte_piece_ids, detect_family, strings_to_bytes
 
 MAPPING_VERSION = "tli-bytes-1"
-_STRIDE = 16
-_VERIFY = 2048
+_STRIDE = 64
+_VERIFY = 1024
 
 
 def vocab_cache_dir() -> Path:
@@ -52,8 +53,11 @@ def fingerprint(tokenizer: Any) -> str:
     for part in (backend.decoder, backend.pre_tokenizer, backend.normalizer):
         h.update(part.__getstate__() if part is not None else b"-")
         h.update(b"\x00")
-    added = sorted((i, a.content, a.special) for i, a in backend.get_added_tokens_decoder().items())
-    h.update(repr(added).encode())
+    added = backend.get_added_tokens_decoder()
+    ids = sorted(added)
+    h.update(np.array(ids, dtype=np.int64).tobytes())
+    h.update(bytes(added[i].special for i in ids))
+    h.update("\x00".join(added[i].content for i in ids).encode("utf-8", "surrogatepass"))
     h.update(repr((sorted(getattr(tokenizer, "all_special_ids", []) or []),
                    getattr(tokenizer, "eos_token_id", None),
                    getattr(tokenizer, "unk_token_id", None))).encode())
@@ -76,22 +80,50 @@ def _table_arrays(prefix: str, table: TokenTable) -> dict[str, np.ndarray]:
             f"{prefix}_fallback": table.fallback}
 
 
-def _table_from(prefix: str, arrays) -> TokenTable:
+def _table_from(prefix: str, arrays: dict[str, np.ndarray]) -> TokenTable:
     return TokenTable(arrays[f"{prefix}_blob"].tobytes(), arrays[f"{prefix}_offsets"],
                       arrays[f"{prefix}_present"], arrays[f"{prefix}_special"], arrays[f"{prefix}_fallback"])
+
+
+_MAGIC = b"ANYSPEC-VOCAB\n"
+
+
+def _write_arrays(fh, arrays: dict[str, np.ndarray]) -> None:
+    """A JSON header line (name, dtype, shape, byte offset) followed by the raw array bytes."""
+    header, offset = [], 0
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        header.append([name, array.dtype.str, list(array.shape), offset])
+        offset += array.nbytes
+    fh.write(_MAGIC + json.dumps(header).encode() + b"\n")
+    for array in arrays.values():
+        fh.write(np.ascontiguousarray(array).data)
+
+
+def _read_arrays(data: bytes) -> dict[str, np.ndarray]:
+    if not data.startswith(_MAGIC):
+        raise ValueError("not an anyspec vocabulary cache file")
+    end = data.index(b"\n", len(_MAGIC))
+    base = end + 1
+    arrays = {}
+    for name, dtype, shape, offset in json.loads(data[len(_MAGIC):end]):
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape)) if shape else 1
+        arrays[name] = np.frombuffer(data, dtype=dt, count=count, offset=base + offset).reshape(shape)
+    return arrays
 
 
 def save(key: str, target: TokenTable, draft: TokenTable, draft_to_target: np.ndarray,
          target_to_draft: np.ndarray) -> Path:
     """Write one built mapping atomically (temporary file in the same folder, then rename)."""
     folder = vocab_cache_dir()
-    out = folder / f"{key}.npz"
+    out = folder / f"{key}.bin"
     arrays = {**_table_arrays("target", target), **_table_arrays("draft", draft),
               "draft_to_target": draft_to_target, "target_to_draft": target_to_draft}
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".partial-", suffix=".npz")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".partial-", suffix=".bin")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+            _write_arrays(fh, arrays)
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -101,14 +133,12 @@ def save(key: str, target: TokenTable, draft: TokenTable, draft_to_target: np.nd
 
 def load(key: str) -> tuple[TokenTable, TokenTable, np.ndarray, np.ndarray] | None:
     """The cached mapping for ``key``, or None when absent or unreadable."""
-    path = vocab_cache_dir() / f"{key}.npz"
-    if not path.is_file():
-        return None
+    path = vocab_cache_dir() / f"{key}.bin"
     try:
-        with np.load(path, allow_pickle=False) as arrays:
-            return (_table_from("target", arrays), _table_from("draft", arrays),
-                    arrays["draft_to_target"], arrays["target_to_draft"])
-    except Exception:
+        arrays = _read_arrays(path.read_bytes())
+        return (_table_from("target", arrays), _table_from("draft", arrays),
+                arrays["draft_to_target"], arrays["target_to_draft"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -117,15 +147,16 @@ def verify_sample(tokenizer: Any, table: TokenTable, salt: int = 0) -> bool:
     backend = backend_of(tokenizer)
     if backend is None:
         return True
-    n = backend.get_vocab_size(with_added_tokens=True)
-    if n != len(table):
-        return False
+    n = len(table)
     rng = np.random.default_rng(n + salt)
     ids = np.unique(rng.integers(0, n, size=min(_VERIFY, n))).tolist()
     strings = [backend.id_to_token(i) for i in ids]
-    added = set(_added_ids(tokenizer))
-    local_added = [k for k, i in enumerate(ids) if i in added]
-    fresh = strings_to_bytes(strings, detect_family(tokenizer), local_added)
+    family = detect_family(tokenizer)
+    byte_pieces = {}
+    if family.byte_fallback:
+        of_id = byte_piece_ids(tokenizer)
+        byte_pieces = {k: of_id[i] for k, i in enumerate(ids) if i in of_id}
+    fresh = strings_to_bytes(strings, family, byte_pieces)
     blob, off = table.blob, table.offsets
     return all((f is None and not table.present[i]) or (f is not None and table.present[i]
                and f == blob[off[i]:off[i + 1]]) for i, f in zip(ids, fresh, strict=True))

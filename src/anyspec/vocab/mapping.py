@@ -8,7 +8,6 @@ id is translated to its target id. Special and control tokens are never in the i
 from __future__ import annotations
 
 import warnings
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -27,33 +26,124 @@ def match_tables(target: TokenTable, draft: TokenTable, target_vocab_size: int,
     *canonical* id for those bytes: its ordinary token if it has one, else its ``<0xNN>`` byte
     piece, the lowest id first among equals. So both maps are inverse on canonical ids, and
     every mapped pair stands for identical bytes.
+
+    Tokens are compared by a 64-bit hash of their bytes, in arrays; every matched pair is then
+    compared byte for byte, and on any hash collision the exact (dict) path decides instead.
     """
-    target_ids, target_pieces = _eligible(target, target_vocab_size)
-    draft_ids, draft_pieces = _eligible(draft, draft_vocab_size)
-    target_index = _canonical(target, target_ids, target_pieces)
-    draft_index = _canonical(draft, draft_ids, draft_pieces)
+    target_ids, draft_ids = _eligible(target, target_vocab_size), _eligible(draft, draft_vocab_size)
+    target_keys, target_canonical, target_group = _canonical(target, target_ids, _hashes(target)[target_ids])
+    draft_keys, draft_canonical, draft_group = _canonical(draft, draft_ids, _hashes(draft)[draft_ids])
     draft_to_target = np.full(draft_vocab_size, -1, dtype=np.int64)
     target_to_draft = np.full(target_vocab_size, -1, dtype=np.int64)
-    draft_to_target[draft_ids] = np.fromiter(map(target_index.get, draft_pieces, repeat(-1)),
-                                             dtype=np.int64, count=len(draft_pieces))
-    target_to_draft[target_ids] = np.fromiter(map(draft_index.get, target_pieces, repeat(-1)),
-                                              dtype=np.int64, count=len(target_pieces))
+    if len(target_keys) and len(draft_keys):
+        pos = np.minimum(np.searchsorted(target_keys, draft_keys), len(target_keys) - 1)
+        hit = target_keys[pos] == draft_keys
+        partner_of_draft_group = np.where(hit, target_canonical[pos], -1)
+        partner_of_target_group = np.full(len(target_keys), -1, dtype=np.int64)
+        partner_of_target_group[pos[hit]] = draft_canonical[hit]
+        draft_to_target[draft_ids] = partner_of_draft_group[draft_group]
+        target_to_draft[target_ids] = partner_of_target_group[target_group]
+    # Every draft pair is checked byte for byte. A target id maps to the canonical draft id of its
+    # group, which pairs with the group's canonical target id (checked above), so checking each
+    # target id against its own group's canonical id covers the other direction.
+    mapped = np.flatnonzero(draft_to_target >= 0)
+    exact = _same_bytes(draft, mapped, target, draft_to_target[mapped]).all()
+    if exact and len(target_ids):
+        member = target_ids != target_canonical[target_group]
+        exact = _same_bytes(target, target_ids[member], target, target_canonical[target_group][member]).all()
+    if not exact:
+        return _match_exact(target, draft, target_ids, draft_ids, target_vocab_size, draft_vocab_size)
     return draft_to_target, target_to_draft
 
 
-def _eligible(table: TokenTable, model_vocab_size: int) -> tuple[np.ndarray, list[bytes]]:
+def _eligible(table: TokenTable, model_vocab_size: int) -> np.ndarray:
     n = min(len(table), model_vocab_size)
     off = table.offsets
-    ids = np.flatnonzero(table.present[:n] & ~table.special[:n] & (off[1:n + 1] > off[:n]))
-    pieces = table.pieces
-    return ids, [pieces[i] for i in ids.tolist()]
+    return np.flatnonzero(table.present[:n] & ~table.special[:n] & (off[1:n + 1] > off[:n]))
 
 
-def _canonical(table: TokenTable, ids: np.ndarray, pieces: list[bytes]) -> dict[bytes, int]:
-    """Bytes -> preferred id: later dict entries win, so insert in reverse preference order."""
-    order = np.lexsort((-ids, ~table.fallback[ids]))
-    id_list = ids.tolist()
-    return {pieces[k]: id_list[k] for k in order.tolist()}
+_BASE = np.uint64(0x9E3779B97F4A7C15)
+_BASE_INVERSE = np.uint64(pow(0x9E3779B97F4A7C15, -1, 1 << 64))
+_LENGTH_MIX = np.uint64(0xD6E8FEB86659FD93)
+
+
+def _powers(base: np.uint64, n: int) -> np.ndarray:
+    out = np.full(n, base, dtype=np.uint64)
+    out[0] = 1
+    return np.cumprod(out, out=out)
+
+
+def _hashes(table: TokenTable) -> np.ndarray:
+    """Polynomial hash (mod 2**64) of every token's bytes, from prefix sums over the blob."""
+    data = np.frombuffer(table.blob, dtype=np.uint8).astype(np.uint64)
+    prefix = np.zeros(len(data) + 1, dtype=np.uint64)
+    np.cumsum(data * _powers(_BASE, len(data) + 1)[:-1], out=prefix[1:])
+    starts, ends = table.offsets[:-1], table.offsets[1:]
+    inverse = _powers(_BASE_INVERSE, len(data) + 1)
+    return (prefix[ends] - prefix[starts]) * inverse[starts] + (ends - starts).astype(np.uint64) * _LENGTH_MIX
+
+
+def _canonical(table: TokenTable, ids: np.ndarray, hashes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Sorted distinct hashes, the preferred id of each (ordinary before byte piece, then lowest),
+    and the index into those of every id in ``ids``."""
+    order = np.argsort(hashes)
+    sorted_hash, sorted_ids = hashes[order], ids[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = sorted_hash[1:] != sorted_hash[:-1]
+    sorted_group = np.cumsum(first) - 1
+    canonical = sorted_ids[first]
+    sizes = np.bincount(sorted_group, minlength=len(canonical)) if len(order) else np.zeros(0, dtype=np.int64)
+    shared = np.flatnonzero(sizes[sorted_group] > 1)
+    if len(shared):
+        members, groups = sorted_ids[shared], sorted_group[shared]
+        ranked = np.lexsort((members, table.fallback[members], groups))
+        lead = np.ones(len(ranked), dtype=bool)
+        lead[1:] = groups[ranked][1:] != groups[ranked][:-1]
+        canonical[groups[ranked][lead]] = members[ranked][lead]
+    group = np.empty(len(order), dtype=np.int64)
+    group[order] = sorted_group
+    return sorted_hash[first], canonical, group
+
+
+def _same_bytes(a: TokenTable, a_ids: np.ndarray, b: TokenTable, b_ids: np.ndarray) -> np.ndarray:
+    """Whether token ``a_ids[k]`` of ``a`` and ``b_ids[k]`` of ``b`` have identical bytes, for each k."""
+    a_start, b_start = a.offsets[a_ids], b.offsets[b_ids]
+    length = a.offsets[a_ids + 1] - a_start
+    same = length == b.offsets[b_ids + 1] - b_start
+    length = np.where(same, length, 0)
+    total = int(length.sum())
+    if total == 0:
+        return same
+    begin = _cumulative_starts(length)
+    within = np.arange(total, dtype=np.int64) - np.repeat(begin, length)
+    a_bytes = np.frombuffer(a.blob, dtype=np.uint8)[np.repeat(a_start, length) + within]
+    b_bytes = np.frombuffer(b.blob, dtype=np.uint8)[np.repeat(b_start, length) + within]
+    differ = np.zeros(total + 1, dtype=np.int64)
+    np.cumsum(a_bytes != b_bytes, out=differ[1:])
+    return same & (differ[begin + length] == differ[begin])
+
+
+def _cumulative_starts(length: np.ndarray) -> np.ndarray:
+    begin = np.zeros(len(length), dtype=np.int64)
+    np.cumsum(length[:-1], out=begin[1:])
+    return begin
+
+
+def _match_exact(target: TokenTable, draft: TokenTable, target_ids: np.ndarray, draft_ids: np.ndarray,
+                 target_vocab_size: int, draft_vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The same maps as :func:`match_tables`, with Python dicts keyed by the bytes themselves."""
+    def index(table: TokenTable, ids: np.ndarray) -> dict[bytes, int]:
+        order = np.lexsort((-ids, ~table.fallback[ids]))
+        return {table[int(i)]: int(i) for i in ids[order]}
+
+    target_index, draft_index = index(target, target_ids), index(draft, draft_ids)
+    draft_to_target = np.full(draft_vocab_size, -1, dtype=np.int64)
+    target_to_draft = np.full(target_vocab_size, -1, dtype=np.int64)
+    for i in draft_ids.tolist():
+        draft_to_target[i] = target_index.get(draft[i], -1)
+    for i in target_ids.tolist():
+        target_to_draft[i] = draft_index.get(target[i], -1)
+    return draft_to_target, target_to_draft
 
 
 def unk_id(tokenizer: Any, side: str) -> int:
@@ -115,7 +205,7 @@ class VocabMapping:
         self.draft_to_target = torch.from_numpy(np.asarray(d2t, dtype=np.int64)).to(self.device)
         self.target_to_draft = torch.from_numpy(np.asarray(t2d, dtype=np.int64)).to(self.device)
         self.intersection_mask = self.draft_to_target >= 0
-        self.intersection_size = int(self.intersection_mask.sum())
+        self.intersection_size = int(np.count_nonzero(np.asarray(d2t) >= 0))
         self._outside = {self.device: ~self.intersection_mask}
         self.target_eos_ids = eos_ids(target_tokenizer)
         self.draft_eos_ids = eos_ids(draft_tokenizer)
