@@ -149,6 +149,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                        "invalid_value")
     top_p = _field(body, "top_p", (int, float), 1.0)
     top_k = _field(body, "top_k", (int,), 0)
+    if top_k < -1:
+        raise ApiError(400, f"'top_k' must be >= 0 (0 or -1 = off), got {top_k}.", "top_k", "invalid_value")
     max_tokens = _field(body, "max_completion_tokens", (int,)) if chat else None
     max_tokens = _field(body, "max_tokens", (int,), max_tokens)
     stop = _field(body, "stop", (str, list), [])

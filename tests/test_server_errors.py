@@ -1,0 +1,181 @@
+"""Every bad request gets an OpenAI-style error body with the right status, and the server keeps serving.
+
+The tiny target has a 256-token context, so "beyond the context" is cheap to reach.
+"""
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from live_server import MODEL_NAME, live_server, load_engine, tiny_pair  # noqa: E402
+
+BODY_LIMIT = 4000
+OK = {"model": MODEL_NAME, "prompt": "hello", "max_tokens": 2, "temperature": 0}
+CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def server(tok_qwen2, tok_llama2, tmp_path_factory):
+    folders = tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
+    with live_server(load_engine(*folders), max_body_bytes=BODY_LIMIT) as (url, _):
+        yield url
+
+
+@pytest.fixture
+def post(server):
+    """POST to a path; after the test, the server must still answer a good request."""
+    with httpx.Client(base_url=server, timeout=60) as http:
+        yield lambda path, **kw: http.post(path, **kw)
+        assert http.get("/health").json()["status"] == "ok"
+        assert http.post("/v1/completions", json=OK).status_code == 200
+
+
+def assert_error(response, status, param=None, code=None, says=""):
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and says.lower() in error["message"].lower()
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["code"] == code
+    return error
+
+
+def test_invalid_json(post):
+    r = post("/v1/completions", content=b'{"prompt": "hi",', headers={"content-type": "application/json"})
+    assert_error(r, 400, None, "invalid_json", "not valid JSON")
+
+
+def test_body_not_an_object(post):
+    assert_error(post("/v1/chat/completions", json=["hi"]), 400, None, "invalid_type", "JSON object")
+
+
+@pytest.mark.parametrize(("field", "value", "want"), [
+    ("max_tokens", "ten", "an integer"),
+    ("max_tokens", 2.5, "an integer"),
+    ("temperature", "hot", "a number"),
+    ("stream", "yes", "a boolean"),
+    ("stop", 7, "a string or an array"),
+    ("seed", True, "an integer"),
+    ("model", 3, "a string"),
+])
+def test_wrong_type(post, field, value, want):
+    r = post("/v1/completions", json=OK | {field: value})
+    assert_error(r, 400, field, "invalid_type", f"expected {want}")
+
+
+def test_wrong_type_in_stop_list(post):
+    assert_error(post("/v1/completions", json=OK | {"stop": ["a", 1]}), 400, "stop", "invalid_type")
+
+
+def test_messages_not_a_list(post):
+    r = post("/v1/chat/completions", json=CHAT_OK | {"messages": "hi"})
+    assert_error(r, 400, "messages", "invalid_type", "expected an array")
+
+
+def test_message_without_role(post):
+    r = post("/v1/chat/completions", json=CHAT_OK | {"messages": [{"content": "hi"}]})
+    assert_error(r, 400, "messages[0]", "invalid_type", "role")
+
+
+@pytest.mark.parametrize("max_tokens", [0, -3])
+def test_max_tokens_not_positive(post, max_tokens):
+    r = post("/v1/completions", json=OK | {"max_tokens": max_tokens})
+    assert_error(r, 400, "max_tokens", "invalid_value", "at least 1")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_max_tokens_beyond_context(post, path):
+    body = OK if path == "/v1/completions" else CHAT_OK
+    r = post(path, json=body | {"max_tokens": 256})
+    assert_error(r, 400, "max_tokens", "context_length_exceeded", "maximum context length is 256")
+
+
+def test_prompt_beyond_context(post):
+    r = post("/v1/completions", json=OK | {"prompt": "word " * 300})
+    assert_error(r, 400, "prompt", "context_length_exceeded", "maximum context length is 256")
+
+
+def test_empty_prompt(post):
+    assert_error(post("/v1/completions", json=OK | {"prompt": ""}), 400, "prompt", "invalid_value", "empty")
+
+
+def test_missing_prompt(post):
+    body = {k: v for k, v in OK.items() if k != "prompt"}
+    assert_error(post("/v1/completions", json=body), 400, "prompt", "missing_required_parameter")
+
+
+def test_token_id_prompt(post):
+    assert_error(post("/v1/completions", json=OK | {"prompt": [1, 2, 3]}), 400, "prompt", "invalid_type")
+
+
+def test_empty_message_list(post):
+    r = post("/v1/chat/completions", json=CHAT_OK | {"messages": []})
+    assert_error(r, 400, "messages", "empty_array", "non-empty")
+
+
+def test_unknown_model(post):
+    """404 model_not_found, as OpenAI (and vLLM) answer an unknown model."""
+    r = post("/v1/chat/completions", json=CHAT_OK | {"model": "gpt-4o"})
+    assert_error(r, 404, "model", "model_not_found", "gpt-4o")
+
+
+def test_oversized_body(post):
+    """400 request_too_large (not 413): OpenAI reports request problems as 400 invalid_request_error."""
+    r = post("/v1/completions", json=OK | {"prompt": "x" * (BODY_LIMIT + 10)})
+    assert_error(r, 400, None, "request_too_large", f"limit of {BODY_LIMIT} bytes")
+
+
+def test_oversized_body_without_content_length(post):
+    def chunks():
+        body = json.dumps(OK | {"prompt": "y" * (BODY_LIMIT + 10)}).encode()
+        for i in range(0, len(body), 1000):
+            yield body[i:i + 1000]
+
+    r = post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in r.request.headers
+    assert_error(r, 400, None, "request_too_large")
+
+
+def test_n_above_one(post):
+    assert_error(post("/v1/completions", json=OK | {"n": 2}), 400, "n", "invalid_value", "only n=1")
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", 2.5), ("temperature", -1)])
+def test_temperature_out_of_range(post, field, value):
+    r = post("/v1/completions", json=OK | {field: value})
+    assert_error(r, 400, field, "invalid_value", "between 0 and 2")
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [("top_p", 0, "top_p"), ("top_p", 1.5, "top_p"),
+                                                      ("stop", [""], "stop")])
+def test_engine_rejects_sampling_setting(post, field, value, says):
+    assert_error(post("/v1/completions", json=OK | {field: value}), 400, None, "invalid_value", says)
+
+
+def test_top_k_below_minus_one(post):
+    assert_error(post("/v1/completions", json=OK | {"top_k": -5}), 400, "top_k", "invalid_value", "top_k")
+
+
+def test_unknown_route(post):
+    assert_error(post("/v1/embeddings", json={"input": "hi"}), 404, None, None, "not found")
+
+
+def test_unknown_fields_are_ignored(post):
+    r = post("/v1/completions", json=OK | {"frequency_penalty": 0.5, "logit_bias": {"1": 2}, "user": "me",
+                                           "some_future_field": {"nested": [1, 2]}})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_openai_client_raises_bad_request(server):
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=0)
+    assert info.value.status_code == 400 and info.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body["code"] == "model_not_found"
