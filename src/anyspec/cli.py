@@ -15,6 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     from anyspec.vocab import analyze
 
     analyze.add_parser(sub)
+    from anyspec import cli_generate
+
+    cli_generate.add_parser(sub)
     from anyspec import bench, demo, models
 
     models.add_parser(sub)

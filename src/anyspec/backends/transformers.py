@@ -7,7 +7,6 @@ these two calls.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -101,16 +100,24 @@ class TransformersModel:
         return ids
 
 
-def check_model_path(spec: str) -> None:
-    """Fail before loading when ``spec`` is neither an existing path, a built-in name nor a hub id."""
+def check_model_path(spec: str, allow_download: bool = False) -> None:
+    """Fail before loading unless ``spec`` is an existing model path, a built-in name or an allowed hub id."""
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_dir() and not (path / "config.json").is_file() and not list(path.glob("*.gguf")):
             raise ConfigError(f"{spec} is a folder without config.json or a .gguf file; "
                               "point at a model folder")
         return
-    if spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise ConfigError(f"model path {spec} does not exist")
+    try:
+        from anyspec.models import MODELS
+    except ImportError:
+        MODELS = {}
+    if spec in MODELS:
+        return
+    looks_like_path = spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or spec.count("/") != 1
+    if looks_like_path or not allow_download:
+        builtin = f" or a built-in name ({', '.join(MODELS)})" if MODELS else ""
+        raise ConfigError(f"model {spec} not found: give a model folder, a .gguf file{builtin}")
 
 
 def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
@@ -119,40 +126,35 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
     """Load a model folder, a GGUF file (de-quantized by transformers), a built-in name or a hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_model_path(spec, allow_download)
     path = Path(spec).expanduser()
     if not path.exists():
         path = _resolve_builtin(spec) or path
-    kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code,
-                  local_files_only=not allow_download and not path.exists())
-    if path.is_file() and path.suffix == ".gguf":
-        source, kwargs["gguf_file"] = str(path.parent), path.name
-    elif path.is_dir() and not (path / "config.json").is_file() and list(path.glob("*.gguf")):
-        source, kwargs["gguf_file"] = str(path), sorted(path.glob("*.gguf"))[0].name
-    elif path.exists():
-        source = str(path)
-    else:
-        source = spec
-        if not allow_download:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if path.exists():
-        kwargs["local_files_only"] = True
-    tok_keys = ("gguf_file", "trust_remote_code", "local_files_only")
-    tok_kwargs = {k: v for k, v in kwargs.items() if k in tok_keys}
+    kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+    if path.is_dir() and not (path / "config.json").is_file():
+        path = sorted(path.glob("*.gguf"))[0]
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **tok_kwargs)
+        if path.exists():
+            from anyspec.vocab import load_tokenizer
+
+            tokenizer = load_tokenizer(path)  # GGUF tokenizer conversions are cached
+            if path.suffix == ".gguf":
+                source, kwargs["gguf_file"] = str(path.parent), path.name
+            else:
+                source = str(path)
+            kwargs["local_files_only"] = True
+        else:  # a hub id, only with allow_download
+            source = spec
+            tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device)
     except OSError as exc:
-        hint = "" if allow_download else " (downloads are off; pass a local folder or a built-in name)"
-        raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}{hint}") from None
+        raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}") from None
     return TransformersModel(model, tokenizer, name=name)
 
 
 def _resolve_builtin(spec: str) -> Path | None:
     try:
-        from anyspec.models import resolve_model
+        from anyspec.models import MODELS, resolve_model
     except ImportError:
         return None
-    try:
-        return Path(resolve_model(spec))
-    except ConfigError:
-        return None
+    return Path(resolve_model(spec)) if spec in MODELS else None

@@ -1,0 +1,92 @@
+"""``anyspec generate``: bad input fails in one line before any model loads; --json on tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from anyspec.cli import main
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading a model is the expensive step these errors must come before."""
+    import anyspec.backends.transformers as backend
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(backend, "load_model", refuse)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, tok_qwen2, tok_llama2):
+    out = {}
+    for name, tok, config_cls, model_cls, seed in [("target", tok_qwen2, Qwen2Config, Qwen2ForCausalLM, 0),
+                                                    ("draft", tok_llama2, LlamaConfig, LlamaForCausalLM, 1)]:
+        torch.manual_seed(seed)
+        config = config_cls(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+        folder = tmp_path_factory.mktemp(name)
+        model_cls(config).save_pretrained(folder)
+        tok.save_pretrained(folder)
+        out[name] = str(folder)
+    return out
+
+
+BAD = [
+    (["--method", "ngram"], "unknown speculative method"),
+    (["--k", "0"], "num_speculative_tokens"),
+    (["--algorithm", "slem"], "not implemented yet"),
+    (["--draft-context", "guess"], "draft_context"),
+    (["--draft-sample-method", "beam"], "draft_sample_method"),
+    (["--temperature", "-0.5"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--top-k", "-1"], "top_k"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--target", "/no/such/model"], "/no/such/model"),
+    (["--draft", "./missing.gguf"], "missing.gguf"),
+    (["--draft", "not-a-builtin-name"], "not-a-builtin-name"),
+    (["--dtype", "fp8"], "dtype"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), BAD, ids=[" ".join(e) for e, _ in BAD])
+def test_bad_input_fails_before_loading(no_loading, capsys, extra, message):
+    rc = main(["generate", "--prompt", "hello", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_empty_prompt_fails_before_loading(no_loading, capsys):
+    assert main(["generate", "--prompt", ""]) == 2
+    assert "prompt is empty" in capsys.readouterr().err
+
+
+def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):
+    common = ["generate", "--target", tiny_dirs["target"], "--prompt", "def add(a, b):",
+              "--max-new-tokens", "12", "--dtype", "fp32", "--json"]
+    assert main([*common, "--draft", tiny_dirs["draft"], "--k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main([*common, "--no-draft"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert set(spec) == {"text", "token_ids", "stats"}
+    assert set(spec["stats"]) == {"rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+                                  "tokens_per_second", "draft_seconds", "target_seconds"}
+    assert spec["token_ids"] == alone["token_ids"] and spec["text"] == alone["text"]
+    assert len(spec["token_ids"]) == 12
+    assert spec["stats"]["drafted"] > 0 and alone["stats"]["drafted"] == 0
+
+
+def test_streams_text_to_stdout_and_stats_to_stderr(tiny_dirs, capsys):
+    rc = main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+               "--prompt", "Hello", "--max-new-tokens", "6", "--dtype", "fp32", "--temperature", "0.8",
+               "--seed", "1"])
+    out = capsys.readouterr()
+    assert rc == 0
+    assert "acceptance" not in out.out and "accepted" in out.err and "tok/s" in out.err
