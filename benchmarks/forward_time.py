@@ -2,9 +2,9 @@
 
     python benchmarks/forward_time.py [--threads 2] [--reps 20] [--dtypes bf16 fp32]
 
-Each measurement extends a 64-token cached prompt by n tokens and crops the cache back; the
-median over ``--reps`` is reported. Models are measured in turn within one run so their ratios
-share the machine's state.
+Each measurement extends a 64-token cached prompt by n tokens and crops the cache back. Every
+model is timed rep by rep alternating with the first (reference) model, in both dtypes; min,
+median and the median per-rep ratio to the reference are reported.
 """
 
 import argparse
@@ -22,7 +22,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @torch.inference_mode()
-def forward_ms(model, n: int, reps: int, prompt_len: int = 64) -> float:
+def prepared(model, n: int, prompt_len: int = 64):
+    """A closure running one forward of n new tokens over a cached prompt, cropping back after."""
     from transformers import DynamicCache
 
     vocab = model.config.get_text_config().vocab_size
@@ -31,15 +32,16 @@ def forward_ms(model, n: int, reps: int, prompt_len: int = 64) -> float:
     cache = DynamicCache(config=model.config)
     model(input_ids=prompt, past_key_values=cache, use_cache=True)
     new = torch.randint(100, min(vocab, 30000), (1, n), generator=gen)
-    times = []
-    for i in range(reps + 2):
+
+    @torch.inference_mode()
+    def step() -> float:
         t = time.perf_counter()
         model(input_ids=new, past_key_values=cache, use_cache=True)
         dt = time.perf_counter() - t
         cache.crop(-n)
-        if i >= 2:
-            times.append(dt)
-    return 1000 * statistics.median(times)
+        return dt
+
+    return step
 
 
 def main():
@@ -50,18 +52,31 @@ def main():
     ap.add_argument("--models", nargs="+", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    cases = [c for c in CASES if not args.models or c[0] in args.models]
+    ref = cases[0][0]
     rows = []
-    for dname in args.dtypes:
-        loaded = {}
-        for name, n in CASES:
-            if args.models and name not in args.models:
+    # One model at a time (in both dtypes), interleaved rep by rep with the reference model, so that
+    # load from other processes falls on every case alike and the ratios to the reference hold.
+    for name in dict.fromkeys(c[0] for c in cases):
+        group = [(m, d, n) for m, n in cases for d in args.dtypes if m in (ref, name)]
+        models = {(m, d): load(m, dtype=DTYPES[d])[0] for m, d in dict.fromkeys((m, d) for m, d, _ in group)}
+        steps = {(m, d, n): prepared(models[m, d], n) for m, d, n in group}
+        times = {key: [] for key in steps}
+        for i in range(args.reps + 2):
+            for key, step in steps.items():
+                dt = step()
+                if i >= 2:
+                    times[key].append(dt)
+        for (m, d, n), ts in times.items():
+            if m == ref and name != ref:
                 continue
-            if name not in loaded:
-                loaded[name] = load(name, dtype=DTYPES[dname])[0]
-            ms = forward_ms(loaded[name], n, args.reps)
-            rows.append({"model": name, "dtype": dname, "new_tokens": n, "ms": round(ms, 1)})
-            print(f"{name:<20} {dname:<5} n={n}  {ms:8.1f} ms", flush=True)
-        del loaded
+            ratio = statistics.median(a / b for a, b in zip(ts, times[ref, d, 1], strict=True))
+            rows.append({"model": m, "dtype": d, "new_tokens": n, "min_ms": round(1000 * min(ts), 1),
+                         "median_ms": round(1000 * statistics.median(ts), 1), f"x_{ref}": round(ratio, 2)})
+            med = 1000 * statistics.median(ts)
+            print(f"{m:<20} {d:<5} n={n}  min {1000 * min(ts):8.1f} ms  median {med:8.1f} ms  "
+                  f"{ratio:5.2f}x {ref}", flush=True)
+        del models, steps
     print(json.dumps(rows))
 
 
