@@ -92,6 +92,10 @@ def run_hf(ctx: dict, prompt, assisted: bool) -> dict:
     if assisted:
         kw.update(assistant_model=ctx["draft"].model, tokenizer=tok,
                   assistant_tokenizer=ctx["draft"].tokenizer)
+        if ctx["hf_assistant"] == "k":  # the same fixed k as anyspec instead of HF's adaptive default
+            gc = ctx["draft"].model.generation_config
+            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = ctx["k"], "constant"
+            gc.assistant_confidence_threshold = 0.0
     t = time.perf_counter()
     with torch.inference_mode():
         out = target.generate(ids, **kw)
@@ -171,7 +175,8 @@ def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
 
 def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[str], max_new_tokens: int = 64,
               k: int = 4, dtype: str | None = None, temperature: float = 0.7, seed: int = 0,
-              threads: int | None = None, limit: int | None = None, log=print) -> dict:
+              threads: int | None = None, limit: int | None = None, hf_assistant: str = "default",
+              log=print) -> dict:
     import torch
 
     from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
@@ -194,6 +199,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
     from anyspec.models import MODELS, resolve_model
 
     ctx = {"target": tgt, "draft": drf, "k": k, "temperature": temperature, "seed": seed,
+           "hf_assistant": hf_assistant,
            "max_new_tokens": max_new_tokens, "eos": tgt.eos_ids(),
            "dtype_name": str(torch_dtype).split(".")[-1],
            "target_path": resolve_model(target) if target in MODELS else target,
@@ -230,7 +236,8 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                        "torch": torch.__version__, "python": sys.version.split()[0],
-                       "hf_uag": "transformers generate() defaults (num_assistant_tokens schedule)"},
+                       "hf_uag": "transformers generate() defaults (adaptive number of assistant tokens)"
+                       if hf_assistant == "default" else f"fixed {k} assistant tokens"},
             "notes": notes, "runs": runs, "summary": summarize(runs)}
 
 
@@ -327,6 +334,8 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
+                   help="HF assisted generation: its adaptive default, or the same fixed k as anyspec")
     p.add_argument("--json", type=Path, default=None, help="write the full result here")
     p.add_argument("--markdown", type=Path, default=None, help="write the table here (it is printed anyway)")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here (needs matplotlib)")
@@ -341,7 +350,7 @@ def run(args) -> int:
         load_prompts(f)
     result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
                        args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
-                       args.limit, log=lambda s: print(s, file=sys.stderr, flush=True))
+                       args.limit, args.hf_assistant, log=lambda s: print(s, file=sys.stderr, flush=True))
     table = markdown(result)
     print(table)
     if args.json:
