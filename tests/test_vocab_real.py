@@ -76,7 +76,8 @@ def _mapped_pairs_agree(mapping: VocabMapping) -> int:
 
 PAIRS = [("tok_qwen2", "tok_mistral"), ("tok_mistral", "tok_qwen2"), ("tok_qwen2", "tok_llama2"),
          ("tok_llama3", "tok_gpt2"), ("tok_phi3", "tok_smollm2"), ("tok_qwen2", "tok_gemma3"),
-         ("tok_gemma3", "tok_qwen2"), ("tok_tekken", "tok_llama2"), ("tok_bert", "tok_gpt2")]
+         ("tok_gemma3", "tok_qwen2"), ("tok_tekken", "tok_llama2"), ("tok_bert", "tok_gpt2"),
+         ("tok_llama2", "tok_mistral"), ("tok_gemma3", "tok_mistral"), ("tok_llama3", "tok_gemma3")]
 
 
 @pytest.mark.parametrize(("target_name", "draft_name"), PAIRS)
@@ -126,3 +127,40 @@ def test_special_tokens_and_eos(tok_qwen2, tok_gemma3, vocab_cache):
     for token in ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "[PAD151700]"]:
         idx = tok_qwen2.convert_tokens_to_ids(token)
         assert mapping.target_to_draft[idx] == -1, token
+
+
+ALL_TOKENIZERS = ["tok_gpt2", "tok_llama2", "tok_phi3", "tok_qwen2", "tok_llama3", "tok_bert", "tok_mistral",
+                  "tok_tekken", "tok_smollm2", "tok_gemma3"]
+
+
+@pytest.mark.parametrize("fixture", ALL_TOKENIZERS)
+def test_array_path_equals_token_by_token_reference(fixture, request):
+    from anyspec.vocab.bytes import byte_piece_ids, strings_to_bytes, token_strings
+
+    tok = request.getfixturevalue(fixture)
+    family = detect_family(tok)
+    strings = token_strings(tok)
+    pieces = byte_piece_ids(tok, strings) if family.byte_fallback else {}
+    reference = strings_to_bytes(strings, family, pieces)
+    table = token_table(tok)
+    assert len(table) == len(tok)
+    assert table.as_list() == reference
+    special = set(np.flatnonzero(table.special).tolist())
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        idx = getattr(tok, name, None)
+        if idx is not None:
+            assert idx in special, name
+
+
+@pytest.mark.parametrize(("fixture", "markers"), [
+    ("tok_llama3", ["<|end_of_text|>", "<|eot_id|>"]), ("tok_smollm2", ["<|im_end|>"]),
+    ("tok_mistral", ["</s>"]), ("tok_gpt2", ["<|endoftext|>"]), ("tok_phi3", ["<|end|>", "<|endoftext|>"]),
+])
+def test_eos_ids_include_end_of_turn_markers(fixture, markers, request):
+    from anyspec.vocab.bytes import eos_ids
+
+    tok = request.getfixturevalue(fixture)
+    found = eos_ids(tok)
+    assert tok.eos_token_id in found
+    for marker in markers:
+        assert tok.convert_tokens_to_ids(marker) in found, marker
