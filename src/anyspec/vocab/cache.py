@@ -137,7 +137,7 @@ def load(key: str) -> tuple[TokenTable, TokenTable, np.ndarray, np.ndarray] | No
     try:
         arrays = _read_arrays(path.read_bytes())
         return (_table_from("target", arrays), _table_from("draft", arrays),
-                arrays["draft_to_target"], arrays["target_to_draft"])
+                arrays["draft_to_target"].copy(), arrays["target_to_draft"].copy())
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
