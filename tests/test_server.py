@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from live_server import MODEL_NAME, live_server, load_engine, tiny_pair  # noqa: E402
+from live_server import MODEL_NAME, live_server, load_engine, one_thread, tiny_pair  # noqa: E402, F401
 
 from anyspec.engine import SamplingParams  # noqa: E402
 

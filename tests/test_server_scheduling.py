@@ -1,0 +1,164 @@
+"""Queueing, cancellation and timeouts of the one-generation-at-a-time server, over real HTTP.
+
+A "long" request asks for 200 greedy tokens, several seconds on the tiny models; tests that hold the
+worker with one close it themselves, so no test waits for one to finish.
+"""
+
+import re
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from live_server import MODEL_NAME, live_server, load_engine, one_thread, tiny_pair  # noqa: E402, F401
+
+from anyspec.engine import SamplingParams  # noqa: E402
+
+LONG = 200
+
+
+@pytest.fixture(scope="module")
+def folders(tok_qwen2, tok_llama2, tmp_path_factory):
+    return tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def engine(folders):
+    """Shared by the servers below, one at a time: each stops its worker before the next starts."""
+    return load_engine(*folders)
+
+
+@pytest.fixture(scope="module")
+def reference(folders):
+    return load_engine(*folders)
+
+
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def start_long_stream(url, prompt="A long story:"):
+    """A streamed 200-token request, returned once its first chunk arrived (so it holds the worker)."""
+    stream = client(url).completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=LONG, temperature=0,
+                                            stream=True)
+    chunks = iter(stream)
+    next(chunks)
+    return stream, chunks
+
+
+def health(url):
+    r = httpx.get(url + "/health")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    return r.json()
+
+
+def wait_until(check, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def generations(url, outcome):
+    match = re.search(rf'^anyspec_generations_total{{outcome="{outcome}"}} (\S+)$',
+                      httpx.get(url + "/metrics").text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def in_thread(fn):
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(result=fn()), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_full_queue_answers_429_with_retry_after(engine, reference):
+    with live_server(engine, queue_size=1) as (url, _):
+        stream, _ = start_long_stream(url)
+        waiter, box = in_thread(lambda: client(url).completions.create(
+            model=MODEL_NAME, prompt="queued", max_tokens=4, temperature=0))
+        wait_until(lambda: health(url)["queue_depth"] == 1)
+        r = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "one too many"})
+        assert r.status_code == 429
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error" and r.json()["error"]["code"] == "queue_full"
+        stream.close()
+        waiter.join(timeout=60)
+        assert box["result"].choices[0].text == reference.generate(
+            "queued", SamplingParams(temperature=0, max_new_tokens=4)).text
+        metrics = httpx.get(url + "/metrics").text
+        assert 'anyspec_requests_total{path="/v1/completions",status="429"} 1' in metrics
+
+
+def test_waiting_client_that_disconnects_frees_its_slot(engine):
+    with live_server(engine, queue_size=1) as (url, _):
+        stream, chunks = start_long_stream(url)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "gives up"}, timeout=1.0)
+        wait_until(lambda: health(url)["queue_depth"] == 0)
+        assert health(url)["running"], "the long generation is still running"
+        next(chunks)
+        waiter, box = in_thread(lambda: httpx.post(url + "/v1/completions", timeout=60, json={
+            "model": MODEL_NAME, "prompt": "next", "max_tokens": 3}))
+        wait_until(lambda: health(url)["queue_depth"] == 1)
+        stream.close()
+        waiter.join(timeout=60)
+        assert box["result"].status_code == 200
+        wait_until(lambda: generations(url, "cancelled") == 2)  # the one that gave up, then the long one
+
+
+def test_streaming_disconnect_cancels_the_generation(engine):
+    with live_server(engine) as (url, _):
+        stream, chunks = start_long_stream(url)
+        next(chunks)
+        stream.close()
+        wait_until(lambda: generations(url, "cancelled") == 1)
+        assert generations(url, "completed") == 0
+        assert not health(url)["running"]
+        r = client(url).completions.create(model=MODEL_NAME, prompt="after", max_tokens=2, temperature=0)
+        assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_non_streaming_disconnect_cancels_the_generation(engine):
+    with live_server(engine) as (url, _):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", timeout=1.0, json={
+                "model": MODEL_NAME, "prompt": "never read", "max_tokens": LONG, "temperature": 0})
+        wait_until(lambda: generations(url, "cancelled") == 1)
+        assert generations(url, "completed") == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generation_timeout_cuts_the_answer(engine, reference, stream):
+    prompt = "Count to a thousand:"
+    with live_server(engine, generation_timeout=0.3) as (url, _):
+        out = client(url).completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=LONG, temperature=0,
+                                             stream=stream)
+        if stream:
+            chunks = list(out)
+            text = "".join(c.choices[0].text for c in chunks)
+            last = chunks[-1]
+        else:
+            text, last = out.choices[0].text, out
+            assert 0 < out.usage.completion_tokens < 60
+        assert last.choices[0].finish_reason == "length"
+        assert last.model_extra["anyspec"]["timed_out"] is True
+        assert generations(url, "timed_out") == 1
+    full = reference.generate(prompt, SamplingParams(temperature=0, max_new_tokens=60)).text
+    assert text and full.startswith(text) and len(text) < len(full)
+
+
+def test_queue_wait_timeout_answers_503(engine):
+    with live_server(engine, queue_size=2, queue_timeout=0.5) as (url, _):
+        stream, _ = start_long_stream(url)
+        t0 = time.monotonic()
+        r = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "waits"}, timeout=30)
+        assert time.monotonic() - t0 >= 0.5
+        assert r.status_code == 503 and "retry-after" in r.headers
+        assert r.json()["error"]["code"] == "queue_timeout" and r.json()["error"]["type"] == "server_error"
+        assert health(url)["queue_depth"] == 0
+        stream.close()
