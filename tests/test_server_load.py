@@ -1,0 +1,121 @@
+"""Bounded load: 20 concurrent streaming clients, 4 of which hang up midway, against one live server.
+
+No request may be lost or mixed up: every completed answer equals what the same request gives alone
+(greedy, from a separate in-process engine), every hung-up generation is cancelled, and ``/health``
+answers OK throughout. p50/p95 latencies are printed (run with ``-s``), never asserted.
+"""
+
+import asyncio
+import re
+import statistics
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from live_server import MODEL_NAME, live_server, load_engine, one_thread, tiny_pair  # noqa: E402, F401
+
+from anyspec.engine import SamplingParams  # noqa: E402
+
+CLIENTS = 20
+
+
+def plan():
+    """(prompt or messages, max_tokens, hangs_up) per client; chat and plain completions alternate."""
+    out = []
+    for i in range(CLIENTS):
+        text = f"Request {i}: the number {i * 7} is"
+        prompt = [{"role": "user", "content": text}] if i % 2 else text
+        hangs_up = i % 5 == 4
+        out.append((prompt, 60 if hangs_up else 4 + i % 6, hangs_up))
+    return out
+
+
+async def client_run(client, prompt, max_tokens, hangs_up):
+    t0 = time.perf_counter()
+    kw = dict(model=MODEL_NAME, max_tokens=max_tokens, temperature=0, stream=True)
+    if isinstance(prompt, list):
+        stream = await client.chat.completions.create(messages=prompt, **kw)
+    else:
+        stream = await client.completions.create(prompt=prompt, **kw)
+    text, first, finish, chunks = "", None, None, 0
+    async for chunk in stream:
+        chunks += 1
+        choice = chunk.choices[0]
+        piece = (choice.delta.content if isinstance(prompt, list) else choice.text) or ""
+        if piece and first is None:
+            first = time.perf_counter() - t0
+        text += piece
+        finish = choice.finish_reason or finish
+        if hangs_up and chunks == 3:
+            await stream.close()
+            return {"hung_up": True}
+    latency = time.perf_counter() - t0
+    return {"hung_up": False, "text": text, "finish": finish, "latency": latency, "ttft": first}
+
+
+async def watch_health(url, stop, seen):
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        while not stop.is_set():
+            r = await http.get("/health")
+            seen.append((r.status_code, r.json()))
+            await asyncio.sleep(0.1)
+
+
+async def load(url, requests):
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    stop, seen = asyncio.Event(), []
+    watcher = asyncio.create_task(watch_health(url, stop, seen))
+    results = await asyncio.gather(*(client_run(client, *r) for r in requests))
+    stop.set()
+    await watcher
+    await client.close()
+    return results, seen
+
+
+def generations(url, outcome):
+    match = re.search(rf'^anyspec_generations_total{{outcome="{outcome}"}} (\S+)$',
+                      httpx.get(url + "/metrics").text, re.M)
+    return int(float(match.group(1))) if match else 0
+
+
+def test_concurrent_streams_with_hang_ups(tok_qwen2, tok_llama2, tmp_path_factory):
+    folders = tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
+    requests = plan()
+    with live_server(load_engine(*folders), queue_size=CLIENTS + 4) as (url, _):
+        results, seen = asyncio.run(load(url, requests))
+        deadline = time.monotonic() + 30
+        while generations(url, "completed") + generations(url, "cancelled") < CLIENTS:
+            assert time.monotonic() < deadline, "some request was never finished nor cancelled"
+            time.sleep(0.05)
+        after = httpx.get(url + "/health").json()
+        completed, cancelled = generations(url, "completed"), generations(url, "cancelled")
+
+    hung_up = sum(r[2] for r in requests)
+    assert completed + cancelled == CLIENTS
+    assert cancelled == hung_up, "each hang-up should cancel its 60-token generation"
+    assert len(seen) >= 5 and all(status == 200 and body["status"] == "ok" for status, body in seen)
+    assert max(body["queue_depth"] for _, body in seen) > 1, "the load never queued requests"
+    assert after == {"status": "ok", "queue_depth": 0, "running": False}
+
+    reference = load_engine(*folders)
+    texts = []
+    for (prompt, max_tokens, hangs_up), result in zip(requests, results, strict=True):
+        assert result["hung_up"] == hangs_up
+        if hangs_up:
+            continue
+        alone = reference.generate(prompt, SamplingParams(temperature=0, max_new_tokens=max_tokens))
+        assert result["text"] == alone.text, f"answer to {prompt!r} differs from the same request alone"
+        assert result["finish"] == alone.finish_reason
+        texts.append(alone.text)
+    assert len(set(texts)) > len(texts) // 2, "too few distinct answers to notice a mix-up"
+
+    latencies = sorted(r["latency"] for r in results if not r["hung_up"])
+    ttfts = sorted(r["ttft"] for r in results if not r["hung_up"] and r["ttft"] is not None)
+    q = lambda xs: statistics.quantiles(xs, n=20, method="inclusive")  # noqa: E731
+    print(f"\nload: {CLIENTS} streaming clients ({hung_up} hang up), {len(latencies)} completed; "
+          f"latency p50 {statistics.median(latencies):.2f} s, p95 {q(latencies)[18]:.2f} s; "
+          f"time to first token p50 {statistics.median(ttfts):.2f} s, p95 {q(ttfts)[18]:.2f} s")
