@@ -441,8 +441,6 @@ def check_args(args) -> tuple[Settings, SpeculativeConfig]:
     resolve_dtype(args.dtype)
     for spec in [args.target] + ([] if args.no_draft else [args.draft]):
         check_model_path(spec)
-        if not Path(spec).expanduser().exists() and spec not in MODELS and "/" not in spec:
-            raise ConfigError(f"unknown model {spec!r}: use a built-in name ({', '.join(MODELS)}) or a path")
     for name in ("queue_size", "max_body_bytes", "default_max_tokens", "port"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

