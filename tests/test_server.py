@@ -53,6 +53,9 @@ def metric(text: str, name: str) -> float:
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL_NAME]
+    assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
     health = httpx.get(server + "/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
 

@@ -161,6 +161,33 @@ def test_top_k_below_minus_one(post):
     assert_error(post("/v1/completions", json=OK | {"top_k": -5}), 400, "top_k", "invalid_value", "top_k")
 
 
+@pytest.mark.parametrize(("path", "field", "value"), [
+    ("/v1/completions", "echo", True), ("/v1/completions", "logprobs", 3), ("/v1/completions", "best_of", 2),
+    ("/v1/chat/completions", "logprobs", True), ("/v1/chat/completions", "top_logprobs", 2),
+])
+def test_unsupported_parameter(post, path, field, value):
+    body = (OK if path == "/v1/completions" else CHAT_OK) | {field: value}
+    assert_error(post(path, json=body), 400, field, "unsupported_parameter", "not supported")
+
+
+def test_chat_template_refusing_messages_is_a_400():
+    """A template that raises (as many do on an unknown role) is the request's fault, not a crash."""
+    from jinja2 import TemplateError
+
+    from anyspec.server import ApiError, parse_request
+
+    class Refusing:
+        chat_template = "{{ raise_exception('roles must alternate') }}"
+
+        def apply_chat_template(self, *args, **kwargs):
+            raise TemplateError("roles must alternate")
+
+    with pytest.raises(ApiError) as info:
+        parse_request(CHAT_OK, True, MODEL_NAME, Refusing(), 256, 16)
+    assert (info.value.status, info.value.param) == (400, "messages")
+    assert "roles must alternate" in info.value.message
+
+
 def test_unknown_route(post):
     assert_error(post("/v1/embeddings", json={"input": "hi"}), 404, None, None, "not found")
 

@@ -10,7 +10,7 @@ Retry-After, a request that waited longer than ``--queue-timeout`` answers 503).
 disconnects cancels its generation: a waiting request leaves the queue at once, a running one stops
 before its next round. ``--generation-timeout`` cuts a generation short (``finish_reason: "length"``,
 ``anyspec.timed_out: true``). Batching concurrent requests is future work, to be measured first: on a
-CPU a verify pass of k+1 tokens is already compute-bound, so batching may buy little.
+CPU, whether batched verification pays at all has to be measured before it is built.
 
 Request extensions: ``top_k``, ``speculative: false`` (target only, for comparison). Responses carry
 ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Unknown fields are ignored.
@@ -37,6 +37,8 @@ from anyspec.errors import ConfigError
 from anyspec.scheduler import Job, Metrics, Outcome, QueueFull, Scheduler
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+UNSUPPORTED = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (None, 0),
+               "best_of": (None, 1)}
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
 
@@ -142,6 +144,10 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     if _field(body, "n", (int,), 1) != 1:
         raise ApiError(400, "Only n=1 is supported: the engine generates one sequence per request.", "n",
                        "invalid_value")
+    for name, harmless in UNSUPPORTED.items():
+        if body.get(name) not in harmless:
+            raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
+                           "unsupported_parameter")
     prompt = _messages(body) if chat else _prompt(body)
     temperature = _field(body, "temperature", (int, float), 1.0)
     if not 0 <= temperature <= 2:
@@ -168,8 +174,9 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     param = "messages" if chat else "prompt"
     try:
         text, is_chat = render_prompt(tokenizer, prompt)
-    except ConfigError as exc:
-        raise ApiError(400, str(exc), param, "invalid_value") from None
+    except Exception as exc:  # ConfigError, or the chat template refusing these messages
+        raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
+                       param, "invalid_value") from None
     prompt_tokens = len(tokenizer.encode(text, add_special_tokens=not is_chat))
     room = context - prompt_tokens if context else None
     if room is not None and room < 1:
@@ -391,6 +398,14 @@ def create_app(engine: Engine, settings: Settings):
         return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
                                             "owned_by": "anyspec", "anyspec": {"draft": draft}}]}
 
+    @app.get("/v1/models/{model}")
+    async def model(model: str):
+        listed = (await models())["data"][0]
+        if model != listed["id"]:
+            raise ApiError(404, f"The model '{model}' does not exist; this server serves '{listed['id']}'.",
+                           "model", "model_not_found")
+        return listed
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "queue_depth": scheduler.depth, "running": scheduler.running is not None}
@@ -477,5 +492,5 @@ def run(args) -> int:
     draft = None if args.no_draft else load_model(args.draft, dtype=args.dtype, name=args.draft)
     app = create_app(Engine(target, draft, config), settings)
     print(f"anyspec serve: '{settings.model_name}' on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
     return 0
