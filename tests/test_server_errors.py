@@ -154,7 +154,12 @@ def test_temperature_out_of_range(post, field, value):
 @pytest.mark.parametrize(("field", "value", "says"), [("top_p", 0, "top_p"), ("top_p", 1.5, "top_p"),
                                                       ("stop", [""], "stop")])
 def test_engine_rejects_sampling_setting(post, field, value, says):
-    assert_error(post("/v1/completions", json=OK | {field: value}), 400, None, "invalid_value", says)
+    assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+def test_seed_beyond_64_bits(post, seed):
+    assert_error(post("/v1/completions", json=OK | {"seed": seed}), 400, "seed", "invalid_value", "64 bits")
 
 
 def test_top_k_below_minus_one(post):

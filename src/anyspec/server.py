@@ -164,6 +164,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         raise ApiError(400, "Invalid type for 'stop': expected a string or an array of strings.", "stop",
                        "invalid_type")
     seed = _field(body, "seed", (int,))
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise ApiError(400, "'seed' must fit in 64 bits.", "seed", "invalid_value")
     stream = _field(body, "stream", (bool,), False)
     include_usage = _field(_field(body, "stream_options", (dict,), {}), "include_usage", (bool,), False)
     speculative = _field(body, "speculative", (bool,), True)
@@ -194,7 +196,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
                                 max_new_tokens=max_tokens, seed=seed, stop=stop)
     except ConfigError as exc:
-        raise ApiError(400, str(exc), None, "invalid_value") from None
+        param = next((f for f in ("top_p", "top_k", "stop") if str(exc).startswith(f)), None)
+        raise ApiError(400, str(exc), param, "invalid_value") from None
     return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens)
 
 
