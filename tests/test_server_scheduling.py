@@ -1,6 +1,6 @@
 """Queueing, cancellation and timeouts of the one-generation-at-a-time server, over real HTTP.
 
-A "long" request asks for 200 greedy tokens, several seconds on the tiny models; tests that hold the
+A "long" request asks for 240 greedy tokens, several seconds on the tiny models; tests that hold the
 worker with one close it themselves, so no test waits for one to finish.
 """
 
@@ -18,7 +18,7 @@ from live_server import MODEL_NAME, live_server, load_engine, one_thread, tiny_p
 
 from anyspec.engine import SamplingParams  # noqa: E402
 
-LONG = 200
+LONG = 240
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def client(url):
 
 
 def start_long_stream(url, prompt="A long story:"):
-    """A streamed 200-token request, returned once its first chunk arrived (so it holds the worker)."""
+    """A streamed 240-token request, returned once its first chunk arrived (so it holds the worker)."""
     stream = client(url).completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=LONG, temperature=0,
                                             stream=True)
     chunks = iter(stream)
