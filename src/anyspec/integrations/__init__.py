@@ -1,0 +1,1 @@
+"""Integrations of anyspec's vocabulary bridge into other inference engines."""
