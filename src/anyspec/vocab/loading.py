@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import re
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from anyspec.errors import ConfigError
 from anyspec.fetch import cache_dir
@@ -25,7 +29,7 @@ _KINDS = ("a tokenizer folder, a .gguf file, a tokenizer.json, a SentencePiece .
           "or a tiktoken/tekken file")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                     "spiece.model", "sentencepiece.bpe.model", "tekken.json")
-_CONVERSION_FORMAT = "2"
+_CONVERSION_FORMAT = "3"
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
@@ -122,27 +126,95 @@ def _from_gguf(p: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        from gguf import GGUFReader
-
-        fields = GGUFReader(p).fields
-    except Exception as exc:
-        raise ConfigError(f"{p} is not a readable GGUF file ({type(exc).__name__}); give {_KINDS}") from None
+        fields = read_gguf_metadata(p)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p} is not a readable GGUF file ({exc}); give {_KINDS}") from None
     if "tokenizer.ggml.tokens" not in fields:
         raise ConfigError(f"{p} is a GGUF file without a tokenizer (no tokenizer.ggml.tokens); give {_KINDS}")
-    if fields["tokenizer.ggml.model"].contents() == "bert":
+    kind = fields.get("tokenizer.ggml.model")
+    if kind == "bert":
         return _wordpiece_from_gguf(fields)
-    return AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name, trust_remote_code=False)
+    if _transformers_reads(fields):
+        try:
+            return AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name, trust_remote_code=False)
+        except Exception:
+            if kind not in _METADATA_KINDS:
+                raise
+    if kind not in _METADATA_KINDS:
+        raise ConfigError(f"{p} has a {kind!r} tokenizer, which anyspec cannot read; give {_KINDS}")
+    return _bpe_from_gguf(fields)
+
+
+_METADATA_KINDS = ("gpt2", "llama", "gemma4")
+
+
+def _transformers_reads(fields) -> bool:
+    """Whether transformers supports this GGUF's architecture (it refuses the file otherwise)."""
+    try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    except ImportError:
+        return True
+    arch = str(fields.get("general.architecture", ""))
+    return arch in GGUF_SUPPORTED_ARCHITECTURES or arch.replace("-", "_") in GGUF_SUPPORTED_ARCHITECTURES
+
+
+def _bpe_from_gguf(fields) -> Any:
+    """A tokenizer from GGUF metadata alone, for architectures transformers does not load.
+
+    Token ids, token strings, merges and special tokens are exactly the file's, so every token's
+    bytes are right. Byte-level ("gpt2") vocabularies get GPT-2's pre-tokenizer regex, which may
+    split some inputs differently from the model's own; SentencePiece-style ones use merges when
+    the file has them, else the scores (Unigram).
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    value = fields.get
+    tokens = value("tokenizer.ggml.tokens")
+    types = value("tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in value("tokenizer.ggml.merges") or []]
+    unk_id = value("tokenizer.ggml.unknown_token_id")
+    unk = tokens[int(unk_id)] if unk_id is not None else None
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if value("tokenizer.ggml.model") == "gpt2":
+        backend = Tokenizer(models.BPE(vocab, merges, unk_token=unk, ignore_merges=True))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        backend.decoder = decoders.ByteLevel()
+    else:
+        if merges:
+            model = models.BPE(vocab, merges, unk_token=unk, byte_fallback=True)
+        else:
+            scores = value("tokenizer.ggml.scores") or [0.0] * len(tokens)
+            model = models.Unigram(list(zip(tokens, map(float, scores), strict=True)), int(unk_id or 0), True)
+        backend = Tokenizer(model)
+        llama = value("tokenizer.ggml.model") == "llama"
+        space_prefix = bool(value("tokenizer.ggml.add_space_prefix", llama))
+        steps = [normalizers.Prepend("\u2581")] if space_prefix else []
+        backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "\u2581")])
+        strip = [decoders.Strip(" ", 1, 0)] if space_prefix else []
+        backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                             decoders.Fuse(), *strip])
+    backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                        for i, kind in enumerate(types) if kind == 4])
+    backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                for i, kind in enumerate(types) if kind in (2, 3, 5)])
+    named = {}
+    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
+                      ("pad_token", "padding")):
+        idx = value(f"tokenizer.ggml.{key}_token_id")
+        if idx is not None and int(idx) < len(tokens):
+            named[name] = tokens[int(idx)]
+    return _fast(tokenizer_object=backend, **named)
 
 
 def _wordpiece_from_gguf(fields) -> Any:
     """A BERT WordPiece tokenizer from GGUF metadata (transformers cannot load these)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-    tokens = fields["tokenizer.ggml.tokens"].contents()
-    types = fields["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in fields else []
+    tokens = fields["tokenizer.ggml.tokens"]
+    types = fields.get("tokenizer.ggml.token_type", [])
 
     def token_at(key: str) -> str | None:
-        return tokens[int(fields[key].contents())] if key in fields else None
+        return tokens[int(fields[key])] if key in fields else None
 
     control = {i for i, kind in enumerate(types) if kind in (2, 3, 5)}
     control |= {i for i, t in enumerate(tokens) if re.fullmatch(r"\[unused\d+\]", t)}
@@ -204,3 +276,59 @@ def _from_tiktoken(p: Path) -> Any:
     named = {k: v for k, v in (("unk_token", "<unk>"), ("bos_token", "<s>"), ("eos_token", "</s>"))
              if v in specials}
     return _fast(tokenizer_object=backend, **named)
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+                 12: "<d"}
+_GGUF_ARRAYS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8",
+                11: "<i8", 12: "<f8"}
+
+
+def read_gguf_metadata(path: Path) -> dict[str, Any]:
+    """The key/value metadata of a GGUF file (v2 or v3), without its tensors.
+
+    ``gguf.GGUFReader`` builds a numpy view per array element and takes about a minute on a
+    256k-token vocabulary; reading the few keys a tokenizer needs directly takes well under a second.
+    """
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError("no GGUF magic number")
+        version, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old")
+        pos, out = 24, {}
+        for _ in range(n_kv):
+            key, pos = _gguf_string(buf, pos)
+            (kind,), pos = struct.unpack_from("<I", buf, pos), pos + 4
+            out[key], pos = _gguf_value(buf, pos, kind)
+        return out
+
+
+def _gguf_string(buf, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", buf, pos)
+    raw = buf[pos + 8:pos + 8 + n]
+    try:
+        return raw.decode("utf-8"), pos + 8 + n
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "surrogateescape"), pos + 8 + n
+
+
+def _gguf_value(buf, pos: int, kind: int) -> tuple[Any, int]:
+    if kind in _GGUF_SCALARS:
+        fmt = _GGUF_SCALARS[kind]
+        return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
+    if kind == 8:
+        return _gguf_string(buf, pos)
+    if kind != 9:
+        raise ValueError(f"unknown GGUF value type {kind}")
+    item, count = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if item in _GGUF_ARRAYS:
+        dtype = np.dtype(_GGUF_ARRAYS[item])
+        values = np.frombuffer(buf, dtype=dtype, count=count, offset=pos).tolist()
+        return values, pos + dtype.itemsize * count
+    values = []
+    for _ in range(count):
+        value, pos = _gguf_value(buf, pos, item)
+        values.append(value)
+    return values, pos
