@@ -1,13 +1,15 @@
 """On-disk cache of built vocabulary mappings, under ``cache_dir()/vocab/``.
 
 The key is a content fingerprint of both tokenizers plus :data:`MAPPING_VERSION`. Reading a
-whole 262k vocabulary out of a tokenizer costs about as much as building the mapping, so the
-fingerprint hashes the parts that are cheap to read and decide the result: the pipeline
-(model type, decoder, pre-tokenizer, normalizer), the vocabulary size, every added token with
-its special flag, the special and EOS ids, and the token strings at a stride through the whole
-vocabulary. On a hit, :func:`verify_sample` re-decodes a further spread of ids and compares
-them with the cached bytes, so a tokenizer that differs only between the sampled ids is
-caught with high probability and rebuilt.
+whole 262k vocabulary out of a tokenizer costs about as much as building the mapping (it is one
+Python call per token), so the fingerprint hashes the parts that are cheap to read and decide
+the result: the pipeline (model type, decoder, pre-tokenizer, normalizer), the vocabulary size,
+every added token with its special flag, the special and EOS ids, the token strings at a stride
+through the whole vocabulary, and the path, size and mtime of the file the tokenizer came from
+(when it came from one). On a hit, :func:`verify_sample` re-decodes a further random spread of
+ids and compares them with the cached bytes. A tokenizer built in memory that differs from a
+cached one only in a few ordinary tokens between the samples could still be served the cached
+mapping; pass ``cache=False`` to ``VocabMapping`` for such tokenizers.
 """
 
 from __future__ import annotations
@@ -61,9 +63,33 @@ def fingerprint(tokenizer: Any) -> str:
     h.update(repr((sorted(getattr(tokenizer, "all_special_ids", []) or []),
                    getattr(tokenizer, "eos_token_id", None),
                    getattr(tokenizer, "unk_token_id", None))).encode())
+    h.update(_source_stamp(tokenizer).encode())
     sample = [*range(0, n, _STRIDE), *range(max(0, n - 512), n)]
     h.update("\x00".join(map(str, map(backend.id_to_token, sample))).encode("utf-8", "surrogatepass"))
     return h.hexdigest()
+
+
+def _source_stamp(tokenizer: Any) -> str:
+    """Path, size and mtime of the file the tokenizer was loaded from, when there is one.
+
+    Two tokenizers that agree on every sampled token but came from different (or since edited)
+    files then get different keys; a miss only costs a rebuild.
+    """
+    kwargs = getattr(tokenizer, "init_kwargs", None) or {}
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or "."))
+    candidates = [kwargs.get("tokenizer_file"), folder / "tokenizer.json", folder / "tokenizer.model",
+                  kwargs.get("vocab_file")]
+    for candidate in candidates:
+        if not candidate:
+            continue
+        try:
+            path = Path(candidate)
+            if path.is_file():
+                st = path.stat()
+                return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+        except (OSError, TypeError, ValueError):
+            continue
+    return "-"
 
 
 def mapping_key(target: Any, draft: Any, target_vocab_size: int, draft_vocab_size: int) -> str:
