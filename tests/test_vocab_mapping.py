@@ -126,6 +126,14 @@ def test_detect_space_prefix_never_raises(tok_gpt2, tok_llama2):
         def convert_ids_to_tokens(self, ids):
             return []
 
+    class SplitMarker(Empty):
+        def encode(self, text, add_special_tokens=False):
+            return [7, 8]
+
+        def convert_ids_to_tokens(self, ids):
+            return ["\u2581", "a"]
+
+    assert detect_space_prefix(SplitMarker()) == ("▁",)
     assert detect_space_prefix(Broken()) == ("Ġ", "▁")
     assert detect_space_prefix(Empty()) == ("Ġ", "▁")
 

@@ -55,11 +55,6 @@ def _byte_level_decode_table() -> dict[int, int]:
     return {ord(ch): b for b, ch in bytes_to_unicode().items()}
 
 
-@cache
-def _byte_level_chars() -> frozenset[str]:
-    return frozenset(bytes_to_unicode().values())
-
-
 @dataclass(frozen=True)
 class Family:
     """How a tokenizer spells bytes: ``kind`` plus the markers its decoder undoes."""
@@ -152,10 +147,9 @@ def detect_space_prefix(tokenizer: Any) -> tuple[str, ...]:
     except Exception:
         pieces = []
     for piece in pieces:
-        if piece.endswith("a") and len(piece) >= 2 and piece[-2] != " ":
-            marker = piece[:-1]
-            if marker in ("Ġ", "▁"):
-                return (marker,)
+        marker = piece[:-1] if piece.endswith("a") else piece
+        if marker in ("Ġ", "▁"):
+            return (marker,)
     return ("Ġ", "▁")
 
 
