@@ -175,3 +175,15 @@ def test_eos_ids_include_end_of_turn_markers(fixture, markers, request):
     assert tok.eos_token_id in found
     for marker in markers:
         assert tok.convert_tokens_to_ids(marker) in found, marker
+
+
+def test_sentencepiece_model_file_keeps_the_dummy_prefix(tok_mistral):
+    import sentencepiece
+    from conftest import MISTRAL_COMMON, MISTRAL_V1
+
+    from anyspec.fetch import package_file
+
+    model_file = str(package_file(*MISTRAL_COMMON, *MISTRAL_V1))
+    reference = sentencepiece.SentencePieceProcessor(model_file=model_file)
+    for text in ["Hello world", "def f(x):\n\treturn x # café\n", "Zoë\tZürich"]:
+        assert tok_mistral.encode(text, add_special_tokens=False) == reference.encode(text), text

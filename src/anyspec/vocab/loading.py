@@ -52,8 +52,22 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     if re.search(r"\.model(\.v\w+)?$", name):
         with tempfile.TemporaryDirectory(prefix="anyspec-spm-") as tmp:
             os.symlink(p.resolve(), Path(tmp) / "tokenizer.model")
+            if _sentencepiece_is_bpe(p):
+                # Without a class transformers drops SentencePiece's dummy prefix (" a" != "a").
+                (Path(tmp) / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
             return _from_folder(Path(tmp), source=p)
     raise ConfigError(f"{p} is not a tokenizer file; give {_KINDS}")
+
+
+def _sentencepiece_is_bpe(p: Path) -> bool:
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(p.read_bytes())
+    except Exception:
+        return False
+    return proto.trainer_spec.model_type == sentencepiece_model_pb2.TrainerSpec.BPE
 
 
 def _json_head(p: Path) -> str:
