@@ -213,6 +213,13 @@ def test_cli_analyze_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error:" in err and "Traceback" not in err
 
+    for args in (["--target", "no-such-model", "--draft", "no-such-model"],
+                 ["--target", str(tmp_path), "--draft", str(tmp_path),
+                  "--text", str(tmp_path / "missing.txt")]):
+        assert main(["analyze", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+
     left = Tokenizer(models.BPE({"a": 0, "b": 1}, []))
     left.pre_tokenizer = pre_tokenizers.ByteLevel()
     left.decoder = decoders.ByteLevel()
