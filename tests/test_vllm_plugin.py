@@ -59,7 +59,7 @@ def test_attributes(pair, request):
     assert torch.equal(mapping.intersection_mask_draft, mapping.draft_to_target_ids >= 0)
     assert isinstance(mapping.intersection_size, int)
     assert mapping.intersection_size == int(mapping.intersection_mask_draft.sum()) > 10_000
-    assert mapping.intersection_size == mapping.anyspec.intersection_size
+    assert mapping.intersection_size == mapping.anyspec.intersection_size + len(mapping.special_pairs)
     for tensor in (mapping.draft_to_target_ids, mapping.target_to_draft_ids, mapping.intersection_mask_draft):
         assert tensor.device.type == "cpu"
 
@@ -99,7 +99,9 @@ def test_map_target_to_draft(qwen2_smollm2, dtype):
 @pytest.mark.parametrize("pair", ["qwen2_smollm2", "qwen2_llama2"])
 def test_mapped_pairs_stand_for_the_same_bytes(pair, request):
     mapping = request.getfixturevalue(pair)
-    draft_ids = torch.nonzero(mapping.intersection_mask_draft).flatten()
+    special = torch.tensor([d for d, _ in mapping.special_pairs], dtype=torch.long)
+    draft_ids = torch.nonzero(mapping.anyspec.intersection_mask).flatten()
+    assert not torch.isin(draft_ids, special).any()
     target_ids = mapping.map_draft_to_target_ids(draft_ids)
     back = mapping.map_target_to_draft_ids(target_ids)
     inner = mapping.anyspec
@@ -118,11 +120,24 @@ def test_byte_exact_where_string_matching_errs(qwen2_llama2, tok_qwen2, tok_llam
     assert d2t(torch.tensor([e_acute])).item() != tok_qwen2.convert_tokens_to_ids("é")
 
 
-def test_special_tokens_stay_outside(qwen2_smollm2, tok_qwen2, tok_smollm2):
+def test_special_tokens_pair_by_name(qwen2_smollm2, tok_qwen2, tok_smollm2):
+    """ChatML markers pair as in vLLM (anyspec's byte mapping leaves all special tokens out)."""
+    mapping = qwen2_smollm2
     for token in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
-        draft = tok_smollm2.convert_tokens_to_ids(token)
-        assert not qwen2_smollm2.intersection_mask_draft[draft]
-        assert qwen2_smollm2.target_to_draft_ids[tok_qwen2.convert_tokens_to_ids(token)] == -1
+        draft, target = tok_smollm2.convert_tokens_to_ids(token), tok_qwen2.convert_tokens_to_ids(token)
+        assert (draft, target) in mapping.special_pairs
+        assert mapping.anyspec.draft_to_target[draft] == -1
+        assert mapping.intersection_mask_draft[draft]
+        assert mapping.map_draft_to_target_ids(torch.tensor([draft])).item() == target
+        assert mapping.map_target_to_draft_ids(torch.tensor([target])).item() == draft
+    assert len(mapping.special_pairs) == 3
+    only_target = tok_qwen2.convert_tokens_to_ids("[PAD151646]")
+    assert mapping.map_target_to_draft_ids(torch.tensor([only_target])).item() == mapping.draft_unk_token_id
+
+
+def test_no_special_names_in_common(qwen2_llama2):
+    assert qwen2_llama2.special_pairs == []
+    assert qwen2_llama2.intersection_size == qwen2_llama2.anyspec.intersection_size
 
 
 def test_padded_model_vocab_maps_to_unk(qwen2_smollm2, tok_qwen2):
@@ -141,6 +156,8 @@ def test_constrain_draft_logits(qwen2_smollm2):
     assert torch.equal(out[:, inside], logits[:, inside])
     assert torch.isneginf(out[:, ~inside]).all()
     assert mapping.intersection_mask_draft[out.argmax(-1)].all()
+    with pytest.raises(ValueError, match="draft vocab of 49152"):
+        mapping.constrain_draft_logits(torch.zeros(2, mapping.draft_vocab_size + 1))
 
 
 def test_logs_active_line(tok_qwen2, tok_smollm2, caplog):

@@ -77,6 +77,8 @@ def run(args) -> dict:
 
 
 def compare_mappings(args) -> dict:
+    import logging
+
     import torch
     from transformers import AutoConfig
     from vllm.tokenizers.registry import get_tokenizer
@@ -84,6 +86,8 @@ def compare_mappings(args) -> dict:
 
     from anyspec.integrations.vllm import AnyspecVocabMapping
 
+    logging.getLogger("vllm").setLevel(logging.INFO)
+    logging.getLogger("vllm").addHandler(logging.StreamHandler())
     target, draft = get_tokenizer(args.target), get_tokenizer(args.draft)
     sizes = [AutoConfig.from_pretrained(path).vocab_size for path in (args.target, args.draft)]
     theirs = VllmMapping(target, draft, *sizes, torch.device("cpu"))
@@ -96,6 +100,10 @@ def compare_mappings(args) -> dict:
         "only_vllm": int((theirs.intersection_mask_draft & ~ours.intersection_mask_draft).sum()),
         "only_anyspec": int((ours.intersection_mask_draft & ~theirs.intersection_mask_draft).sum()),
         "paired_differently": int(differ.sum()),
+        "same_unk_ids": (theirs.target_unk_token_id, theirs.draft_unk_token_id)
+        == (ours.target_unk_token_id, ours.draft_unk_token_id),
+        "identical_tables": bool(torch.equal(theirs.draft_to_target_ids, ours.draft_to_target_ids)
+                                 and torch.equal(theirs.target_to_draft_ids, ours.target_to_draft_ids)),
         "only_vllm_examples": [draft.convert_ids_to_tokens(int(i)) for i in
                                torch.nonzero(theirs.intersection_mask_draft
                                              & ~ours.intersection_mask_draft).flatten()[:12]],

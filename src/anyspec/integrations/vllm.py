@@ -40,8 +40,10 @@ logger = logging.getLogger("vllm.anyspec")
 class AnyspecVocabMapping:
     """vLLM 0.32's ``VocabMapping`` interface over :class:`anyspec.vocab.VocabMapping`.
 
-    Tokens pair up when they stand for the same bytes (special tokens never pair), instead of
-    vLLM's match of space-normalised token strings. As in vLLM: ``draft_to_target_ids`` and
+    Ordinary tokens pair up when they stand for the same bytes, instead of vLLM's match of
+    space-normalised token strings. Special tokens have no bytes; as in vLLM, one pairs with the
+    other side's special token of the same name (``<|im_start|>`` with ``<|im_start|>``), so the
+    draft reads a chat template's markers as its own. As in vLLM: ``draft_to_target_ids`` and
     ``target_to_draft_ids`` are long tensors on ``device`` with −1 outside the intersection,
     ``intersection_mask_draft`` is a bool tensor over the draft vocab, and the ``map_*`` methods
     send ids outside the intersection to the other side's UNK id (unk, else eos) and return the
@@ -59,16 +61,24 @@ class AnyspecVocabMapping:
         self.device = device
         self.target_unk_token_id = self.anyspec.target_unk_id
         self.draft_unk_token_id = self.anyspec.draft_unk_id
-        self.draft_to_target_ids = self.anyspec.draft_to_target
-        self.target_to_draft_ids = self.anyspec.target_to_draft
-        self.intersection_mask_draft = self.anyspec.intersection_mask
-        self.intersection_size = self.anyspec.intersection_size
-        self._draft_to_target_or_unk = _fill(self.draft_to_target_ids, self.target_unk_token_id)
-        self._target_to_draft_or_unk = _fill(self.target_to_draft_ids, self.draft_unk_token_id)
-        logger.info("%s: intersection=%d (%.1f%% of draft, %.1f%% of target), target_vocab=%d, "
-                    "draft_vocab=%d", ACTIVE_MESSAGE, self.intersection_size,
+        draft_to_target = self.anyspec.draft_to_target.clone()
+        target_to_draft = self.anyspec.target_to_draft.clone()
+        self.special_pairs = special_pairs(target_tokenizer, draft_tokenizer, target_vocab_size,
+                                           draft_vocab_size)
+        for draft_id, target_id in self.special_pairs:
+            draft_to_target[draft_id] = target_id
+            target_to_draft[target_id] = draft_id
+        self.draft_to_target_ids = draft_to_target
+        self.target_to_draft_ids = target_to_draft
+        self.intersection_mask_draft = draft_to_target >= 0
+        self.intersection_size = int(self.intersection_mask_draft.sum().item())
+        self._outside = {self.intersection_mask_draft.device: ~self.intersection_mask_draft}
+        self._draft_to_target_or_unk = _fill(draft_to_target, self.target_unk_token_id)
+        self._target_to_draft_or_unk = _fill(target_to_draft, self.draft_unk_token_id)
+        logger.info("%s: intersection=%d (%.1f%% of draft, %.1f%% of target; %d special tokens paired by "
+                    "name), target_vocab=%d, draft_vocab=%d", ACTIVE_MESSAGE, self.intersection_size,
                     100.0 * self.intersection_size / max(draft_vocab_size, 1),
-                    100.0 * self.intersection_size / max(target_vocab_size, 1),
+                    100.0 * self.intersection_size / max(target_vocab_size, 1), len(self.special_pairs),
                     target_vocab_size, draft_vocab_size)
         if self.intersection_size < 100:
             logger.warning("Very small vocabulary intersection (%d tokens).", self.intersection_size)
@@ -80,7 +90,32 @@ class AnyspecVocabMapping:
         return self._draft_to_target_or_unk[draft_ids].to(draft_ids.dtype)
 
     def constrain_draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        return self.anyspec.constrain_draft_logits(logits)
+        if logits.shape[-1] != self.draft_vocab_size:
+            raise ValueError(f"draft logits have {logits.shape[-1]} entries in the last dimension; "
+                             f"the mapping was built for a draft vocab of {self.draft_vocab_size}")
+        outside = self._outside.get(logits.device)
+        if outside is None:
+            outside = self._outside[logits.device] = (~self.intersection_mask_draft).to(logits.device)
+        return logits.masked_fill(outside, float("-inf"))
+
+
+def special_pairs(target_tokenizer: Any, draft_tokenizer: Any, target_vocab_size: int,
+                  draft_vocab_size: int) -> list[tuple[int, int]]:
+    """``(draft_id, target_id)`` for each special token name both sides have (ids below the vocab sizes)."""
+    target = _specials_by_name(target_tokenizer, target_vocab_size)
+    draft = _specials_by_name(draft_tokenizer, draft_vocab_size)
+    return [(draft[name], target[name]) for name in sorted(draft.keys() & target.keys())]
+
+
+def _specials_by_name(tokenizer: Any, vocab_size: int) -> dict[str, int]:
+    from anyspec.vocab.bytes import special_ids
+
+    ids = [int(i) for i in special_ids(tokenizer, vocab_size).nonzero()[0]]
+    names: dict[str, int] = {}
+    for token_id, name in zip(ids, tokenizer.convert_ids_to_tokens(ids), strict=True):
+        if isinstance(name, str) and name:
+            names.setdefault(name, token_id)
+    return names
 
 
 def _fill(table: torch.Tensor, unk: int) -> torch.Tensor:
