@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -139,7 +140,10 @@ class DraftProposer:
         if config.use_heterogeneous_vocab:
             from anyspec.vocab import VocabMapping
 
-            mapping = VocabMapping(target.tokenizer, tokenizer, target.vocab_size, draft.vocab_size, "cpu")
+            with warnings.catch_warnings():  # the engine never maps target ids to a target UNK
+                warnings.filterwarnings("ignore", message="the target tokenizer has no unk token")
+                mapping = VocabMapping(target.tokenizer, tokenizer, target.vocab_size, draft.vocab_size,
+                                       "cpu")
             if mapping.intersection_size == 0:
                 raise ConfigError("the draft and target vocabularies share no token; choose another draft")
             self.intersection_mask = mapping.intersection_mask.to(torch.bool)
