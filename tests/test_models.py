@@ -153,3 +153,32 @@ def test_env_cache_dir_is_honoured(tmp_path, monkeypatch):
     monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(tmp_path / "c"))
     assert models.model_dir("x") == tmp_path / "c" / "models" / "x"
     assert os.path.isdir(tmp_path / "c")
+
+
+def test_interrupted_join_restarts_cleanly(fake, tmp_path, monkeypatch):
+    import anyspec.fetch as fetch
+
+    sha256 = hashlib.sha256
+
+    class DiesOnSecondPart:
+        def __init__(self):
+            self.inner, self.calls = sha256(), 0
+
+        def update(self, block):
+            self.calls += 1
+            if self.calls == 2:
+                raise KeyboardInterrupt
+            self.inner.update(block)
+
+    monkeypatch.setattr(models, "convert", fake_convert)
+    monkeypatch.setattr(fetch.hashlib, "sha256", DiesOnSecondPart)
+    with pytest.raises(KeyboardInterrupt):
+        models.fetch_model("fake", progress=False)
+    assert not (tmp_path / "gguf" / "fake.gguf").exists() and not models.model_dir("fake").exists()
+    half = (tmp_path / "gguf" / "fake.gguf.partial").read_bytes()  # half-joined, never renamed
+    assert b"".join(CHUNKS).startswith(half) and len(half) < len(b"".join(CHUNKS))
+
+    monkeypatch.setattr(fetch.hashlib, "sha256", sha256)
+    out = models.fetch_model("fake", progress=False)
+    assert (out / "joined.bin").read_bytes() == b"".join(CHUNKS)
+    assert not (tmp_path / "gguf" / "fake.gguf.partial").exists()
