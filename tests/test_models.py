@@ -2,6 +2,7 @@ import hashlib
 import json
 import os
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +183,84 @@ def test_interrupted_join_restarts_cleanly(fake, tmp_path, monkeypatch):
     out = models.fetch_model("fake", progress=False)
     assert (out / "joined.bin").read_bytes() == b"".join(CHUNKS)
     assert not (tmp_path / "gguf" / "fake.gguf.partial").exists()
+
+
+def tiny_gguf(path: Path) -> Path:
+    """A 2-layer llama GGUF (Q8_0 weights) with a byte-level BPE vocab, ChatML template and eos."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    tokens = [chars[b] for b in range(256)] + ["\u0120t", "<|im_start|>", "<|im_end|>"]
+    dim, ff, heads, kv = 64, 128, 4, 2
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_block_count(2)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 257 + [3, 3])
+    w.add_token_merges(["\u0120 t"])
+    w.add_bos_token_id(257)
+    w.add_eos_token_id(258)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    rng = np.random.default_rng(0)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def tensor(name, *shape):
+        a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if len(shape) == 1:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, q8), raw_dtype=q8)
+
+    tensor("token_embd.weight", len(tokens), dim)
+    for i in range(2):
+        for n, shape in [("attn_norm", (dim,)), ("attn_q", (dim, dim)), ("attn_k", (kv * 16, dim)),
+                         ("attn_v", (kv * 16, dim)), ("attn_output", (dim, dim)), ("ffn_norm", (dim,)),
+                         ("ffn_gate", (ff, dim)), ("ffn_up", (ff, dim)), ("ffn_down", (dim, ff))]:
+            tensor(f"blk.{i}.{n}.weight", *shape)
+    tensor("output_norm.weight", dim)
+    tensor("output.weight", len(tokens), dim)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_convert_tiny_gguf_keeps_weights_template_and_eos(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_file = tiny_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "out"
+    out.mkdir()
+    models.convert(gguf_file, out, progress=False)  # itself checks reload logits == GGUF logits
+    meta = json.loads((out / "anyspec.json").read_text())
+    assert meta["format"] == models.FORMAT and meta["dtype"] == "bfloat16"
+    assert meta["eos_token"] == "<|im_end|>"
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.dtype == torch.bfloat16
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert chat.endswith("<|im_start|>assistant\n")
+    eos = model.generation_config.eos_token_id
+    assert 258 in eos and all(e < model.config.vocab_size for e in eos)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32)
+    ids = torch.tensor([[257, 72, 105, 256, 258]])
+    with torch.no_grad():
+        a, b = ref(ids).logits, model.float()(ids).logits
+    assert torch.isfinite(b).all() and (a - b).abs().max() < 0.1 * a.abs().max()  # bf16 rounding only

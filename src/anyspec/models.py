@@ -203,9 +203,10 @@ def _fix_eos(model, tok) -> None:
     """Stop generation at the chat turn's end as well as at the model's document end."""
     eos = model.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
+    vocab = model.config.get_text_config().vocab_size
     for token in (tok.eos_token, "<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>"):
         tid = tok.convert_tokens_to_ids(token) if token else None
-        if isinstance(tid, int) and tid != tok.unk_token_id and tid not in eos:
+        if isinstance(tid, int) and tid < vocab and tid != tok.unk_token_id and tid not in eos:
             eos.append(tid)
     model.generation_config.eos_token_id = eos
     if model.generation_config.pad_token_id is None and tok.pad_token_id is not None:
