@@ -73,3 +73,29 @@ def test_plot_writes_png(tmp_path):
 def test_unknown_method_is_refused_before_loading(monkeypatch):
     with pytest.raises(ConfigError, match="unknown method"):
         bench.run_bench("t", "d", [bench.PROMPTS_DIR / "code.jsonl"], ["target", "magic"])
+
+
+def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
+    from tiny_models import CHATML, save_tiny_model
+
+    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
+    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]})
+                                 for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
+    methods = ["target", "anyspec-greedy", "anyspec-sampled", "hf-target", "hf-uag", "vllm"]
+    result = bench.run_bench(str(target), str(draft), [prompts], methods, max_new_tokens=6, dtype="fp32",
+                             log=lambda s: None)
+    runs = result["runs"]
+    done = {r["method"] for r in runs}
+    assert done | set(result["notes"]) == set(methods) and "target" in done and "hf-uag" in done
+    orders = {r["prompt"]: [x["method"] for x in sorted((x for x in runs if x["prompt"] == r["prompt"]),
+                                                          key=lambda x: x["order"])] for r in runs}
+    assert orders["p0"] != orders["p1"]  # rotated per prompt
+    for r in runs:
+        assert 0 < len(r["ids"]) <= 6 and r["seconds"] > 0
+        if r["method"] in ("anyspec-greedy", "hf-target", "hf-uag"):
+            assert r["identical"] is True or r["diff_pos"] < 6  # greedy is compared with the target alone
+    assert all(r["drafted"] for r in runs if r["method"].startswith("anyspec"))
+    table = bench.markdown(result)
+    assert "| all | anyspec-greedy |" in table and "(target)" in table and "(hf-target)" in table

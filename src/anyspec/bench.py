@@ -16,7 +16,6 @@ difference is numerical, not a bug). Writes JSON, a Markdown table and optionall
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import platform
 import sys
@@ -139,8 +138,11 @@ RUNNERS = {
 def available(methods: list[str]) -> tuple[list[str], dict[str, str]]:
     """The methods that can run here, and a note for each one skipped."""
     notes = {}
-    if "vllm" in methods and importlib.util.find_spec("vllm") is None:
-        notes["vllm"] = "vLLM is not installed (pip install 'anyspec[vllm]'); skipped"
+    if "vllm" in methods:
+        try:
+            from vllm import LLM  # noqa: F401
+        except ImportError:
+            notes["vllm"] = "vLLM is not installed in this environment (pip install 'anyspec[vllm]'); skipped"
     if any(m.startswith("anyspec") or m == "target" for m in methods):
         try:
             import anyspec.engine  # noqa: F401
