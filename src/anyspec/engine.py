@@ -150,6 +150,7 @@ class DraftProposer:
             draft_to_target = mapping.draft_to_target.to(torch.long)
             target_to_draft = mapping.target_to_draft.to(torch.long)
             self.token_bytes = text_bytes_table(mapping.draft_token_bytes, draft.vocab_size)
+            self.target_token_bytes = text_bytes_table(mapping.target_token_bytes, target.vocab_size)
             self.unk_id = mapping.draft_unk_id
         else:
             if draft.vocab_size != target.vocab_size:
@@ -159,6 +160,7 @@ class DraftProposer:
             self.intersection_mask = None
             draft_to_target = target_to_draft = torch.arange(target.vocab_size)
             self.token_bytes = []
+            self.target_token_bytes = None
             self.unk_id = 0
         self.inter_draft_ids, self.inter_target_ids = tli.intersection_ids(draft_to_target,
                                                                             self.intersection_mask)
@@ -202,7 +204,9 @@ class Engine:
         self.target = target
         self.config = config or SpeculativeConfig()
         self.proposer = DraftProposer(draft, target, self.config) if draft is not None else None
-        self.target_bytes = token_bytes_table(target.tokenizer, target.vocab_size)
+        known = self.proposer.target_token_bytes if self.proposer is not None else None
+        self.target_bytes = known if known is not None else token_bytes_table(target.tokenizer,
+                                                                              target.vocab_size)
         from anyspec.vocab.bytes import eos_ids
 
         self.eos_ids = target.eos_ids() | set(eos_ids(target.tokenizer))
