@@ -332,7 +332,7 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", nargs="+", default=[m for m in METHODS], choices=METHODS)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--dtype", default=None, help="auto (default), bf16, fp32 or int8")
+    p.add_argument("--dtype", default=None, help="auto (default), bf16 or fp32")
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)

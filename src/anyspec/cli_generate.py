@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--same-vocab", action="store_true",
                    help="the draft shares the target's vocabulary (use_heterogeneous_vocab off)")
     p.add_argument("--dtype", default="auto",
-                   help="auto (bf16 where the CPU computes it natively, else fp32) | bf16 | fp32 | int8")
+                   help="auto (bf16 where the CPU computes it natively, else fp32) | bf16 | fp32")
     p.add_argument("--allow-download", action="store_true", help="let transformers fetch hub ids")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")

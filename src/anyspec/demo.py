@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--dtype", default=None, help="auto (default), bf16, fp32 or int8")
+    p.add_argument("--dtype", default=None, help="auto (default), bf16 or fp32")
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)
 

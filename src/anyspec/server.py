@@ -433,7 +433,7 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--no-draft", action="store_true", help="serve the target alone")
     p.add_argument("-k", "--k", type=int, default=4, help="draft tokens per round")
-    p.add_argument("--dtype", default=None, help="auto (default), bf16, fp16, fp32 or int8")
+    p.add_argument("--dtype", default=None, help="auto (default), bf16, fp16 or fp32")
     p.add_argument("--draft-sample-method", default="sample", choices=("greedy", "sample"))
     p.add_argument("--draft-context", default="retokenize", choices=("retokenize", "token-map"))
     p.add_argument("--host", default="127.0.0.1")

@@ -14,8 +14,7 @@ import torch
 from anyspec.errors import ConfigError
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32,
-          "int8": torch.qint8}
+          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
 
 
 def cpu_has_bf16() -> bool:
@@ -45,7 +44,7 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; use one of auto, bf16, fp16, fp32, int8")
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of auto, bf16, fp16, fp32")
     return DTYPES[dtype]
 
 
@@ -131,8 +130,7 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
     path = Path(spec).expanduser()
     if not path.exists():
         path = _resolve_builtin(spec) or path
-    dtype = resolve_dtype(dtype)
-    kwargs = dict(dtype=torch.float32 if dtype == torch.qint8 else dtype, trust_remote_code=trust_remote_code)
+    kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
     if path.is_dir() and not (path / "config.json").is_file():
         path = sorted(path.glob("*.gguf"))[0]
     try:
@@ -151,23 +149,7 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device)
     except OSError as exc:
         raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}") from None
-    if dtype == torch.qint8:
-        model = quantize_int8(model)
     return TransformersModel(model, tokenizer, name=name)
-
-
-def quantize_int8(model):
-    """fp32 model -> int8 weights with dynamic int8 activations in every ``nn.Linear`` (fbgemm, CPU).
-
-    On AVX2 CPUs without native bf16, MKL's fp32 GEMM costs nearly k times one row for k rows,
-    while fbgemm's int8 kernels verify k drafts for little more than one token. The target alone
-    and with a draft use the same quantized weights, so greedy output stays token-identical.
-    """
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao's deprecation notice for eager-mode quantization
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 def _resolve_builtin(spec: str) -> Path | None:
