@@ -235,7 +235,7 @@ def test_cli_analyze_errors_are_one_line(tmp_path, capsys):
 
 
 def test_cli_analyze_report(tok_gpt2, tok_llama2, capsys, tmp_path, vocab_cache):
-    from conftest import ggml_vocab_file
+    from tokenizer_files import ggml_vocab_file
 
     text = tmp_path / "t.txt"
     text.write_text("def f(x):\n\treturn x  # café\n")

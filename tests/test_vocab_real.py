@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import reference_tokenizations
+from tokenizer_files import reference_tokenizations
 
 from anyspec.vocab import VocabMapping, detect_family
 from anyspec.vocab.analyze import string_match
@@ -60,7 +60,7 @@ def test_wordpiece_reference_matches_normalized_input(tok_bert):
 
 
 def test_tekken_bytes_are_the_rank_file_bytes(tok_tekken):
-    from conftest import MISTRAL_COMMON, TEKKEN
+    from tokenizer_files import MISTRAL_COMMON, TEKKEN
 
     from anyspec.fetch import package_file
     from anyspec.vocab.bytes import tiktoken_ranks
@@ -179,7 +179,7 @@ def test_eos_ids_include_end_of_turn_markers(fixture, markers, request):
 
 def test_sentencepiece_model_file_keeps_the_dummy_prefix(tok_mistral):
     import sentencepiece
-    from conftest import MISTRAL_COMMON, MISTRAL_V1
+    from tokenizer_files import MISTRAL_COMMON, MISTRAL_V1
 
     from anyspec.fetch import package_file
 
