@@ -90,13 +90,9 @@ class AnyspecVocabMapping:
         return self._draft_to_target_or_unk[draft_ids].to(draft_ids.dtype)
 
     def constrain_draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        if logits.shape[-1] != self.draft_vocab_size:
-            raise ValueError(f"draft logits have {logits.shape[-1]} entries in the last dimension; "
-                             f"the mapping was built for a draft vocab of {self.draft_vocab_size}")
-        outside = self._outside.get(logits.device)
-        if outside is None:
-            outside = self._outside[logits.device] = (~self.intersection_mask_draft).to(logits.device)
-        return logits.masked_fill(outside, float("-inf"))
+        from anyspec.vocab.mapping import mask_outside
+
+        return mask_outside(logits, self._outside, self.draft_vocab_size)
 
 
 def special_pairs(target_tokenizer: Any, draft_tokenizer: Any, target_vocab_size: int,

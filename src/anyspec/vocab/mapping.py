@@ -146,6 +146,18 @@ def _match_exact(target: TokenTable, draft: TokenTable, target_ids: np.ndarray, 
     return draft_to_target, target_to_draft
 
 
+def mask_outside(logits: torch.Tensor, outside: dict, vocab_size: int) -> torch.Tensor:
+    """``logits`` with −inf where ``outside`` is True; ``outside`` maps device -> bool mask, filled
+    on first use of a new device so no call allocates more than its output."""
+    if logits.shape[-1] != vocab_size:
+        raise ValueError(f"draft logits have {logits.shape[-1]} entries in the last dimension; "
+                         f"the mapping was built for a draft vocab of {vocab_size}")
+    mask = outside.get(logits.device)
+    if mask is None:
+        mask = outside[logits.device] = next(iter(outside.values())).to(logits.device)
+    return logits.masked_fill(mask, float("-inf"))
+
+
 def unk_id(tokenizer: Any, side: str) -> int:
     """The id absent tokens fall back to: ``unk_token_id``, else ``eos_token_id`` (warned)."""
     unk = getattr(tokenizer, "unk_token_id", None)
@@ -214,13 +226,7 @@ class VocabMapping:
 
     def constrain_draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of draft ``logits`` (``[..., draft_vocab]``) with −inf outside the intersection."""
-        if logits.shape[-1] != self.draft_vocab_size:
-            raise ValueError(f"draft logits have {logits.shape[-1]} entries in the last dimension; "
-                             f"the mapping was built for a draft vocab of {self.draft_vocab_size}")
-        outside = self._outside.get(logits.device)
-        if outside is None:
-            outside = self._outside[logits.device] = self._outside[self.device].to(logits.device)
-        return logits.masked_fill(outside, float("-inf"))
+        return mask_outside(logits, self._outside, self.draft_vocab_size)
 
     def map_draft_to_target_ids(self, ids: torch.Tensor, fill_unk: bool = False) -> torch.Tensor:
         """Target ids for draft ``ids``; −1 outside the intersection (the target UNK if ``fill_unk``)."""
