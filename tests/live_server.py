@@ -7,24 +7,12 @@ import socket
 import threading
 import time
 
-import pytest
-from tiny_models import save_tiny_model
+from tiny_models import one_thread, save_tiny_model  # noqa: F401  (re-exported for test modules)
 
 from anyspec.backends.transformers import load_model
 from anyspec.engine import Engine, SpeculativeConfig
 
 MODEL_NAME = "tiny-qwen2"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Import into a test module: tiny models run faster on one torch thread on a busy 2-core machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_pair(tok_target, tok_draft, folder):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import one_thread  # noqa: F401  (autouse fixture)
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from anyspec.backends.transformers import TransformersModel
@@ -23,15 +24,6 @@ PROMPTS = [
     "1234567890 + 987654321 =",
     "<html><body><p>Hello</p></body></html>",
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: thread hand-offs cost more than the work on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny(arch: str, tokenizer, seed: int, hidden: int = 64) -> TransformersModel:

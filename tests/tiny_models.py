@@ -9,6 +9,21 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Import into a test module: tiny models run faster on one torch thread (thread hand-offs cost
+    more than the work on a busy 2-core machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
