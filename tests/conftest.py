@@ -95,3 +95,14 @@ def vocab_cache(tmp_path, monkeypatch):
     folder.mkdir()
     monkeypatch.setattr(vocab_cache_module, "vocab_cache_dir", lambda: folder)
     return folder
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Loading a model is the expensive step that bad input must fail before."""
+    import anyspec.backends.transformers as backend
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr(backend, "load_model", refuse)

@@ -11,17 +11,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from anyspec.cli import main
 
 
-@pytest.fixture
-def no_loading(monkeypatch):
-    """Loading a model is the expensive step these errors must come before."""
-    import anyspec.backends.transformers as backend
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the input was checked")
-
-    monkeypatch.setattr(backend, "load_model", refuse)
-
-
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory, tok_qwen2, tok_llama2):
     out = {}

@@ -16,16 +16,7 @@ httpx = pytest.importorskip("httpx")
 from live_server import tiny_pair  # noqa: E402
 
 from anyspec import cli, models  # noqa: E402
-from anyspec.backends import transformers as backend  # noqa: E402
 from anyspec.fetch import FetchError  # noqa: E402
-
-
-@pytest.fixture
-def no_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the command line was checked")
-
-    monkeypatch.setattr(backend, "load_model", refuse)
 
 
 @pytest.fixture(scope="module")
