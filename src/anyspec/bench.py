@@ -114,8 +114,12 @@ def run_vllm(ctx: dict, prompt) -> dict:
     from vllm import SamplingParams as VP
 
     if "vllm" not in ctx:
-        ctx["vllm"] = LLM(model=str(ctx["target_path"]), dtype=ctx["dtype_name"], speculative_config={
-            "model": str(ctx["draft_path"]), "num_speculative_tokens": ctx["k"]})
+        if ctx["dtype_name"] not in VLLM_DTYPES:
+            raise ConfigError(f"vLLM has no dtype {ctx['dtype_name']}; bench vllm with --dtype fp32 or bf16")
+        ctx["vllm"] = LLM(model=str(ctx["target_path"]), dtype=VLLM_DTYPES[ctx["dtype_name"]],
+                          speculative_config={"method": "draft_model", "model": str(ctx["draft_path"]),
+                                              "num_speculative_tokens": ctx["k"],
+                                              "use_heterogeneous_vocab": True})
     tok = ctx["target"].tokenizer
     t = time.perf_counter()
     out = ctx["vllm"].generate([{"prompt_token_ids": _prompt_ids(tok, prompt)}],
@@ -124,6 +128,8 @@ def run_vllm(ctx: dict, prompt) -> dict:
     ids = [t for t in out[0].outputs[0].token_ids if t not in ctx["eos"]]
     return {"ids": ids, "text": out[0].outputs[0].text, "seconds": dt, "drafted": None, "accepted": None}
 
+
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 RUNNERS = {
     "target": lambda ctx, p: run_anyspec(ctx, p, sampled=False, draft=False),
@@ -178,7 +184,7 @@ def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
 def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[str], max_new_tokens: int = 64,
               k: int = 4, dtype: str | None = None, temperature: float = 0.7, seed: int = 0,
               threads: int | None = None, limit: int | None = None, hf_assistant: str = "default",
-              log=print) -> dict:
+              draft_dtype: str | None = None, log=print) -> dict:
     import torch
 
     from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
@@ -192,18 +198,18 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
     methods, notes = available(methods)
     if threads:
         torch.set_num_threads(threads)
-    torch_dtype = resolve_dtype(dtype)
+    dtype, draft_dtype = resolve_dtype(dtype), resolve_dtype(draft_dtype, draft=True)
     t = time.perf_counter()
-    tgt = load_model(target, dtype=torch_dtype, name="target")
-    drf = load_model(draft, dtype=torch_dtype, name="draft")
-    log(f"loaded {target} + {draft} ({torch_dtype}) in {time.perf_counter() - t:.1f}s; "
+    tgt = load_model(target, dtype=dtype, name="target")
+    drf = load_model(draft, dtype=draft_dtype, name="draft")
+    log(f"loaded {target} ({dtype}) + {draft} ({draft_dtype}) in {time.perf_counter() - t:.1f}s; "
         f"{torch.get_num_threads()} threads")
     from anyspec.models import MODELS, resolve_model
 
     ctx = {"target": tgt, "draft": drf, "k": k, "temperature": temperature, "seed": seed,
            "hf_assistant": hf_assistant,
            "max_new_tokens": max_new_tokens, "eos": tgt.eos_ids(),
-           "dtype_name": str(torch_dtype).split(".")[-1],
+           "dtype_name": dtype, "draft_dtype": draft_dtype,
            "target_path": resolve_model(target) if target in MODELS else target,
            "draft_path": resolve_model(draft) if draft in MODELS else draft}
 
@@ -233,7 +239,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
                 r["diff_pos"] = pos
                 r["diff_margin"] = logit_margin(ctx, p["prompt"], ref["ids"], pos) if pos < len(ref["ids"]) \
                     else None
-    return {"config": {"target": target, "draft": draft, "dtype": ctx["dtype_name"], "k": k,
+    return {"config": {"target": target, "draft": draft, "dtype": dtype, "draft_dtype": draft_dtype, "k": k,
                        "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -271,7 +277,8 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 def markdown(result: dict) -> str:
     c = result["config"]
-    lines = [f"target `{c['target']}`, draft `{c['draft']}`, {c['dtype']}, k={c['k']}, "
+    lines = [f"target `{c['target']}` ({c['dtype']}), draft `{c['draft']}` "
+             f"({c.get('draft_dtype', c['dtype'])}), k={c['k']}, "
              f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, sampled at T={c['temperature']}",
              "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | identical to target | "
              "first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|"]
@@ -312,7 +319,8 @@ def plot(result: dict, path: Path) -> None:
     c = result["config"]
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(sets))], sets)
     ax.set_ylabel("tokens / s")
-    ax.set_title(f"{c['target']} <- {c['draft']} ({c['dtype']}, k={c['k']}, {c['threads']} threads)",
+    ax.set_title(f"{c['target']} ({c['dtype']}) <- {c['draft']} ({c.get('draft_dtype', c['dtype'])}), "
+                 f"k={c['k']}, {c['threads']} threads",
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
@@ -332,7 +340,8 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", nargs="+", default=[m for m in METHODS], choices=METHODS)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--dtype", default=None, help="auto (default), bf16 or fp32")
+    p.add_argument("--dtype", default=None, help="target: auto (default), bf16, fp32 or int8 (weight-only)")
+    p.add_argument("--draft-dtype", default=None, help="draft: auto (default: int8 on the CPU), bf16, fp32")
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
@@ -352,7 +361,8 @@ def run(args) -> int:
         load_prompts(f)
     result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
                        args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
-                       args.limit, args.hf_assistant, log=lambda s: print(s, file=sys.stderr, flush=True))
+                       args.limit, args.hf_assistant, args.draft_dtype,
+                       log=lambda s: print(s, file=sys.stderr, flush=True))
     table = markdown(result)
     print(table)
     if args.json:

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--dtype", default=None, help="auto (default), bf16 or fp32")
+    p.add_argument("--dtype", default=None, help="target: auto (default), bf16, fp32 or int8 (weight-only)")
+    p.add_argument("--draft-dtype", default=None, help="draft: auto (default: int8 on the CPU), bf16, fp32")
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)
 
@@ -41,11 +42,11 @@ def run(args) -> int:
                                draft_sample_method="greedy")
     check_model_path(args.target)
     check_model_path(args.draft)
-    dtype = resolve_dtype(args.dtype)
-    print(f"anyspec demo: target {args.target}, draft {args.draft} ({str(dtype).split('.')[-1]}); "
+    dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype, draft=True)
+    print(f"anyspec demo: target {args.target} ({dtype}), draft {args.draft} ({draft_dtype}); "
           "the first run fetches and converts them", file=sys.stderr, flush=True)
     target = load_model(args.target, dtype=dtype, name="target")
-    draft = load_model(args.draft, dtype=dtype, name="draft")
+    draft = load_model(args.draft, dtype=draft_dtype, name="draft")
     spec = Engine(target, draft, config)
     alone = Engine(target, None, config)
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)

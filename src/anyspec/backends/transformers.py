@@ -11,10 +11,13 @@ from pathlib import Path
 
 import torch
 
+from anyspec.backends.linear import onednn_available, swap_linears
 from anyspec.errors import ConfigError
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32,
+          "int8": torch.float32}  # int8: weight-only int8 linears, fp32 elsewhere (backends/linear.py)
+CANONICAL = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def cpu_has_bf16() -> bool:
@@ -34,29 +37,33 @@ def cpu_has_bf16() -> bool:
     return False
 
 
-def default_dtype() -> torch.dtype:
-    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False) -> str:
+    """The dtype's canonical name: ``bf16``, ``fp16``, ``fp32`` or ``int8``.
 
-
-def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    ``auto`` (or None) is bf16 where the hardware has it, else fp32; for a *draft* on the CPU it is
+    int8, since the draft's numbers only change how much is accepted, never the output.
+    """
     if dtype is None or dtype == "auto":
-        return default_dtype()
+        if draft and not torch.cuda.is_available():
+            return "int8"
+        return "bf16" if cpu_has_bf16() else "fp32"
     if isinstance(dtype, torch.dtype):
-        return dtype
+        dtype = str(dtype).split(".")[-1]
     if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; use one of auto, bf16, fp16, fp32")
-    return DTYPES[dtype]
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of auto, bf16, fp16, fp32, int8")
+    return CANONICAL.get(dtype, dtype)
 
 
 class TransformersModel:
     """One model, its tokenizer and its KV cache. ``cached_ids`` are the tokens in the cache."""
 
-    def __init__(self, model, tokenizer, name: str = "model"):
+    def __init__(self, model, tokenizer, name: str = "model", dtype: str | None = None):
         from transformers import DynamicCache
 
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
+        self.dtype = dtype or resolve_dtype(next(model.parameters()).dtype)
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.device = next(model.parameters()).device
         self._new_cache = lambda: DynamicCache(config=model.config)
@@ -130,7 +137,10 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
     path = Path(spec).expanduser()
     if not path.exists():
         path = _resolve_builtin(spec) or path
-    kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+    dtype = resolve_dtype(dtype)
+    if dtype == "int8" and device != "cpu":
+        raise ConfigError("dtype int8 (weight-only int8 linears) runs on the CPU only; use bf16 on a GPU")
+    kwargs = dict(dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
     if path.is_dir() and not (path / "config.json").is_file():
         path = sorted(path.glob("*.gguf"))[0]
     try:
@@ -149,7 +159,11 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device)
     except OSError as exc:
         raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}") from None
-    return TransformersModel(model, tokenizer, name=name)
+    if device == "cpu" and dtype == "int8":
+        swap_linears(model, "int8")
+    elif device == "cpu" and dtype == "fp32" and onednn_available():
+        swap_linears(model, "onednn")
+    return TransformersModel(model, tokenizer, name=name, dtype=dtype)
 
 
 def _resolve_builtin(spec: str) -> Path | None:
