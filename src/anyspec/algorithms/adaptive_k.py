@@ -1,0 +1,94 @@
+"""Adaptive k: how many tokens to draft this round, from measured acceptance and measured costs.
+
+Speculation pays only when the tokens a round commits outweigh what the round costs. With a
+per-token acceptance rate a (each draft token accepted with probability a, independently), a round
+that drafts k tokens commits on average
+
+    E(k) = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)     (the bonus token included)
+
+and costs ``k * draft_forward + verify(k + 1)`` seconds. ``k = 0`` is the target alone: one token
+for one single-token forward. Each round picks the k in 0..k_max with the most tokens per second,
+using running estimates of a and of both costs as measured on this machine. When k = 0 wins, the
+draft still gets one round every ``explore_every`` rounds so that the estimate of a can recover
+(prose after code, say).
+
+The choice of k never depends on the current round's draws, so the output is exactly as lossless
+as with a fixed k: greedy output is identical and sampled tokens follow the target's distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DECAY = 0.9  # per round: older rounds count less (acceptance drifts with the text)
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens one round commits on average when it drafts k tokens accepted with probability a."""
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass
+class AdaptiveK:
+    k_max: int
+    explore_every: int = 8
+    accepted: float = 1.0  # decayed counts (a prior of one accept and one reject: a = 0.5)
+    rejected: float = 1.0
+    draft_cost: float | None = None  # seconds per draft forward
+    verify_cost: dict[int, float] = field(default_factory=dict)  # tokens scored -> seconds
+    idle_rounds: int = 0  # consecutive rounds without drafting
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def verify_seconds(self, n: int) -> float | None:
+        """Measured cost of scoring n tokens; unmeasured sizes interpolate (or extend) the measured ones."""
+        if n in self.verify_cost:
+            return self.verify_cost[n]
+        known = sorted(self.verify_cost)
+        if not known:
+            return None
+        lo = max((m for m in known if m < n), default=None)
+        hi = min((m for m in known if m > n), default=None)
+        if lo is not None and hi is not None:
+            w = (n - lo) / (hi - lo)
+            return (1 - w) * self.verify_cost[lo] + w * self.verify_cost[hi]
+        nearest = lo if lo is not None else hi
+        return self.verify_cost[nearest]  # flat beyond what was measured: optimistic, so it gets tried
+
+    def choose(self) -> int:
+        """k for the next round."""
+        if self.draft_cost is None or self.k_max + 1 not in self.verify_cost:
+            return self.k_max  # measure a full round first,
+        single = self.verify_cost.get(1)
+        if single is None:
+            return 0  # then the target alone
+        a = self.acceptance
+        best_k, best_rate = 0, 1.0 / single
+        for k in range(1, self.k_max + 1):
+            rate = expected_tokens(a, k) / (k * self.draft_cost + self.verify_seconds(k + 1))
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        if best_k == 0 and self.idle_rounds + 1 >= self.explore_every:
+            return 1
+        return best_k
+
+    def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float) -> None:
+        """Record a round that drafted ``k`` tokens, accepted ``accepted`` and took these times
+        (``draft_seconds`` None: not representative, e.g. the round that also read the prompt)."""
+        self.verify_cost[k + 1] = _mix(self.verify_cost.get(k + 1), verify_seconds)
+        if k == 0:
+            self.idle_rounds += 1
+            return
+        self.idle_rounds = 0
+        if draft_seconds is not None:
+            self.draft_cost = _mix(self.draft_cost, draft_seconds / k)
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (1 if accepted < k else 0)
+
+
+def _mix(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new

@@ -1,0 +1,68 @@
+"""Adaptive k (algorithms/adaptive_k.py): the choice follows measured acceptance and costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from anyspec.algorithms.adaptive_k import AdaptiveK, expected_tokens
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+
+
+def feed(ctl: AdaptiveK, rounds: int, accept_rate: float, single: float, per_token: float, draft: float):
+    """Simulate rounds: verify(n) = single + per_token * (n - 1); acceptance exactly accept_rate of k."""
+    for _ in range(rounds):
+        k = ctl.choose()
+        accepted = round(accept_rate * k)
+        ctl.update(k, accepted, draft * k, single + per_token * k)
+
+
+def test_measures_a_full_round_then_the_target_alone():
+    ctl = AdaptiveK(k_max=4)
+    assert ctl.choose() == 4
+    ctl.update(4, 2, None, 0.5)  # first round: draft time includes the prompt, not used
+    assert ctl.choose() == 4
+    ctl.update(4, 2, 0.2, 0.5)
+    assert ctl.choose() == 0
+    ctl.update(0, 0, 0.0, 0.35)
+    assert ctl.verify_cost == {5: 0.5, 1: 0.35}
+
+
+def test_cheap_draft_flat_verify_and_high_acceptance_drafts_k_max():
+    ctl = AdaptiveK(k_max=4)
+    feed(ctl, 30, accept_rate=1.0, single=0.30, per_token=0.02, draft=0.01)
+    assert ctl.acceptance > 0.9
+    assert ctl.choose() == 4
+
+
+def test_costly_verify_and_low_acceptance_falls_back_to_the_target_alone_but_explores():
+    ctl = AdaptiveK(k_max=4, explore_every=5)
+    feed(ctl, 12, accept_rate=0.0, single=0.30, per_token=0.25, draft=0.05)
+    assert ctl.acceptance < 0.2
+    choices = []
+    for _ in range(10):
+        k = ctl.choose()
+        choices.append(k)
+        ctl.update(k, 0, 0.05 * k, 0.30 + 0.25 * k)
+    assert choices.count(0) >= 7
+    assert 1 in choices  # one exploring round in every explore_every
+
+
+def test_recovers_when_acceptance_rises_again():
+    ctl = AdaptiveK(k_max=4, explore_every=3)
+    feed(ctl, 15, accept_rate=0.0, single=0.30, per_token=0.10, draft=0.03)
+    assert ctl.choose() in (0, 1)
+    feed(ctl, 40, accept_rate=1.0, single=0.30, per_token=0.10, draft=0.03)
+    assert ctl.choose() >= 3
+
+
+def test_unmeasured_verify_sizes_interpolate():
+    ctl = AdaptiveK(k_max=4, verify_cost={1: 0.2, 5: 0.6})
+    assert ctl.verify_seconds(3) == pytest.approx(0.4)
+    assert ctl.verify_seconds(7) == pytest.approx(0.6)
+    assert AdaptiveK(k_max=2).verify_seconds(2) is None
