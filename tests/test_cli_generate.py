@@ -29,7 +29,7 @@ def tiny_dirs(tmp_path_factory, tok_qwen2, tok_llama2):
 BAD = [
     (["--method", "ngram"], "unknown speculative method"),
     (["--k", "0"], "num_speculative_tokens"),
-    (["--algorithm", "slem"], "not implemented yet"),
+    (["--algorithm", "slem", "--draft-context", "token-map"], "needs draft_context='retokenize'"),
     (["--draft-context", "guess"], "draft_context"),
     (["--draft-sample-method", "beam"], "draft_sample_method"),
     (["--temperature", "-0.5"], "temperature"),

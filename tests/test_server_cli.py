@@ -39,6 +39,7 @@ def free_port() -> int:
     (["--queue-timeout", "0"], "--queue-timeout must be > 0 seconds"),
     (["--generation-timeout", "-1"], "--generation-timeout must be > 0 seconds"),
     (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),
+    (["--algorithm", "slem", "--draft-context", "token-map"], "needs draft_context='retokenize'"),
 ])
 def test_bad_command_line_fails_in_one_line_before_loading(no_loading, capsys, argv, says):
     assert cli.main(["serve", *argv]) == 2

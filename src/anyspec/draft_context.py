@@ -48,9 +48,14 @@ def incomplete_utf8_tail(data: bytes | bytearray) -> int:
     return 0
 
 
-def _encode_exact(tokenizer, text: str, want: bytes, token_bytes: list[bytes],
-                  anchor_ids: list[int]) -> list[int] | None:
-    """Draft ids whose bytes are exactly ``want``, or None. Tries plain, then anchored encoding."""
+def encode_exact(tokenizer, text: str, want: bytes, token_bytes: list[bytes],
+                 anchor_ids: list[int]) -> list[int] | None:
+    """Ids of ``tokenizer`` whose bytes (``token_bytes``) are exactly ``want``, or None.
+
+    Tries the plain encoding of ``text``, then ``ANCHOR + text`` with the anchor's ids
+    (``anchor_ids``, the tokenizer's encoding of ANCHOR) cut off: that drops the dummy-prefix "▁"
+    SentencePiece tokenizers add to text encoded alone.
+    """
     ids = tokenizer.encode(text, add_special_tokens=False)
     if b"".join(token_bytes[i] for i in ids) == want:
         return ids
@@ -81,12 +86,12 @@ def append_retokenize(ctx: DraftContext, new_bytes: bytes, tokenizer, token_byte
                 tail = bytes(ctx.text[begin:end]).decode("utf-8", errors="replace")
                 break
             start -= 1
-    ids = _encode_exact(tokenizer, tail, bytes(ctx.text[begin:end]), token_bytes, anchor_ids)
+    ids = encode_exact(tokenizer, tail, bytes(ctx.text[begin:end]), token_bytes, anchor_ids)
     if ids is None and start > 0:
         ctx.fallbacks += 1
         start, begin = 0, 0
         tail = bytes(ctx.text[:end]).decode("utf-8", errors="replace")
-        ids = _encode_exact(tokenizer, tail, bytes(ctx.text[:end]), token_bytes, anchor_ids)
+        ids = encode_exact(tokenizer, tail, bytes(ctx.text[:end]), token_bytes, anchor_ids)
     if ids is None:  # nothing round-trips (invalid UTF-8 from the target): best effort
         ids = tokenizer.encode(tail, add_special_tokens=False)
     ends, pos = [], begin

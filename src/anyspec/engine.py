@@ -1,5 +1,9 @@
 """The speculative decoding loop: a draft proposes k tokens, the target verifies them in one pass.
 
+Two ways across different vocabularies: ``algorithm="tli"`` (the draft is confined to the tokens
+both vocabularies share, ``algorithms/tli.py``) and ``algorithm="slem"`` (the draft writes freely and
+its text is re-encoded with the target tokenizer, ``algorithms/slem.py``).
+
 ``Engine(target, draft, config).generate(prompt, params)``; ``draft=None`` runs the target alone on
 the same loop (k = 0 every round), which is the honest baseline. ``speculative_generate`` is the
 whole method top to bottom.
@@ -15,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from anyspec.algorithms import tli
+from anyspec.algorithms import slem, tli
 from anyspec.draft_context import (
     ANCHOR,
     DraftContext,
@@ -27,8 +31,8 @@ from anyspec.errors import ConfigError
 from anyspec.tokenbytes import text_bytes_table, token_bytes_table
 
 METHODS = ("draft_model",)
-ALGORITHMS = ("tli",)
-LATER_ALGORITHMS = ("slem", "auto")
+ALGORITHMS = ("tli", "slem")
+LATER_ALGORITHMS = ("auto",)
 DRAFT_SAMPLE_METHODS = ("greedy", "sample")
 DRAFT_CONTEXTS = ("retokenize", "token-map")
 
@@ -50,15 +54,19 @@ class SpeculativeConfig:
             raise ConfigError(f"num_speculative_tokens (k) must be an integer >= 1, got "
                               f"{self.num_speculative_tokens!r}; use --no-draft for target-only decoding")
         if self.algorithm in LATER_ALGORITHMS:
-            raise ConfigError(f"algorithm {self.algorithm!r} is not implemented yet; use algorithm='tli'")
+            raise ConfigError(f"algorithm {self.algorithm!r} is not implemented yet; "
+                              f"use algorithm='tli' or algorithm='slem'")
         if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"unknown algorithm {self.algorithm!r}; use algorithm='tli'")
+            raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(ALGORITHMS)}")
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ConfigError(f"unknown draft_sample_method {self.draft_sample_method!r}; "
                               f"use one of {', '.join(DRAFT_SAMPLE_METHODS)}")
         if self.draft_context not in DRAFT_CONTEXTS:
             raise ConfigError(f"unknown draft_context {self.draft_context!r}; "
                               f"use one of {', '.join(DRAFT_CONTEXTS)}")
+        if self.algorithm == "slem" and self.draft_context != "retokenize":
+            raise ConfigError("algorithm='slem' needs draft_context='retokenize' (the draft writes its own "
+                              "tokens, so it must read its own tokenization)")
 
 
 @dataclass
@@ -104,7 +112,7 @@ class Stats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Draft tokens accepted per round (the bonus token not counted)."""
+        """Proposed target tokens accepted per round (the bonus token not counted)."""
         return self.accepted / self.rounds if self.rounds else 0.0
 
     @property
@@ -130,7 +138,8 @@ class DraftProposer:
     """The draft model plus the bridge to the target vocabulary.
 
     With ``use_heterogeneous_vocab`` the bridge is a ``VocabMapping`` (the intersection); without
-    it the vocabularies must be the same size and ids pass through unchanged.
+    it the vocabularies must be the same size and ids pass through unchanged. SLEM crosses through
+    the text instead and uses only the two byte tables and the target tokenizer.
     """
 
     def __init__(self, draft, target, config: SpeculativeConfig):
@@ -159,14 +168,18 @@ class DraftProposer:
                     f"({target.vocab_size}); set use_heterogeneous_vocab=True to draft across vocabularies")
             self.intersection_mask = None
             draft_to_target = target_to_draft = torch.arange(target.vocab_size)
-            self.token_bytes = []
-            self.target_token_bytes = None
+            slem_tables = config.algorithm == "slem"
+            self.token_bytes = token_bytes_table(tokenizer, draft.vocab_size) if slem_tables else []
+            self.target_token_bytes = (token_bytes_table(target.tokenizer, target.vocab_size) if slem_tables
+                                       else None)
             self.unk_id = 0
         self.inter_draft_ids, self.inter_target_ids = tli.intersection_ids(draft_to_target,
                                                                             self.intersection_mask)
         self.draft_to_target = draft_to_target.tolist()
         self.target_to_draft = target_to_draft.tolist()
         self.anchor_ids = tokenizer.encode(ANCHOR, add_special_tokens=False)
+        self.target_tokenizer = target.tokenizer
+        self.target_anchor_ids = target.tokenizer.encode(ANCHOR, add_special_tokens=False)
         self.own_context = config.use_heterogeneous_vocab and config.draft_context == "retokenize"
 
     def start(self, prompt_text: str, target_prompt_ids: list[int], chat: bool) -> DraftContext:
@@ -184,6 +197,17 @@ class DraftProposer:
             append_retokenize(ctx, new_bytes, self.model.tokenizer, self.token_bytes, self.anchor_ids)
         else:
             append_token_map(ctx, target_ids, self.target_to_draft, self.unk_id)
+
+    def text_to_target(self, ctx: DraftContext, draft_ids: list[int], limit: int) -> list[int]:
+        """SLEM: the draft tokens' text as at most ``limit`` target ids that spell it exactly.
+
+        Nothing when the committed text ends inside a character: the draft reads only up to that
+        character, so its text does not continue the target's bytes.
+        """
+        if ctx.policy == "retokenize" and len(ctx.text) > (ctx.ends[-1] if ctx.ends else 0):
+            return []
+        return slem.retokenize(slem.draft_bytes(draft_ids, self.token_bytes), self.target_tokenizer,
+                               self.target_token_bytes, self.target_anchor_ids, limit)
 
     def q_target_space(self, qs: list[torch.Tensor | int], target_vocab_size: int) -> torch.Tensor:
         """Stack the round's q' (a greedy draft's q' is one-hot) into target space ``[k, Vt]``."""
@@ -253,6 +277,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                          ) -> Iterator[str]:
     target, proposer = engine.target, engine.proposer
     k = engine.config.num_speculative_tokens if proposer is not None else 0
+    use_slem = proposer is not None and engine.config.algorithm == "slem"
     greedy = params.temperature == 0
     generator = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
     if params.seed is None:
@@ -286,37 +311,49 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         stats.rounds += 1
         k_round = min(k, params.max_new_tokens - len(out_ids) - 1)
 
-        # 1. Propose: k draft tokens, one cached forward each, constrained to the intersection.
+        # 1. Propose: k draft tokens, one cached forward each. TLI constrains them to the
+        #    intersection; SLEM lets the draft write freely and re-encodes its text for the target
+        #    (at most k target tokens, possibly none).
         t0 = time.perf_counter()
         draft_ids, qs = [], []
         if k_round > 0:
             keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
             draft.crop(keep)
             logits = draft.extend(ctx.ids[keep:], last=1)[-1]
+            temperature = 0.0 if proposer.config.draft_sample_method == "greedy" else params.temperature
             for i in range(k_round):
-                d, q = tli.propose(logits, proposer.intersection_mask,
-                                   0.0 if proposer.config.draft_sample_method == "greedy" else
-                                   params.temperature, params.top_k, params.top_p, generator)
+                if use_slem:
+                    d, q = slem.propose(logits, temperature, params.top_k, params.top_p, generator), None
+                else:
+                    d, q = tli.propose(logits, proposer.intersection_mask, temperature, params.top_k,
+                                       params.top_p, generator)
                 draft_ids.append(d)
                 qs.append(d if q is None else q)
                 if i + 1 < k_round:
                     logits = draft.extend([d])[-1]
-        proposed = [proposer.draft_to_target[d] for d in draft_ids]
+        if use_slem:
+            proposed = proposer.text_to_target(ctx, draft_ids, k_round)
+        else:
+            proposed = [proposer.draft_to_target[d] for d in draft_ids]
         stats.draft_seconds += time.perf_counter() - t0
 
-        # 2. Verify all k in one target forward over [pending, t1..tk]; 3. accept.
+        # 2. Verify the m proposed tokens in one target forward over [pending, t1..tm]; 3. accept.
+        #    SLEM is exact match: speculative sampling with a one-hot q on each proposed token.
         t0 = time.perf_counter()
         logits = target.extend([pending] + proposed)
         if greedy:
             n, next_token = tli.verify_greedy(logits, proposed)
         else:
             p = tli.target_probs(logits, params.temperature, params.top_k, params.top_p)
-            q = proposer.q_target_space(qs, target.vocab_size) if qs else None
+            if use_slem:
+                q = slem.one_hot(proposed, p.shape[-1])
+            else:
+                q = proposer.q_target_space(qs, target.vocab_size) if qs else None
             n, next_token = tli.verify_sample(p, q, proposed, generator)
-        target.crop(target.num_cached - (k_round - n))  # keep pending + the n accepted
+        target.crop(target.num_cached - (len(proposed) - n))  # keep pending + the n accepted
         pending = next_token
         stats.target_seconds += time.perf_counter() - t0
-        stats.drafted += k_round
+        stats.drafted += len(proposed)
         stats.accepted += n
         stats.accepted_hist[n] += 1
 

@@ -436,6 +436,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default=None, help="auto (default), bf16, fp16 or fp32")
     p.add_argument("--draft-sample-method", default="sample", choices=("greedy", "sample"))
     p.add_argument("--draft-context", default="retokenize", choices=("retokenize", "token-map"))
+    p.add_argument("--algorithm", default="tli", choices=("tli", "slem"),
+                   help="tli: the draft keeps to the shared tokens | slem: its text is re-encoded")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
@@ -455,7 +457,7 @@ def check_args(args) -> tuple[Settings, SpeculativeConfig]:
     from anyspec.models import MODELS
 
     config = SpeculativeConfig(num_speculative_tokens=args.k, draft_sample_method=args.draft_sample_method,
-                               draft_context=args.draft_context)
+                               draft_context=args.draft_context, algorithm=args.algorithm)
     resolve_dtype(args.dtype)
     for spec in [args.target] + ([] if args.no_draft else [args.draft]):
         check_model_path(spec)
