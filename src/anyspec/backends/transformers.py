@@ -87,7 +87,7 @@ class TransformersModel:
                          logits_to_keep=keep)
         self.cache = out.past_key_values
         self.cached_ids.extend(ids)
-        return out.logits[0].float()
+        return out.logits[0].float().cpu()  # the algorithms run on the CPU, whatever the device
 
     def crop(self, n: int) -> None:
         """Keep the first ``n`` cached tokens."""
