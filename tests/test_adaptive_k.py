@@ -66,3 +66,24 @@ def test_unmeasured_verify_sizes_interpolate():
     assert ctl.verify_seconds(3) == pytest.approx(0.4)
     assert ctl.verify_seconds(7) == pytest.approx(0.6)
     assert AdaptiveK(k_max=2).verify_seconds(2) is None
+
+
+@pytest.mark.parametrize("algorithm", ["tli", "slem"])
+def test_engine_with_adaptive_k_is_still_lossless(tok_qwen2, tok_llama2, algorithm):
+    from test_engine import PROMPTS, tiny
+
+    from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+
+    target, draft = tiny("qwen2", tok_qwen2, seed=0), tiny("llama", tok_llama2, seed=1)
+    config = SpeculativeConfig(num_speculative_tokens=4, draft_sample_method="greedy", algorithm=algorithm,
+                               adaptive_k=True)
+    spec, alone = Engine(target, draft, config), Engine(target, None)
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    rounds = drafted = 0
+    for prompt in PROMPTS[:4]:
+        result = spec.generate(prompt, params)
+        assert result.token_ids == alone.generate(prompt, params).token_ids
+        assert sum(result.stats.accepted_hist) == result.stats.rounds
+        rounds, drafted = rounds + result.stats.rounds, drafted + result.stats.drafted
+    # random weights accept almost nothing: the schedule must have stopped drafting k=4 every round
+    assert drafted < 4 * rounds

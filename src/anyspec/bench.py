@@ -5,6 +5,7 @@ prompt to prompt (so slow drift of the machine falls on every method alike):
 
 - ``target``: the target alone, on anyspec's own loop (k = 0), greedy: the reference output;
 - ``anyspec-greedy`` / ``anyspec-sampled``: TLI speculative decoding, greedy and sampled;
+- ``anyspec-slem``: SLEM (string-level exact match), greedy;
 - ``hf-target`` / ``hf-uag``: transformers ``generate`` alone and with ``assistant_model=`` +
   ``assistant_tokenizer=`` (Universal Assisted Generation), each against its own baseline;
 - ``vllm``: only when vLLM is installed.
@@ -25,9 +26,9 @@ from pathlib import Path
 from anyspec.errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
-METHODS = ("target", "anyspec-greedy", "anyspec-sampled", "hf-target", "hf-uag", "vllm")
-BASELINE = {"anyspec-greedy": "target", "anyspec-sampled": "target", "hf-uag": "hf-target",
-            "hf-target": "target", "vllm": "target"}
+METHODS = ("target", "anyspec-greedy", "anyspec-slem", "anyspec-sampled", "hf-target", "hf-uag", "vllm")
+BASELINE = {"anyspec-greedy": "target", "anyspec-slem": "target", "anyspec-sampled": "target",
+            "hf-uag": "hf-target", "hf-target": "target", "vllm": "target"}
 
 
 def load_prompts(path: Path) -> list[dict]:
@@ -61,13 +62,14 @@ def _prompt_ids(tok, prompt) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True) -> dict:
+def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli") -> dict:
     from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 
-    key = ("engine", draft, sampled)
+    key = ("engine", draft, sampled, algorithm)
     if key not in ctx:
-        config = SpeculativeConfig(num_speculative_tokens=ctx["k"],
-                                   draft_sample_method="sample" if sampled else "greedy")
+        config = SpeculativeConfig(num_speculative_tokens=ctx["k"], algorithm=algorithm,
+                                   draft_sample_method="sample" if sampled else "greedy",
+                                   adaptive_k=ctx["adaptive_k"])
         ctx[key] = Engine(ctx["target"], ctx["draft"] if draft else None, config)
     params = SamplingParams(temperature=ctx["temperature"] if sampled else 0.0,
                             max_new_tokens=ctx["max_new_tokens"], seed=ctx["seed"] if sampled else None)
@@ -134,6 +136,7 @@ VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 RUNNERS = {
     "target": lambda ctx, p: run_anyspec(ctx, p, sampled=False, draft=False),
     "anyspec-greedy": lambda ctx, p: run_anyspec(ctx, p, sampled=False),
+    "anyspec-slem": lambda ctx, p: run_anyspec(ctx, p, sampled=False, algorithm="slem"),
     "anyspec-sampled": lambda ctx, p: run_anyspec(ctx, p, sampled=True),
     "hf-target": lambda ctx, p: run_hf(ctx, p, assisted=False),
     "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
@@ -184,7 +187,7 @@ def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
 def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[str], max_new_tokens: int = 64,
               k: int = 4, dtype: str | None = None, temperature: float = 0.7, seed: int = 0,
               threads: int | None = None, limit: int | None = None, hf_assistant: str = "default",
-              draft_dtype: str | None = None, log=print) -> dict:
+              draft_dtype: str | None = None, adaptive_k: bool = False, log=print) -> dict:
     import torch
 
     from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
@@ -207,7 +210,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
     from anyspec.models import MODELS, resolve_model
 
     ctx = {"target": tgt, "draft": drf, "k": k, "temperature": temperature, "seed": seed,
-           "hf_assistant": hf_assistant,
+           "adaptive_k": adaptive_k, "hf_assistant": hf_assistant,
            "max_new_tokens": max_new_tokens, "eos": tgt.eos_ids(),
            "dtype_name": dtype, "draft_dtype": draft_dtype,
            "target_path": resolve_model(target) if target in MODELS else target,
@@ -240,6 +243,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
                 r["diff_margin"] = logit_margin(ctx, p["prompt"], ref["ids"], pos) if pos < len(ref["ids"]) \
                     else None
     return {"config": {"target": target, "draft": draft, "dtype": dtype, "draft_dtype": draft_dtype, "k": k,
+                       "adaptive_k": adaptive_k,
                        "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -342,6 +346,7 @@ def add_parser(sub) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
     p.add_argument("--dtype", default=None, help="target: auto (default), bf16, fp32 or int8 (weight-only)")
     p.add_argument("--draft-dtype", default=None, help="draft: auto (default: int8 on the CPU), bf16, fp32")
+    p.add_argument("--adaptive-k", action="store_true", help="anyspec chooses k (0..k) each round")
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
@@ -361,7 +366,7 @@ def run(args) -> int:
         load_prompts(f)
     result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
                        args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
-                       args.limit, args.hf_assistant, args.draft_dtype,
+                       args.limit, args.hf_assistant, args.draft_dtype, args.adaptive_k,
                        log=lambda s: print(s, file=sys.stderr, flush=True))
     table = markdown(result)
     print(table)

@@ -42,8 +42,14 @@ def add_parser(sub) -> None:
                    help="retokenize (the draft reads its own tokenization) | token-map (vLLM's)")
     p.add_argument("--same-vocab", action="store_true",
                    help="the draft shares the target's vocabulary (use_heterogeneous_vocab off)")
+    p.add_argument("--adaptive-k", action="store_true",
+                   help="choose k (0 = target alone) each round from measured acceptance and speed")
     p.add_argument("--dtype", default="auto",
-                   help="auto (bf16 where the CPU computes it natively, else fp32) | bf16 | fp32")
+                   help="target: auto (bf16 where the CPU computes it natively, else fp32) | bf16 | fp32 | "
+                        "int8 (weight-only int8 linears: a quantized target)")
+    p.add_argument("--draft-dtype", default="auto",
+                   help="draft: auto (int8 on the CPU: the draft's numbers never change the output) | "
+                        "bf16 | fp32")
     p.add_argument("--allow-download", action="store_true", help="let transformers fetch hub ids")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
@@ -56,7 +62,7 @@ def run(args) -> int:
     config = SpeculativeConfig(method=args.method, num_speculative_tokens=args.k,
                                use_heterogeneous_vocab=not args.same_vocab,
                                draft_sample_method=args.draft_sample_method, algorithm=args.algorithm,
-                               draft_context=args.draft_context)
+                               draft_context=args.draft_context, adaptive_k=args.adaptive_k)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
@@ -67,16 +73,16 @@ def run(args) -> int:
     from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
 
     resolve_dtype(args.dtype)
+    draft_dtype = resolve_dtype(args.draft_dtype, draft=True)
     check_model_path(args.target, args.allow_download)
     if not args.no_draft:
         check_model_path(args.draft, args.allow_download)
 
     from anyspec.engine import Engine
 
-    load = dict(dtype=args.dtype, allow_download=args.allow_download,
-                trust_remote_code=args.trust_remote_code)
-    target = load_model(args.target, name="target", **load)
-    draft = None if args.no_draft else load_model(args.draft, name="draft", **load)
+    load = dict(allow_download=args.allow_download, trust_remote_code=args.trust_remote_code)
+    target = load_model(args.target, dtype=args.dtype, name="target", **load)
+    draft = None if args.no_draft else load_model(args.draft, dtype=draft_dtype, name="draft", **load)
     engine = Engine(target, draft, config)
 
     def write(text: str) -> None:

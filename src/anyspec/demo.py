@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
     p.add_argument("--dtype", default=None, help="target: auto (default), bf16, fp32 or int8 (weight-only)")
     p.add_argument("--draft-dtype", default=None, help="draft: auto (default: int8 on the CPU), bf16, fp32")
+    p.add_argument("--adaptive-k", action="store_true", help="choose k (0 = target alone) each round")
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)
 
@@ -38,7 +39,7 @@ def run(args) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
-    config = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens,
+    config = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive_k=args.adaptive_k,
                                draft_sample_method="greedy")
     check_model_path(args.target)
     check_model_path(args.draft)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from anyspec.algorithms import slem, tli
+from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.draft_context import (
     ANCHOR,
     DraftContext,
@@ -45,6 +46,7 @@ class SpeculativeConfig:
     draft_sample_method: str = "sample"
     algorithm: str = "tli"
     draft_context: str = "retokenize"
+    adaptive_k: bool = False  # per round, k in 0..num_speculative_tokens from measured speed
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -283,6 +285,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     if params.seed is None:
         generator.seed()
     stats = Stats(accepted_hist=[0] * (k + 1))
+    schedule = AdaptiveK(k) if proposer is not None and engine.config.adaptive_k else None
     t_start = time.perf_counter()
 
     # Prompt: the target's tokens; the draft's own tokenization of the same text.
@@ -309,15 +312,16 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     finish = None
     while finish is None:
         stats.rounds += 1
-        k_round = min(k, params.max_new_tokens - len(out_ids) - 1)
+        k_round = min(schedule.choose() if schedule else k, params.max_new_tokens - len(out_ids) - 1)
 
         # 1. Propose: k draft tokens, one cached forward each. TLI constrains them to the
         #    intersection; SLEM lets the draft write freely and re-encodes its text for the target
         #    (at most k target tokens, possibly none).
         t0 = time.perf_counter()
-        draft_ids, qs = [], []
+        draft_ids, qs, catch_up = [], [], 0
         if k_round > 0:
             keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
+            catch_up = len(ctx.ids) - keep
             draft.crop(keep)
             logits = draft.extend(ctx.ids[keep:], last=1)[-1]
             temperature = 0.0 if proposer.config.draft_sample_method == "greedy" else params.temperature
@@ -335,7 +339,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
             proposed = proposer.text_to_target(ctx, draft_ids, k_round)
         else:
             proposed = [proposer.draft_to_target[d] for d in draft_ids]
-        stats.draft_seconds += time.perf_counter() - t0
+        draft_time = time.perf_counter() - t0
+        stats.draft_seconds += draft_time
 
         # 2. Verify the m proposed tokens in one target forward over [pending, t1..tm]; 3. accept.
         #    SLEM is exact match: speculative sampling with a one-hot q on each proposed token.
@@ -353,6 +358,9 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         target.crop(target.num_cached - (len(proposed) - n))  # keep pending + the n accepted
         pending = next_token
         stats.target_seconds += time.perf_counter() - t0
+        if schedule:  # a draft pass that also read the prompt or a long tail is no measure of k
+            schedule.update(k_round, n, draft_time if catch_up <= 3 else None, time.perf_counter() - t0,
+                            proposed=len(proposed))
         stats.drafted += len(proposed)
         stats.accepted += n
         stats.accepted_hist[n] += 1
@@ -407,9 +415,10 @@ def _find_stop(text: str, stops: list[str], before: int) -> int | None:
 
 def generate(prompt: str | list[dict], target: str = "qwen2.5-coder-1.5b", draft: str | None = "smollm2-135m",
              config: SpeculativeConfig | None = None, params: SamplingParams | None = None,
-             dtype: str | None = None, on_text: Callable[[str], None] | None = None) -> GenerationResult:
+             dtype: str | None = None, on_text: Callable[[str], None] | None = None,
+             draft_dtype: str | None = None) -> GenerationResult:
     """One call: load the models (built-in names, folders or GGUF files) and generate."""
-    from anyspec.backends.transformers import check_model_path, load_model
+    from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
 
     config = config or SpeculativeConfig()
     params = params or SamplingParams()
@@ -417,5 +426,6 @@ def generate(prompt: str | list[dict], target: str = "qwen2.5-coder-1.5b", draft
     for spec in [target] + ([draft] if draft else []):
         check_model_path(spec)
     target_model = load_model(target, dtype=dtype, name="target")
-    draft_model = load_model(draft, dtype=dtype, name="draft") if draft else None
+    draft_dtype = resolve_dtype(draft_dtype, draft=True)
+    draft_model = load_model(draft, dtype=draft_dtype, name="draft") if draft else None
     return Engine(target_model, draft_model, config).generate(prompt, params, on_text=on_text)

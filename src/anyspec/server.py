@@ -433,7 +433,11 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--no-draft", action="store_true", help="serve the target alone")
     p.add_argument("-k", "--k", type=int, default=4, help="draft tokens per round")
-    p.add_argument("--dtype", default=None, help="auto (default), bf16, fp16 or fp32")
+    p.add_argument("--dtype", default=None,
+                   help="target: auto (default), bf16, fp16, fp32 or int8 (weight-only)")
+    p.add_argument("--draft-dtype", default=None, help="draft: auto (default: int8 on the CPU), bf16, fp32")
+    p.add_argument("--adaptive-k", action="store_true",
+                   help="choose k (0 = target alone) each round from measured acceptance and speed")
     p.add_argument("--draft-sample-method", default="sample", choices=("greedy", "sample"))
     p.add_argument("--draft-context", default="retokenize", choices=("retokenize", "token-map"))
     p.add_argument("--algorithm", default="tli", choices=("tli", "slem"),
@@ -457,8 +461,10 @@ def check_args(args) -> tuple[Settings, SpeculativeConfig]:
     from anyspec.models import MODELS
 
     config = SpeculativeConfig(num_speculative_tokens=args.k, draft_sample_method=args.draft_sample_method,
-                               draft_context=args.draft_context, algorithm=args.algorithm)
+                               draft_context=args.draft_context, algorithm=args.algorithm,
+                               adaptive_k=args.adaptive_k)
     resolve_dtype(args.dtype)
+    resolve_dtype(args.draft_dtype, draft=True)
     for spec in [args.target] + ([] if args.no_draft else [args.draft]):
         check_model_path(spec)
     for name in ("queue_size", "max_body_bytes", "default_max_tokens", "port"):
@@ -486,7 +492,7 @@ def check_args(args) -> tuple[Settings, SpeculativeConfig]:
 def run(args) -> int:
     import uvicorn
 
-    from anyspec.backends.transformers import load_model
+    from anyspec.backends.transformers import load_model, resolve_dtype
 
     settings, config = check_args(args)
     if args.threads:
@@ -494,7 +500,8 @@ def run(args) -> int:
 
         torch.set_num_threads(args.threads)
     target = load_model(args.target, dtype=args.dtype, name=args.target)
-    draft = None if args.no_draft else load_model(args.draft, dtype=args.dtype, name=args.draft)
+    draft_dtype = resolve_dtype(args.draft_dtype, draft=True)
+    draft = None if args.no_draft else load_model(args.draft, dtype=draft_dtype, name=args.draft)
     app = create_app(Engine(target, draft, config), settings)
     print(f"anyspec serve: '{settings.model_name}' on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)

@@ -76,10 +76,13 @@ class AdaptiveK:
             return 1
         return best_k
 
-    def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float) -> None:
-        """Record a round that drafted ``k`` tokens, accepted ``accepted`` and took these times
-        (``draft_seconds`` None: not representative, e.g. the round that also read the prompt)."""
-        self.verify_cost[k + 1] = _mix(self.verify_cost.get(k + 1), verify_seconds)
+    def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
+               proposed: int | None = None) -> None:
+        """Record a round: ``k`` draft forwards, ``proposed`` target tokens verified (default k),
+        ``accepted`` of them accepted, and the times (``draft_seconds`` None: not representative,
+        e.g. a pass that also read the prompt)."""
+        proposed = k if proposed is None else proposed
+        self.verify_cost[proposed + 1] = _mix(self.verify_cost.get(proposed + 1), verify_seconds)
         if k == 0:
             self.idle_rounds += 1
             return
@@ -87,7 +90,7 @@ class AdaptiveK:
         if draft_seconds is not None:
             self.draft_cost = _mix(self.draft_cost, draft_seconds / k)
         self.accepted = DECAY * self.accepted + accepted
-        self.rejected = DECAY * self.rejected + (1 if accepted < k else 0)
+        self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
 
 
 def _mix(old: float | None, new: float, weight: float = 0.3) -> float:
