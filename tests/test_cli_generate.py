@@ -65,8 +65,10 @@ def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):
     assert main([*common, "--no-draft"]) == 0
     alone = json.loads(capsys.readouterr().out)
     assert set(spec) == {"text", "token_ids", "stats"}
-    assert set(spec["stats"]) == {"rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
-                                  "tokens_per_second", "draft_seconds", "target_seconds"}
+    assert set(spec["stats"]) == {"algorithm", "rounds", "drafted", "accepted", "acceptance_rate",
+                                  "mean_accepted_length", "tokens_per_second", "draft_seconds",
+                                  "target_seconds"}
+    assert spec["stats"]["algorithm"] == "slem" and alone["stats"]["algorithm"] == "none"  # auto, greedy
     assert spec["token_ids"] == alone["token_ids"] and spec["text"] == alone["text"]
     assert len(spec["token_ids"]) == 12
     assert spec["stats"]["drafted"] > 0 and alone["stats"]["drafted"] == 0

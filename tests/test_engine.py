@@ -5,6 +5,8 @@ Greedy speculative output must be token-identical to the target alone, whatever 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from tiny_models import one_thread  # noqa: F401  (autouse fixture)
@@ -13,6 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from anyspec.backends.transformers import TransformersModel
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
+
+TLI = functools.partial(SpeculativeConfig, algorithm="tli")  # this file tests TLI; SLEM has test_slem.py
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n",
@@ -75,7 +79,7 @@ def greedy(max_new_tokens=16, **kw):
 @pytest.mark.parametrize("context", ["retokenize", "token-map"])
 def test_greedy_equals_target_only_byte_level_target_sentencepiece_draft(qwen_target, llama_draft, k,
                                                                           context):
-    engine = Engine(qwen_target, llama_draft, SpeculativeConfig(num_speculative_tokens=k,
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=k,
                                                                 draft_context=context))
     baseline = Engine(qwen_target, None)
     for prompt in (PROMPTS[k - 1], PROMPTS[(k + 3) % len(PROMPTS)]):
@@ -88,7 +92,7 @@ def test_greedy_equals_target_only_byte_level_target_sentencepiece_draft(qwen_ta
 
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_greedy_equals_target_only_sentencepiece_target_byte_level_draft(llama_target, gpt2_draft, k):
-    engine = Engine(llama_target, gpt2_draft, SpeculativeConfig(num_speculative_tokens=k))
+    engine = Engine(llama_target, gpt2_draft, TLI(num_speculative_tokens=k))
     baseline = Engine(llama_target, None)
     for prompt in PROMPTS[k - 1: k + 2]:
         assert engine.generate(prompt, greedy()).token_ids == baseline.generate(prompt, greedy()).token_ids
@@ -105,7 +109,7 @@ def test_target_only_path_matches_transformers_generate(qwen_target):
 
 
 def test_target_emits_tokens_outside_the_intersection(qwen_target, llama_draft):
-    engine = Engine(qwen_target, llama_draft, SpeculativeConfig(num_speculative_tokens=4))
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=4))
     to_draft = engine.proposer.target_to_draft
     prompt = PROMPTS[2]
     prompt_ids = qwen_target.tokenizer.encode(prompt)
@@ -124,7 +128,7 @@ def test_agreeing_draft_gives_zero_partial_and_full_acceptance(qwen_target, k, c
     draft reading its own tokenization of text the random target spelled unusually.
     """
     draft = noisy_copy(qwen_target, scale=noise, seed=k)
-    engine = Engine(qwen_target, draft, SpeculativeConfig(num_speculative_tokens=k, draft_context=context))
+    engine = Engine(qwen_target, draft, TLI(num_speculative_tokens=k, draft_context=context))
     baseline = Engine(qwen_target, None)
     hist = [0] * (k + 1)
     for prompt in PROMPTS[:4]:
@@ -138,7 +142,7 @@ def test_agreeing_draft_gives_zero_partial_and_full_acceptance(qwen_target, k, c
 
 def test_max_new_tokens_is_never_exceeded(qwen_target, tok_qwen2):
     draft = noisy_copy(qwen_target, scale=0.0, seed=0)  # accepts everything
-    engine = Engine(qwen_target, draft, SpeculativeConfig(num_speculative_tokens=8))
+    engine = Engine(qwen_target, draft, TLI(num_speculative_tokens=8))
     for n in (1, 2, 5, 9, 17):
         got = engine.generate(PROMPTS[1], greedy(max_new_tokens=n))
         assert len(got.token_ids) == n and got.finish_reason == "length"
@@ -154,7 +158,7 @@ def test_eos_stops_and_is_not_emitted(qwen_target, llama_draft):
     qwen_target.model.generation_config.eos_token_id = stop_token
     try:
         for draft in (None, llama_draft):
-            got = Engine(qwen_target, draft, SpeculativeConfig(num_speculative_tokens=3)).generate(
+            got = Engine(qwen_target, draft, TLI(num_speculative_tokens=3)).generate(
                 prompt, greedy(max_new_tokens=20))
             assert got.token_ids == free[: free.index(stop_token)]
             assert got.finish_reason == "stop"
@@ -167,7 +171,7 @@ def test_stop_string_trims_text_and_streaming_matches(qwen_target, llama_draft):
     full = Engine(qwen_target, None).generate(prompt, greedy(max_new_tokens=30)).text
     stop = full[10:14]
     pieces: list[str] = []
-    got = Engine(qwen_target, llama_draft, SpeculativeConfig(num_speculative_tokens=4)).generate(
+    got = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=4)).generate(
         prompt, greedy(max_new_tokens=30, stop=[stop]), on_text=pieces.append)
     assert got.text == full[: full.index(stop)]
     assert "".join(pieces) == got.text
@@ -176,14 +180,14 @@ def test_stop_string_trims_text_and_streaming_matches(qwen_target, llama_draft):
 
 def test_streamed_pieces_add_up_to_the_text(qwen_target, llama_draft):
     pieces: list[str] = []
-    engine = Engine(qwen_target, llama_draft, SpeculativeConfig(num_speculative_tokens=5))
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=5))
     got = engine.generate(PROMPTS[2], greedy(max_new_tokens=30), on_text=pieces.append)
     assert len(pieces) > 1 and "".join(pieces) == got.text
     assert list(engine.stream(PROMPTS[2], greedy(max_new_tokens=30))) == pieces
 
 
 def test_sampling_is_seeded_and_respects_limits(qwen_target, llama_draft):
-    engine = Engine(qwen_target, llama_draft, SpeculativeConfig(num_speculative_tokens=4))
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=4))
     params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=20, seed=11)
     a, b = engine.generate(PROMPTS[0], params), engine.generate(PROMPTS[0], params)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 20
@@ -198,7 +202,7 @@ def test_sampling_is_seeded_and_respects_limits(qwen_target, llama_draft):
 def test_sampling_with_an_agreeing_draft_accepts_often(qwen_target):
     draft = noisy_copy(qwen_target, scale=0.0, seed=0)
     engine = Engine(qwen_target, draft,
-                    SpeculativeConfig(num_speculative_tokens=4, draft_context="token-map"))
+                    TLI(num_speculative_tokens=4, draft_context="token-map"))
     got = engine.generate(PROMPTS[1], SamplingParams(temperature=1.0, max_new_tokens=30, seed=3))
     # q' is p restricted to the intersection: acceptance = the mass p puts on the intersection.
     assert got.stats.acceptance_rate > 0.5, got.stats
@@ -206,7 +210,7 @@ def test_sampling_with_an_agreeing_draft_accepts_often(qwen_target):
 
 def test_chat_messages_use_each_side_template(qwen_target, llama_draft):
     messages = [{"role": "user", "content": "Write a haiku about bytes."}]
-    engine = Engine(qwen_target, llama_draft, SpeculativeConfig(num_speculative_tokens=3))
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=3))
     got = engine.generate(messages, greedy(max_new_tokens=10))
     rendered = qwen_target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     want = Engine(qwen_target, None).generate(rendered, greedy(max_new_tokens=10))
@@ -216,12 +220,12 @@ def test_chat_messages_use_each_side_template(qwen_target, llama_draft):
 
 def test_draft_with_other_vocab_and_flag_off_fails(qwen_target, llama_draft):
     with pytest.raises(ConfigError, match="use_heterogeneous_vocab"):
-        Engine(qwen_target, llama_draft, SpeculativeConfig(use_heterogeneous_vocab=False))
+        Engine(qwen_target, llama_draft, TLI(use_heterogeneous_vocab=False))
 
 
 def test_same_vocab_with_flag_off_decodes_exactly(qwen_target):
     draft = noisy_copy(qwen_target, scale=0.3, seed=5)
-    engine = Engine(qwen_target, draft, SpeculativeConfig(num_speculative_tokens=4,
+    engine = Engine(qwen_target, draft, TLI(num_speculative_tokens=4,
                                                           use_heterogeneous_vocab=False))
     got = engine.generate(PROMPTS[0], greedy(max_new_tokens=20))
     want = Engine(qwen_target, None).generate(PROMPTS[0], greedy(max_new_tokens=20))
@@ -233,7 +237,7 @@ def test_retokenize_keeps_the_draft_cache_across_rounds(qwen_target, tok_qwen2):
     """The draft's prompt is encoded and prefilled once; later calls feed only the changed tail."""
     draft = noisy_copy(qwen_target, scale=0.0, seed=0)
     k = 4
-    engine = Engine(qwen_target, draft, SpeculativeConfig(num_speculative_tokens=k))
+    engine = Engine(qwen_target, draft, TLI(num_speculative_tokens=k))
     calls = []
     original = draft.extend
 

@@ -394,11 +394,17 @@ def test_slem_needs_the_draft_to_read_its_own_tokenization():
     SpeculativeConfig(algorithm="slem")  # the default context is fine
 
 
-def test_auto_is_refused_and_names_both_algorithms():
-    with pytest.raises(ConfigError, match="not implemented yet") as info:
-        SpeculativeConfig(algorithm="auto")
-    assert "tli" in str(info.value) and "slem" in str(info.value)
-    with pytest.raises(ConfigError, match="tli, slem"):
+def test_auto_is_slem_when_greedy_and_tli_when_sampling():
+    from anyspec.engine import algorithm_for
+
+    auto = SpeculativeConfig()
+    assert auto.algorithm == "auto"
+    assert algorithm_for(auto, SamplingParams(temperature=0.0)) == "slem"
+    assert algorithm_for(auto, SamplingParams(temperature=0.7)) == "tli"
+    token_map = SpeculativeConfig(draft_context="token-map")
+    assert algorithm_for(token_map, SamplingParams(temperature=0.0)) == "tli"
+    assert algorithm_for(SpeculativeConfig(algorithm="tli"), SamplingParams(temperature=0.0)) == "tli"
+    with pytest.raises(ConfigError, match="auto, tli, slem"):
         SpeculativeConfig(algorithm="slam")
 
 
@@ -406,8 +412,9 @@ def test_generate_command_offers_both_algorithms(no_loading, capsys):
     from anyspec.cli import build_parser
 
     assert build_parser().parse_args(["generate", "--prompt", "x", "--algorithm", "slem"]).algorithm == "slem"
+    assert build_parser().parse_args(["generate", "--prompt", "x"]).algorithm == "auto"
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["generate", "--prompt", "x", "--algorithm", "auto"])
+        build_parser().parse_args(["generate", "--prompt", "x", "--algorithm", "slam"])
     assert "invalid choice" in capsys.readouterr().err
     assert build_parser().parse_args(["serve", "--algorithm", "slem"]).algorithm == "slem"
 

@@ -12,8 +12,8 @@ import sys
 
 from anyspec.errors import ConfigError
 
-STAT_KEYS = ("rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
-             "draft_seconds", "target_seconds")
+STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+             "tokens_per_second", "draft_seconds", "target_seconds")
 
 
 def add_parser(sub) -> None:
@@ -34,9 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per round (num_speculative_tokens)")
     p.add_argument("--method", default="draft_model")
-    p.add_argument("--algorithm", default="tli", choices=("tli", "slem"),
-                   help="tli: the draft keeps to the shared tokens | slem: the draft writes freely, its text "
-                        "is re-encoded for the target (needs --draft-context retokenize)")
+    p.add_argument("--algorithm", default="auto", choices=("auto", "tli", "slem"),
+                   help="auto (default): slem when greedy, tli when sampling | tli: the draft keeps to "
+                        "the shared tokens | slem: the draft writes freely, its text is re-encoded")
     p.add_argument("--draft-sample-method", default="sample", help="greedy | sample")
     p.add_argument("--draft-context", default="retokenize",
                    help="retokenize (the draft reads its own tokenization) | token-map (vLLM's)")
@@ -98,7 +98,7 @@ def run(args) -> int:
     print()
     s = result.stats
     hist = " ".join(f"{n}:{c}" for n, c in enumerate(s.accepted_hist))
-    print(f"[{'target only' if draft is None else f'{config.algorithm} k={config.num_speculative_tokens}'}] "
+    print(f"[{'target only' if draft is None else f'{s.algorithm} k={config.num_speculative_tokens}'}] "
           f"{s.generated} tokens in {s.total_seconds:.2f}s ({s.tokens_per_second:.2f} tok/s); "
           f"rounds {s.rounds}, drafted {s.drafted}, accepted {s.accepted} "
           f"({100 * s.acceptance_rate:.1f}%), mean accepted {s.mean_accepted_length:.2f}, "

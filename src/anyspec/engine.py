@@ -32,8 +32,7 @@ from anyspec.errors import ConfigError
 from anyspec.tokenbytes import text_bytes_table, token_bytes_table
 
 METHODS = ("draft_model",)
-ALGORITHMS = ("tli", "slem")
-LATER_ALGORITHMS = ("auto",)
+ALGORITHMS = ("auto", "tli", "slem")  # auto: SLEM for greedy requests, TLI for sampled ones
 DRAFT_SAMPLE_METHODS = ("greedy", "sample")
 DRAFT_CONTEXTS = ("retokenize", "token-map")
 
@@ -44,7 +43,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     use_heterogeneous_vocab: bool = True
     draft_sample_method: str = "sample"
-    algorithm: str = "tli"
+    algorithm: str = "auto"
     draft_context: str = "retokenize"
     adaptive_k: bool = False  # per round, k in 0..num_speculative_tokens from measured speed
 
@@ -55,9 +54,6 @@ class SpeculativeConfig:
                 or self.num_speculative_tokens < 1:
             raise ConfigError(f"num_speculative_tokens (k) must be an integer >= 1, got "
                               f"{self.num_speculative_tokens!r}; use --no-draft for target-only decoding")
-        if self.algorithm in LATER_ALGORITHMS:
-            raise ConfigError(f"algorithm {self.algorithm!r} is not implemented yet; "
-                              f"use algorithm='tli' or algorithm='slem'")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(ALGORITHMS)}")
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
@@ -97,6 +93,7 @@ class SamplingParams:
 
 @dataclass
 class Stats:
+    algorithm: str = "none"  # what ran: tli, slem, or none (the target alone)
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -170,7 +167,7 @@ class DraftProposer:
                     f"({target.vocab_size}); set use_heterogeneous_vocab=True to draft across vocabularies")
             self.intersection_mask = None
             draft_to_target = target_to_draft = torch.arange(target.vocab_size)
-            slem_tables = config.algorithm == "slem"
+            slem_tables = config.algorithm != "tli"  # auto runs SLEM for greedy requests
             self.token_bytes = token_bytes_table(tokenizer, draft.vocab_size) if slem_tables else []
             self.target_token_bytes = (token_bytes_table(target.tokenizer, target.vocab_size) if slem_tables
                                        else None)
@@ -255,6 +252,18 @@ class Engine:
         return speculative_generate(self, prompt, params or SamplingParams())
 
 
+def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:
+    """The algorithm a request runs. ``auto``: SLEM when greedy (exact match keeps every draft
+    token the target would pick, and the draft may write tokens outside the intersection; on code it
+    accepted 45% vs TLI's 24%), TLI when sampling (accepting with min(1, p/q') keeps more than exact
+    match's p(t)), and TLI with the token-map context, which SLEM cannot use."""
+    if config.algorithm != "auto":
+        return config.algorithm
+    if params.temperature == 0 and config.draft_context == "retokenize":
+        return "slem"
+    return "tli"
+
+
 def check_prompt(prompt: str | list[dict]) -> None:
     if isinstance(prompt, str):
         if not prompt:
@@ -279,12 +288,14 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                          ) -> Iterator[str]:
     target, proposer = engine.target, engine.proposer
     k = engine.config.num_speculative_tokens if proposer is not None else 0
-    use_slem = proposer is not None and engine.config.algorithm == "slem"
+    use_slem = proposer is not None and algorithm_for(engine.config, params) == "slem"
     greedy = params.temperature == 0
     generator = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
     if params.seed is None:
         generator.seed()
     stats = Stats(accepted_hist=[0] * (k + 1))
+    if proposer is not None:
+        stats.algorithm = "slem" if use_slem else "tli"
     schedule = AdaptiveK(k) if proposer is not None and engine.config.adaptive_k else None
     t_start = time.perf_counter()
 

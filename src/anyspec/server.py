@@ -440,8 +440,9 @@ def add_parser(sub) -> None:
                    help="choose k (0 = target alone) each round from measured acceptance and speed")
     p.add_argument("--draft-sample-method", default="sample", choices=("greedy", "sample"))
     p.add_argument("--draft-context", default="retokenize", choices=("retokenize", "token-map"))
-    p.add_argument("--algorithm", default="tli", choices=("tli", "slem"),
-                   help="tli: the draft keeps to the shared tokens | slem: its text is re-encoded")
+    p.add_argument("--algorithm", default="auto", choices=("auto", "tli", "slem"),
+                   help="auto (default): slem when greedy, tli when sampling | tli: the draft keeps to "
+                        "the shared tokens | slem: the draft writes freely, its text is re-encoded")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,

@@ -1,0 +1,95 @@
+"""Tuning pass for the defaults: k, algorithm and adaptive k, against the target alone, in one run.
+
+Loads the pair once, then for each prompt runs the target alone and every configuration in an
+order that rotates from prompt to prompt (drift on a shared machine falls on all alike), greedy.
+Prints a Markdown table of speedups over the target alone per prompt set, and writes JSON.
+
+    .venv/bin/python benchmarks/tune.py --ks 2 3 4 6 8 --algorithms slem tli --threads 2 \
+        --json benchmarks/results/tune_cpu2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from anyspec.backends.transformers import load_model, resolve_dtype
+from anyspec.bench import PROMPTS_DIR, load_prompts
+from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="smollm2-135m")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--draft-dtype", default=None)
+    ap.add_argument("--ks", nargs="+", type=int, default=[2, 3, 4, 6])
+    ap.add_argument("--algorithms", nargs="+", default=["slem", "tli"])
+    ap.add_argument("--adaptive", action="store_true", help="also each configuration with adaptive k")
+    ap.add_argument("--limit", type=int, default=2, help="prompts per set")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    target = load_model(args.target, dtype=resolve_dtype(args.dtype), name="target")
+    draft = load_model(args.draft, dtype=resolve_dtype(args.draft_dtype, draft=True), name="draft")
+    configs = {"target": None}
+    for algorithm in args.algorithms:
+        for k in args.ks:
+            for adaptive in ([False, True] if args.adaptive else [False]):
+                name = f"{algorithm} k={k}" + (" adaptive" if adaptive else "")
+                configs[name] = SpeculativeConfig(num_speculative_tokens=k, algorithm=algorithm,
+                                                  draft_sample_method="greedy", adaptive_k=adaptive)
+    engines = {name: Engine(target, None if c is None else draft, c) for name, c in configs.items()}
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    for engine in engines.values():
+        engine.generate("Hello", SamplingParams(max_new_tokens=4))
+
+    prompts = [p for f in ("code", "prose") for p in load_prompts(PROMPTS_DIR / f"{f}.jsonl")[: args.limit]]
+    names = list(engines)
+    runs = []
+    for i, p in enumerate(prompts):
+        order = names[i % len(names):] + names[: i % len(names)]
+        for name in order:
+            t = time.perf_counter()
+            res = engines[name].generate(p["prompt"], params)
+            seconds = time.perf_counter() - t
+            runs.append({"config": name, "set": p["set"], "prompt": p["id"], "tokens": len(res.token_ids),
+                         "seconds": seconds, "ids": res.token_ids, "drafted": res.stats.drafted,
+                         "accepted": res.stats.accepted})
+            print(f"{p['set']}/{p['id']:<18} {name:<22} {len(res.token_ids) / seconds:6.2f} tok/s",
+                  flush=True)
+
+    rows = []
+    for name in names:
+        row = {"config": name}
+        for s in ("code", "prose"):
+            mine = [r for r in runs if r["config"] == name and r["set"] == s]
+            base = [r for r in runs if r["config"] == "target" and r["set"] == s]
+            tps = sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)
+            base_tps = sum(r["tokens"] for r in base) / sum(r["seconds"] for r in base)
+            row[f"{s} tok/s"] = round(tps, 2)
+            row[f"{s} speedup"] = round(tps / base_tps, 2)
+            drafted = sum(r["drafted"] for r in mine)
+            row[f"{s} acceptance"] = round(sum(r["accepted"] for r in mine) / drafted, 3) if drafted else None
+            ref = {r["prompt"]: r["ids"] for r in base}
+            row[f"{s} identical"] = f"{sum(r['ids'] == ref[r['prompt']] for r in mine)}/{len(mine)}"
+        rows.append(row)
+    keys = list(rows[0])
+    print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for row in rows:
+        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "table": rows,
+                                         "runs": runs}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
