@@ -106,3 +106,19 @@ def no_loading(monkeypatch):
         raise AssertionError("a model was loaded before the input was checked")
 
     monkeypatch.setattr(backend, "load_model", refuse)
+
+
+@pytest.fixture(scope="module")
+def folders(tok_qwen2, tok_llama2, tmp_path_factory):
+    """Tiny model folders for the server tests: a Qwen2 target and a Llama draft (another vocabulary)."""
+    from live_server import tiny_pair
+
+    return tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def reference(folders):
+    """An engine over ``folders``, to compute the answers a server must give."""
+    from live_server import load_engine
+
+    return load_engine(*folders)

@@ -5,25 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from anyspec.cli import main
 
 
 @pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory, tok_qwen2, tok_llama2):
-    out = {}
-    for name, tok, config_cls, model_cls, seed in [("target", tok_qwen2, Qwen2Config, Qwen2ForCausalLM, 0),
-                                                    ("draft", tok_llama2, LlamaConfig, LlamaForCausalLM, 1)]:
-        torch.manual_seed(seed)
-        config = config_cls(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-        folder = tmp_path_factory.mktemp(name)
-        model_cls(config).save_pretrained(folder)
-        tok.save_pretrained(folder)
-        out[name] = str(folder)
-    return out
+def tiny_dirs(folders):
+    return {"target": str(folders[0]), "draft": str(folders[1])}
 
 
 BAD = [

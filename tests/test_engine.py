@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import torch
-from tiny_models import one_thread  # noqa: F401  (autouse fixture)
+from tiny_models import one_thread, record_inputs  # noqa: F401  (one_thread: autouse fixture)
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from anyspec.backends.transformers import TransformersModel
@@ -238,18 +238,12 @@ def test_retokenize_keeps_the_draft_cache_across_rounds(qwen_target, tok_qwen2):
     draft = noisy_copy(qwen_target, scale=0.0, seed=0)
     k = 4
     engine = Engine(qwen_target, draft, TLI(num_speculative_tokens=k))
-    calls = []
-    original = draft.extend
-
-    def counting_extend(ids, last=None):
-        calls.append(len(ids))
-        return original(ids, last)
-
-    draft.extend = counting_extend
+    calls = record_inputs(draft)
     try:
         got = engine.generate(PROMPTS[0], greedy(max_new_tokens=30))
     finally:
         del draft.extend
+    calls = [len(ids) for ids in calls]
     prompt_len = len(tok_qwen2.encode(PROMPTS[0]))
     assert calls[0] == prompt_len > 12
     window = 4

@@ -13,15 +13,8 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from live_server import tiny_pair  # noqa: E402
-
 from anyspec import cli, models  # noqa: E402
 from anyspec.fetch import FetchError  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def folders(tok_qwen2, tok_llama2, tmp_path_factory):
-    return tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
 
 
 def free_port() -> int:

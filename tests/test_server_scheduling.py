@@ -14,7 +14,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from live_server import MODEL_NAME, live_server, load_engine, one_thread, tiny_pair  # noqa: E402, F401
+from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa: E402, F401
 
 from anyspec.engine import SamplingParams  # noqa: E402
 
@@ -22,18 +22,8 @@ LONG = 240
 
 
 @pytest.fixture(scope="module")
-def folders(tok_qwen2, tok_llama2, tmp_path_factory):
-    return tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
 def engine(folders):
     """Shared by the servers below, one at a time: each stops its worker before the next starts."""
-    return load_engine(*folders)
-
-
-@pytest.fixture(scope="module")
-def reference(folders):
     return load_engine(*folders)
 
 

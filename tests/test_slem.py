@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_engine import PROMPTS, greedy, noisy_copy, tiny
 from test_tli_sampling import chi_square_pvalue
-from tiny_models import one_thread  # noqa: F401  (autouse fixture)
+from tiny_models import one_thread, record_inputs  # noqa: F401  (one_thread: autouse fixture)
 
 from anyspec.algorithms import slem, tli
 from anyspec.algorithms.sampling import logits_to_probs
@@ -62,7 +62,23 @@ def baseline():
     return get
 
 
-class TextOracleDraft:
+class TokenListCache:
+    """The cache half of the backend interface for models without a network: just the ids."""
+
+    cached_ids: list[int]
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached_ids)
+
+    def reset(self) -> None:
+        self.cached_ids = []
+
+    def crop(self, n: int) -> None:
+        del self.cached_ids[n:]
+
+
+class TextOracleDraft(TokenListCache):
     """A draft "model" without a network that knows the text the target will write.
 
     It spells ``reference`` (the bytes of its prompt tokens + the target's greedy output) in its
@@ -85,15 +101,6 @@ class TextOracleDraft:
         self.wrong_every = wrong_every
         self.cached_ids: list[int] = []
 
-    @property
-    def num_cached(self) -> int:
-        return len(self.cached_ids)
-
-    def reset(self) -> None:
-        self.cached_ids = []
-
-    def crop(self, n: int) -> None:
-        del self.cached_ids[n:]
 
     def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
         self.cached_ids.extend(ids)
@@ -118,19 +125,6 @@ class TextOracleDraft:
         return wrong  # a byte no draft token spells (the random target wrote invalid UTF-8)
 
 
-def record_target_inputs(target) -> list[list[int]]:
-    """Patch ``target.extend`` to log every id list the engine feeds it (undo with ``del``)."""
-    calls: list[list[int]] = []
-    original = target.extend
-
-    def logged(ids, last=None):
-        calls.append(list(ids))
-        return original(ids, last)
-
-    target.extend = logged
-    return calls
-
-
 PAIRS = [("smollm2", "qwen2"), ("qwen2", "smollm2"), ("llama2", "qwen2"), ("smollm2", "llama2")]
 
 
@@ -152,7 +146,7 @@ def test_greedy_equals_target_only_with_a_draft_that_knows_the_text(tokenizers, 
         draft = TextOracleDraft(draft_tok, prompt_bytes + b"".join(target_table[t] for t in want.token_ids)
                                 + b" and more text after the end")
         engine = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=k, algorithm="slem"))
-        calls = record_target_inputs(target)
+        calls = record_inputs(target)
         try:
             got = engine.generate(prompt, greedy(max_new_tokens=40))
         finally:
@@ -422,7 +416,7 @@ def test_generate_command_offers_both_algorithms(no_loading, capsys):
 # --- sampling through the engine, on real tokenizers ---------------------------------------------
 
 
-class TableModel:
+class TableModel(TokenListCache):
     """A second-order "model" without a network: its logits are ``table[prev, last]`` over a few
     real tokens of ``tokenizer`` (-inf elsewhere); tokens outside ``support`` count as one
     "other" bucket. Exact distributions are known, and the engine drives it like any model."""
@@ -438,15 +432,6 @@ class TableModel:
         self.table = torch.randn(s + 1, s + 1, s, generator=torch.Generator().manual_seed(seed)) * scale
         self.cached_ids: list[int] = []
 
-    @property
-    def num_cached(self) -> int:
-        return len(self.cached_ids)
-
-    def reset(self) -> None:
-        self.cached_ids = []
-
-    def crop(self, n: int) -> None:
-        del self.cached_ids[n:]
 
     def eos_ids(self) -> set[int]:
         return set()

@@ -48,3 +48,16 @@ def save_tiny_model(tokenizer, folder: Path, arch: str = "llama", seed: int = 0,
         tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def record_inputs(model) -> list[list[int]]:
+    """Patch ``model.extend`` to log every id list the engine feeds it (undo with ``del model.extend``)."""
+    calls: list[list[int]] = []
+    original = model.extend
+
+    def logged(ids, last=None):
+        calls.append(list(ids))
+        return original(ids, last)
+
+    model.extend = logged
+    return calls
