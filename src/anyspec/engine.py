@@ -2,7 +2,8 @@
 
 Two ways across different vocabularies: ``algorithm="tli"`` (the draft is confined to the tokens
 both vocabularies share, ``algorithms/tli.py``) and ``algorithm="slem"`` (the draft writes freely and
-its text is re-encoded with the target tokenizer, ``algorithms/slem.py``).
+its text is re-encoded with the target tokenizer, ``algorithms/slem.py``); the default, ``"auto"``,
+runs SLEM for greedy requests and TLI for sampled ones (``algorithm_for``).
 
 ``Engine(target, draft, config).generate(prompt, params)``; ``draft=None`` runs the target alone on
 the same loop (k = 0 every round), which is the honest baseline. ``speculative_generate`` is the
