@@ -183,6 +183,26 @@ def test_greedy_equals_target_only_with_a_random_draft(tokenizers, targets, base
         assert got.stats.drafted > 0
 
 
+def test_a_draft_that_writes_eos_stops_drafting_for_the_round(tokenizers, targets, baseline):
+    """After its EOS the draft's text has ended: no more draft forwards that round."""
+    target, tok = targets("qwen2"), tokenizers("smollm2")
+    draft = tiny("llama", tok, seed=3)
+    calls = record_inputs(draft)
+    logged = draft.extend
+
+    def eos_first(ids, last=None):
+        logits = logged(ids, last).clone()
+        logits[:, tok.eos_token_id] = 1e4
+        return logits
+
+    draft.extend = eos_first
+    got = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=4, algorithm="slem")).generate(
+        PROMPTS[0], greedy())
+    assert got.token_ids == baseline(target, PROMPTS[0], 16).token_ids
+    assert len(calls) <= got.stats.rounds  # one catch-up forward per round at most, none after the EOS
+    assert got.stats.drafted == 0
+
+
 def test_same_vocabulary_draft_decodes_exactly(targets, baseline):
     target = targets("qwen2")
     draft = noisy_copy(target, scale=0.0, seed=0)

@@ -345,6 +345,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                                        params.top_p, generator)
                 draft_ids.append(d)
                 qs.append(d if q is None else q)
+                if use_slem and not proposer.token_bytes[d]:
+                    break  # EOS or another special token ends the draft's text (slem.draft_bytes)
                 if i + 1 < k_round:
                     logits = draft.extend([d])[-1]
         if use_slem:
