@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from anyspec.cli import add_engine_options
 from anyspec.errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
@@ -344,9 +345,7 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", nargs="+", default=[m for m in METHODS], choices=METHODS)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--dtype", default=None, help="target: auto (default), bf16, fp32 or int8 (weight-only)")
-    p.add_argument("--draft-dtype", default=None, help="draft: auto (default: int8 on the CPU), bf16, fp32")
-    p.add_argument("--adaptive-k", action="store_true", help="anyspec chooses k (0..k) each round")
+    add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)

@@ -8,6 +8,22 @@ import sys
 from anyspec.errors import AnyspecError
 
 
+def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> None:
+    """The options every engine-running command shares: dtypes, adaptive k and (optionally) the algorithm."""
+    if algorithm:
+        p.add_argument("--algorithm", default="auto", choices=("auto", "tli", "slem"),
+                       help="auto (default): slem when greedy, tli when sampling | tli: the draft keeps to "
+                            "the shared tokens | slem: the draft writes freely, its text is re-encoded")
+    p.add_argument("--adaptive-k", action="store_true",
+                   help="choose k (0 = target alone) each round from measured acceptance and speed")
+    p.add_argument("--dtype", default="auto",
+                   help="target: auto (bf16 where the hardware computes it natively, else fp32) | bf16 | "
+                        "fp16 | fp32 | int8 (weight-only int8 linears: a quantized target)")
+    p.add_argument("--draft-dtype", default="auto",
+                   help="draft: auto (int8 on the CPU: the draft's numbers never change the output) | "
+                        "bf16 | fp16 | fp32")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anyspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+from anyspec.cli import add_engine_options
 from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -34,22 +35,12 @@ def add_parser(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per round (num_speculative_tokens)")
     p.add_argument("--method", default="draft_model")
-    p.add_argument("--algorithm", default="auto", choices=("auto", "tli", "slem"),
-                   help="auto (default): slem when greedy, tli when sampling | tli: the draft keeps to "
-                        "the shared tokens | slem: the draft writes freely, its text is re-encoded")
     p.add_argument("--draft-sample-method", default="sample", help="greedy | sample")
     p.add_argument("--draft-context", default="retokenize",
                    help="retokenize (the draft reads its own tokenization) | token-map (vLLM's)")
     p.add_argument("--same-vocab", action="store_true",
                    help="the draft shares the target's vocabulary (use_heterogeneous_vocab off)")
-    p.add_argument("--adaptive-k", action="store_true",
-                   help="choose k (0 = target alone) each round from measured acceptance and speed")
-    p.add_argument("--dtype", default="auto",
-                   help="target: auto (bf16 where the CPU computes it natively, else fp32) | bf16 | fp32 | "
-                        "int8 (weight-only int8 linears: a quantized target)")
-    p.add_argument("--draft-dtype", default="auto",
-                   help="draft: auto (int8 on the CPU: the draft's numbers never change the output) | "
-                        "bf16 | fp32")
+    add_engine_options(p)
     p.add_argument("--allow-download", action="store_true", help="let transformers fetch hub ids")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
+from anyspec.cli import add_engine_options
+
 PROMPTS = [
     "Write a Python function `is_prime(n)` that returns True when n is a prime number.",
     "Write a Python function that returns the reverse of a singly linked list.",
@@ -25,9 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--dtype", default=None, help="target: auto (default), bf16, fp32 or int8 (weight-only)")
-    p.add_argument("--draft-dtype", default=None, help="draft: auto (default: int8 on the CPU), bf16, fp32")
-    p.add_argument("--adaptive-k", action="store_true", help="choose k (0 = target alone) each round")
+    add_engine_options(p, algorithm=False)
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)
 

@@ -373,8 +373,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         pending = next_token
         stats.target_seconds += time.perf_counter() - t0
         if schedule:  # a draft pass that also read the prompt or a long tail is no measure of k
-            schedule.update(k_round, n, draft_time if catch_up <= 3 else None, time.perf_counter() - t0,
-                            proposed=len(proposed))
+            schedule.update(len(draft_ids), n, draft_time if catch_up <= 3 else None,
+                            time.perf_counter() - t0, proposed=len(proposed))
         stats.drafted += len(proposed)
         stats.accepted += n
         stats.accepted_hist[n] += 1

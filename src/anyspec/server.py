@@ -32,6 +32,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from anyspec.cli import add_engine_options
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig, render_prompt
 from anyspec.errors import ConfigError
 from anyspec.scheduler import Job, Metrics, Outcome, QueueFull, Scheduler
@@ -433,16 +434,9 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--no-draft", action="store_true", help="serve the target alone")
     p.add_argument("-k", "--k", type=int, default=4, help="draft tokens per round")
-    p.add_argument("--dtype", default=None,
-                   help="target: auto (default), bf16, fp16, fp32 or int8 (weight-only)")
-    p.add_argument("--draft-dtype", default=None, help="draft: auto (default: int8 on the CPU), bf16, fp32")
-    p.add_argument("--adaptive-k", action="store_true",
-                   help="choose k (0 = target alone) each round from measured acceptance and speed")
+    add_engine_options(p)
     p.add_argument("--draft-sample-method", default="sample", choices=("greedy", "sample"))
     p.add_argument("--draft-context", default="retokenize", choices=("retokenize", "token-map"))
-    p.add_argument("--algorithm", default="auto", choices=("auto", "tli", "slem"),
-                   help="auto (default): slem when greedy, tli when sampling | tli: the draft keeps to "
-                        "the shared tokens | slem: the draft writes freely, its text is re-encoded")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
