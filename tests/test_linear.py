@@ -8,12 +8,22 @@ from test_engine import PROMPTS, noisy_copy, tiny
 from tiny_models import one_thread  # noqa: F401  (autouse fixture)
 from torch import nn
 
-from anyspec.backends.linear import Int8Linear, OneDNNLinear, onednn_available, swap_linears
+from anyspec.backends.linear import (
+    Int8Linear,
+    OneDNNLinear,
+    RowwiseLinear,
+    int8_weights,
+    onednn_available,
+    rowwise_available,
+    swap_linears,
+)
 from anyspec.backends.transformers import TransformersModel, resolve_dtype
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+needs_rowwise = pytest.mark.skipif(not rowwise_available(), reason="anyspec's AVX2 kernel is not built here")
+ROWWISE = [pytest.param("bf16", marks=needs_rowwise), pytest.param("int8", marks=needs_rowwise)]
 
 
 def linear(n_in=96, n_out=200, bias=True, seed=0):
@@ -40,7 +50,34 @@ def test_int8_linear_is_close_to_nn_linear(bias):
     assert not torch.equal(got, want)
 
 
-@pytest.mark.parametrize("kernel", ["int8", pytest.param("onednn", marks=needs_onednn)])
+@needs_rowwise
+@pytest.mark.parametrize("shape", [(96, 200), (37, 11), (1536, 300), (8, 5)])
+@pytest.mark.parametrize("weights", ["bf16", "int8"])
+def test_rowwise_kernel_computes_the_product_of_its_stored_weights(shape, weights):
+    """fp32 accumulation of the bf16 (or int8 x scale) weights, against a float64 product."""
+    n_in, n_out = shape
+    lin = linear(n_in, n_out)
+    x = torch.randn(13, n_in)  # 13 rows: two passes of 6 and a remainder in the kernel
+    got = RowwiseLinear(lin, weights)(x)
+    if weights == "bf16":
+        w = lin.weight.detach().to(torch.bfloat16).double()
+    else:
+        q, scale = int8_weights(lin.weight)
+        w = q.double() * scale.double()[:, None]
+    want = x.double() @ w.T + lin.bias.detach().double()
+    assert got.dtype == torch.float32
+    assert (got.double() - want).abs().max() < 1e-5 * n_in ** 0.5 * want.abs().max()
+
+
+@needs_rowwise
+def test_rowwise_kernel_keeps_the_model_dtype():
+    lin = linear()
+    x = torch.randn(3, 96).to(torch.bfloat16)
+    y = RowwiseLinear(lin, "bf16")(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 200)
+
+
+@pytest.mark.parametrize("kernel", ["int8-torch", pytest.param("onednn", marks=needs_onednn), *ROWWISE])
 def test_rows_do_not_depend_on_how_many_come_together(kernel):
     """Verifying k tokens must score each one as decoding it alone would."""
     module = nn.Sequential(linear(n_in=256, n_out=512))
@@ -49,14 +86,16 @@ def test_rows_do_not_depend_on_how_many_come_together(kernel):
     together = module(x)
     for m in (1, 2, 4, 5, 8):
         alone = torch.cat([module(x[i:i + m]) for i in range(0, 9, m)])
-        if kernel == "int8":
+        if kernel != "onednn":
             assert torch.equal(alone, together), m
         else:
             torch.testing.assert_close(alone, together, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("kernel,cls", [("int8", Int8Linear),
-                                        pytest.param("onednn", OneDNNLinear, marks=needs_onednn)])
+@pytest.mark.parametrize("kernel,cls", [("int8-torch", Int8Linear),
+                                        pytest.param("onednn", OneDNNLinear, marks=needs_onednn),
+                                        pytest.param("bf16", RowwiseLinear, marks=needs_rowwise),
+                                        pytest.param("int8", RowwiseLinear, marks=needs_rowwise)])
 def test_swap_replaces_every_linear_and_keeps_the_model_close(tok_qwen2, kernel, cls):
     model = tiny("qwen2", tok_qwen2, seed=0)
     ids = torch.tensor([tok_qwen2.encode(PROMPTS[0])])
@@ -66,14 +105,15 @@ def test_swap_replaces_every_linear_and_keeps_the_model_close(tok_qwen2, kernel,
     assert not any(type(m) is nn.Linear for m in model.model.modules())
     assert sum(isinstance(m, cls) for m in model.model.modules()) == n_linear
     after = model.model(input_ids=ids).logits
-    tolerance = 1e-4 if kernel == "onednn" else 0.05 * before.abs().max()
+    tolerance = 1e-4 if kernel == "onednn" else 0.05 * before.abs().max()  # bf16 and int8 round weights
     assert (after - before).abs().max() < tolerance
 
 
-def test_int8_target_speculative_greedy_equals_int8_target_alone(tok_qwen2, tok_llama2):
-    """Lossless against the model as loaded: an int8 target with and without a draft."""
+@pytest.mark.parametrize("kernel", ["int8-torch", *ROWWISE])
+def test_quantized_target_speculative_greedy_equals_the_same_target_alone(tok_qwen2, tok_llama2, kernel):
+    """Lossless against the model as loaded: a target on each kernel, with and without a draft."""
     target = tiny("qwen2", tok_qwen2, seed=0)
-    swap_linears(target.model, "int8")
+    swap_linears(target.model, kernel)
     draft = noisy_copy(tiny("qwen2", tok_qwen2, seed=0), 0.3, seed=5)
     swap_linears(draft.model, "int8")
     other_draft = tiny("llama", tok_llama2, seed=1)

@@ -2,14 +2,23 @@
 
 Speculative decoding pays off only when scoring k+1 tokens costs little more than scoring one.
 On CPUs without native bf16 (AVX2 only), MKL's fp32 GEMM behind ``nn.Linear`` grows almost
-linearly with the number of rows at small M; two kernels that torch ships keep it nearly flat:
+linearly with the number of rows at small M, and torch's bf16 matmul is emulated (5 rows cost 4x
+one). These kernels keep it nearly flat:
 
+* ``bf16`` and ``int8`` (``RowwiseLinear``): anyspec's own AVX2 kernel (``csrc/rowwise_linear.cpp``,
+  built once with the system's C++ compiler into the cache). The weights stay bf16 (or int8 with a
+  scale per output channel) in memory and are widened to fp32 in registers; every input row is
+  accumulated in fp32 in a fixed order. Reading the weights once per call is the cost, so 5 rows
+  cost about 1.3x one row for bf16. Used for bf16 models on CPUs without native bf16, and for
+  int8.
 * ``onednn``: fp32 weights prepacked once for oneDNN (``torch.ops.mkldnn``), exactly the model's
   numbers (fp32 rounding differences only). Used for fp32 models on the CPU.
-* ``int8``: weight-only int8 (one symmetric scale per output channel) through
-  ``torch._weight_int8pack_mm``. The inputs are rounded to bf16; the rest of the model stays
-  fp32. A *different model* from the fp32 one (quantized weights), so it is opt-in for a target
-  (``--dtype int8``) and the default for the draft, whose numbers never change the output.
+* ``int8-torch``: the same int8 weights through ``torch._weight_int8pack_mm``, where anyspec's
+  kernel cannot be built; the inputs are rounded to bf16.
+
+int8 (one symmetric scale per output channel, the rest of the model fp32) is a *different model*
+from the fp32 one, so it is opt-in for a target (``--dtype int8``) and the default for the draft,
+whose numbers never change the output.
 
 Both kernels compute every row the same way however many rows come in (checked by the tests),
 so verifying k tokens gives the same logits as decoding them one by one, up to the fp32/bf16
@@ -19,6 +28,8 @@ rounding of the attention.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -48,9 +59,8 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-        self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).to(torch.int8))
+        weight, scale = int8_weights(linear.weight)
+        self.register_buffer("weight_int8", weight)
         self.register_buffer("scale", scale.to(torch.bfloat16))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
 
@@ -62,7 +72,87 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
-KERNELS = {"onednn": OneDNNLinear, "int8": Int8Linear}
+def int8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: ``weight ~= q * scale[:, None]``."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return torch.round(weight / scale[:, None]).to(torch.int8), scale
+
+
+class RowwiseLinear(nn.Module):
+    """``nn.Linear`` on anyspec's AVX2 kernel: bf16 or int8 weights, fp32 accumulation."""
+
+    def __init__(self, linear: nn.Linear, weights: str = "bf16"):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if weights == "bf16":
+            self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).contiguous())
+            self.register_buffer("scale", None)
+        else:
+            weight, scale = int8_weights(linear.weight)
+            self.register_buffer("weight", weight)
+            self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        self.kernel = rowwise_kernel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = self.kernel.linear(rows, self.weight, self.scale, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+KERNELS = {"onednn": OneDNNLinear, "int8-torch": Int8Linear,
+           "bf16": lambda linear: RowwiseLinear(linear, "bf16"),
+           "int8": lambda linear: RowwiseLinear(linear, "int8")}
+_ROWWISE: list = []  # the built extension, or the reason it could not be built
+SOURCE = Path(__file__).parent / "csrc" / "rowwise_linear.cpp"
+
+
+def rowwise_kernel():
+    """anyspec's AVX2 kernel, compiled on first use into ``cache_dir()/kernels`` (about a minute)."""
+    if not _ROWWISE:
+        _ROWWISE.append(_build_rowwise())
+    if isinstance(_ROWWISE[0], str):
+        raise RuntimeError(_ROWWISE[0])
+    return _ROWWISE[0]
+
+
+def _build_rowwise():
+    import hashlib
+
+    from anyspec.fetch import cache_dir
+
+    if not rowwise_possible():
+        return f"turned off with ANYSPEC_KERNELS=0, or no AVX2 ({torch.backends.cpu.get_cpu_capability()})"
+    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    build = cache_dir() / "kernels" / f"rowwise-{tag}"
+    build.mkdir(parents=True, exist_ok=True)
+    if not list(build.glob("*.so")):
+        print("anyspec: compiling its CPU kernel once (about a minute) ...", file=sys.stderr)
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load("anyspec_rowwise", [str(SOURCE)], build_directory=str(build),
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
+    except Exception as exc:  # no compiler, no ninja, ...: say why, the caller picks another kernel
+        reason = f"anyspec's CPU kernel could not be built ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        print(f"anyspec: warning: {reason}", file=sys.stderr)
+        return reason
+
+
+def rowwise_possible() -> bool:
+    """This CPU can run anyspec's AVX2 kernel and it is not turned off (it may still fail to build)."""
+    return (os.environ.get("ANYSPEC_KERNELS", "1") != "0"
+            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AVX512_BF16", "AMX"))
+
+
+def rowwise_available() -> bool:
+    """anyspec's AVX2 kernel is built (or builds now) on this machine; off with ANYSPEC_KERNELS=0."""
+    try:
+        rowwise_kernel()
+    except RuntimeError:
+        return False
+    return True
 
 
 def onednn_available() -> bool:

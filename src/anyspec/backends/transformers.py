@@ -7,11 +7,12 @@ these two calls.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
 
-from anyspec.backends.linear import onednn_available, swap_linears
+from anyspec.backends.linear import onednn_available, rowwise_available, rowwise_possible, swap_linears
 from anyspec.errors import ConfigError
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -40,13 +41,14 @@ def cpu_has_bf16() -> bool:
 def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False) -> str:
     """The dtype's canonical name: ``bf16``, ``fp16``, ``fp32`` or ``int8``.
 
-    ``auto`` (or None) is bf16 where the hardware has it, else fp32; for a *draft* on the CPU it is
-    int8, since the draft's numbers only change how much is accepted, never the output.
+    ``auto`` (or None) is bf16 where the hardware has it or anyspec's AVX2 kernel can run it, else
+    fp32; for a *draft* on the CPU it is int8, since the draft's numbers only change how much is
+    accepted, never the output.
     """
     if dtype is None or dtype == "auto":
         if draft and not torch.cuda.is_available():
             return "int8"
-        return "bf16" if cpu_has_bf16() else "fp32"
+        return "bf16" if cpu_has_bf16() or rowwise_possible() else "fp32"
     if isinstance(dtype, torch.dtype):
         dtype = str(dtype).split(".")[-1]
     if dtype not in DTYPES:
@@ -159,11 +161,27 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device)
     except OSError as exc:
         raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}") from None
-    if device == "cpu" and dtype == "int8":
-        swap_linears(model, "int8")
-    elif device == "cpu" and dtype == "fp32" and onednn_available():
-        swap_linears(model, "onednn")
+    if device == "cpu":
+        swap_cpu_kernels(model, dtype)
     return TransformersModel(model, tokenizer, name=name, dtype=dtype)
+
+
+def swap_cpu_kernels(model, dtype: str) -> str | None:
+    """Put the fastest CPU linear kernel for ``dtype`` into ``model``; returns its name (None: torch's)."""
+    kernel = None
+    if dtype == "int8":
+        kernel = "int8" if rowwise_available() else "int8-torch"
+    elif dtype == "bf16" and not cpu_has_bf16():
+        if rowwise_available():
+            kernel = "bf16"
+        else:
+            print("anyspec: warning: bf16 is emulated on this CPU and anyspec's kernel is unavailable "
+                  "(see above); expect slow multi-token forwards, or use --dtype fp32", file=sys.stderr)
+    elif dtype == "fp32" and onednn_available():
+        kernel = "onednn"
+    if kernel:
+        swap_linears(model, kernel)
+    return kernel
 
 
 def _resolve_builtin(spec: str) -> Path | None:
