@@ -95,6 +95,18 @@ class RowwiseLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
         self.kernel = rowwise_kernel()
 
+    @classmethod
+    def from_parts(cls, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None):
+        """A kernel over stored weights (bf16, or int8 with ``scale``), e.g. several concatenated."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.out_features, module.in_features = weight.shape
+        module.register_buffer("weight", weight)
+        module.register_buffer("scale", scale)
+        module.register_buffer("bias", bias)
+        module.kernel = rowwise_kernel()
+        return module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         y = self.kernel.linear(rows, self.weight, self.scale, self.bias)

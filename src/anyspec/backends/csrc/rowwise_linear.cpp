@@ -11,7 +11,9 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -141,6 +143,118 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
   return y;
 }
 
+// ---- a whole Llama-family decoder stack for a few new tokens (the lean forward's hot loop) ----
+
+using Tensors = std::vector<torch::Tensor>;
+
+const float* ptr_or_null(const torch::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
+
+// y[M, N] = x[M, K] . W^T (+ scale, bias) with W bf16 or int8 as stored by RowwiseLinear.
+void apply(const float* x, int64_t M, const torch::Tensor& w, const torch::Tensor& scale,
+           const torch::Tensor& bias, float* y) {
+  int64_t N = w.size(0), K = w.size(1);
+  const float* sp = ptr_or_null(scale);
+  const float* bp = ptr_or_null(bias);
+  if (w.scalar_type() == torch::kBFloat16)
+    matmul(x, M, reinterpret_cast<const uint16_t*>(w.data_ptr()), N, K, sp, bp, y);
+  else
+    matmul(x, M, w.data_ptr<int8_t>(), N, K, sp, bp, y);
+}
+
+void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* y) {
+  for (int64_t m = 0; m < M; ++m) {
+    double sum = 0;
+    for (int64_t i = 0; i < H; ++i) sum += x[m * H + i] * x[m * H + i];
+    float inv = 1.0f / std::sqrt(static_cast<float>(sum / H) + eps);
+    for (int64_t i = 0; i < H; ++i) y[m * H + i] = x[m * H + i] * inv * weight[i];
+  }
+}
+
+// transformers' rotary layout: the two halves of a head rotate together.
+void rotate(float* v, const float* cos, const float* sin, int64_t D) {
+  int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) {
+    float a = v[d], b = v[d + half];
+    v[d] = a * cos[d] - b * sin[d];
+    v[d + half] = b * cos[d + half] + a * sin[d + half];
+  }
+}
+
+// Each layer: 14 tensors (attn_norm, qkv w/scale/bias, o w/scale/bias, mlp_norm, gate_up w/scale/bias,
+// down w/scale/bias; an empty tensor for a missing scale or bias). x: [M, H] embeddings of the new
+// tokens at positions start..start+M-1; returns the hidden states after the last layer.
+torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Tensors keys, Tensors values,
+                              torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
+                              int64_t head_dim, double eps_d) {
+  x = x.to(torch::kFloat32).contiguous().clone();
+  const int64_t M = x.size(0), H = x.size(1), D = head_dim, end = start + M;
+  const int64_t q_size = heads * D, kv_size = kv_heads * D, group = heads / kv_heads;
+  const float eps = static_cast<float>(eps_d), inv_sqrt = 1.0f / std::sqrt(static_cast<float>(D));
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* xp = x.data_ptr<float>();
+  std::vector<float> h(M * H), qkv(M * (q_size + 2 * kv_size)), attn(M * q_size), out(M * H);
+  for (size_t l = 0; l < keys.size(); ++l) {
+    const torch::Tensor* t = &layers[14 * l];
+    float* kc = keys[l].data_ptr<float>();
+    float* vc = values[l].data_ptr<float>();
+    const int64_t cap = keys[l].size(1);
+    rms_norm(xp, M, H, t[0].data_ptr<float>(), eps, h.data());
+    apply(h.data(), M, t[1], t[2], t[3], qkv.data());
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = qkv.data() + m * (q_size + 2 * kv_size);
+      for (int64_t hd = 0; hd < heads; ++hd) rotate(row + hd * D, cp + m * D, sp + m * D, D);
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        float* k = row + q_size + g * D;
+        rotate(k, cp + m * D, sp + m * D, D);
+        std::memcpy(kc + (g * cap + start + m) * D, k, D * sizeof(float));
+        std::memcpy(vc + (g * cap + start + m) * D, row + q_size + kv_size + g * D, D * sizeof(float));
+      }
+    }
+    at::parallel_for(0, heads * M, 1, [&](int64_t begin, int64_t stop) {
+      std::vector<float> score(end);
+      for (int64_t task = begin; task < stop; ++task) {
+        int64_t hd = task / M, m = task % M, g = hd / group, len = start + m + 1;
+        const float* q = qkv.data() + m * (q_size + 2 * kv_size) + hd * D;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < len; ++j) {
+          const float* k = kc + (g * cap + j) * D;
+          float s = 0;
+          for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+          score[j] = s * inv_sqrt;
+          top = std::max(top, score[j]);
+        }
+        float total = 0;
+        for (int64_t j = 0; j < len; ++j) total += (score[j] = std::exp(score[j] - top));
+        float* o = attn.data() + m * q_size + hd * D;
+        std::fill(o, o + D, 0.0f);
+        for (int64_t j = 0; j < len; ++j) {
+          const float* v = vc + (g * cap + j) * D;
+          float p = score[j] / total;
+          for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
+        }
+      }
+    });
+    apply(attn.data(), M, t[4], t[5], t[6], out.data());
+    for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
+    rms_norm(xp, M, H, t[7].data_ptr<float>(), eps, h.data());
+    const int64_t inter = t[8].size(0) / 2;
+    std::vector<float> gate_up(M * 2 * inter), act(M * inter);
+    apply(h.data(), M, t[8], t[9], t[10], gate_up.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i = 0; i < inter; ++i) {
+        float g = gate_up[m * 2 * inter + i], u = gate_up[m * 2 * inter + inter + i];
+        act[m * inter + i] = g / (1.0f + std::exp(-g)) * u;
+      }
+    apply(act.data(), M, t[11], t[12], t[13], out.data());
+    for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
+  }
+  return x;
+}
+
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("linear", &linear, "few-row linear, AVX2"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "few-row linear, AVX2");
+  m.def("decoder_forward", &decoder_forward, "a Llama-family decoder stack for a few new tokens");
+}

@@ -1,0 +1,112 @@
+"""The lean forward for Llama-family int8 models (backends/lean.py and its C++ decoder stack)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import PROMPTS, noisy_copy, tiny
+from test_linear import needs_rowwise
+from tiny_models import one_thread, save_tiny_model  # noqa: F401  (autouse fixture)
+
+from anyspec.backends.lean import LeanModel, lean_unsupported
+from anyspec.backends.linear import swap_linears
+from anyspec.backends.transformers import TransformersModel, load_model
+from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+
+
+def pair(arch, tokenizer, kernel=None, seed=0):
+    """The same network twice: through transformers, and through the lean forward."""
+    reference = tiny(arch, tokenizer, seed=seed)
+    if kernel:
+        swap_linears(reference.model, kernel)
+    return reference, LeanModel(reference.model, tokenizer)
+
+
+def ids_of(tokenizer, n=300):
+    ids = []
+    while len(ids) < n:
+        ids += tokenizer.encode(" ".join(PROMPTS))
+    return ids[:n]
+
+
+@pytest.mark.parametrize("kernel", [None, pytest.param("int8", marks=needs_rowwise)])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_forward_equals_transformers(tok_qwen2, arch, kernel):
+    reference, lean = pair(arch, tok_qwen2, kernel)
+    assert (lean.native is not None) == (kernel == "int8")  # int8: the C++ stack; fp32: Python
+    ids = ids_of(tok_qwen2)
+    # a prompt, one token, then past the 256 positions allocated at first (the cache grows)
+    chunks = [ids[:7], ids[7:8], ids[8:300]]
+    want = torch.cat([reference.extend(c) for c in chunks])
+    got = torch.cat([lean.extend(c) for c in chunks])
+    assert got.shape == want.shape == (300, reference.vocab_size)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert lean.cached_ids == ids
+
+
+@needs_rowwise
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_rows_do_not_depend_on_how_many_come_together(tok_qwen2, arch):
+    """Verification scores k+1 tokens at once; each must equal decoding it alone, bit for bit."""
+    _, lean = pair(arch, tok_qwen2, "int8")
+    ids = ids_of(tok_qwen2, 40)
+    lean.extend(ids[:30])
+    together = lean.extend(ids[30:40])
+    lean.crop(30)
+    alone = torch.cat([lean.extend([i]) for i in ids[30:40]])
+    assert torch.equal(together, alone)
+
+
+@pytest.mark.parametrize("kernel", [None, pytest.param("int8", marks=needs_rowwise)])
+def test_lean_crop_forgets_and_last_keeps_the_final_rows(tok_qwen2, kernel):
+    reference, lean = pair("llama", tok_qwen2, kernel)
+    ids = ids_of(tok_qwen2, 30)
+    for model in (reference, lean):
+        model.extend(ids[:20])
+        model.crop(12)
+    want = reference.extend(ids[20:26])
+    got = lean.extend(ids[20:26], last=2)
+    assert lean.cached_ids == ids[:12] + ids[20:26]
+    torch.testing.assert_close(got, want[-2:], rtol=1e-4, atol=1e-4)
+    lean.reset()
+    fresh = lean.extend(ids[:12] + ids[20:26])
+    torch.testing.assert_close(fresh[-2:], got, rtol=1e-5, atol=1e-5)
+
+
+def test_lean_says_why_a_model_is_unsupported(tok_qwen2, monkeypatch):
+    model = tiny("llama", tok_qwen2, seed=0).model
+    assert lean_unsupported(model) is None
+    monkeypatch.setenv("ANYSPEC_LEAN", "0")
+    assert "ANYSPEC_LEAN=0" in lean_unsupported(model)
+    monkeypatch.delenv("ANYSPEC_LEAN")
+    model.config.hidden_act = "gelu"
+    assert "activation gelu" in lean_unsupported(model)
+    model.config.hidden_act = "silu"
+    model.config.model_type = "gemma3_text"
+    assert "architecture gemma3_text" in lean_unsupported(model)
+
+
+@needs_rowwise
+def test_load_model_runs_int8_llama_models_lean(tok_llama2, tmp_path):
+    folder = save_tiny_model(tok_llama2, tmp_path / "m", arch="llama")
+    assert type(load_model(str(folder), dtype="int8")) is LeanModel
+    assert type(load_model(str(folder), dtype="fp32")) is TransformersModel
+
+
+@needs_rowwise
+def test_speculation_with_lean_int8_models_equals_the_target_alone(tok_qwen2, tok_llama2):
+    """Lossless against the target as loaded: a lean int8 target, a lean int8 draft of another vocabulary."""
+    _, target = pair("qwen2", tok_qwen2, "int8")
+    close = noisy_copy(tiny("qwen2", tok_qwen2, seed=0), 0.3, seed=5)
+    swap_linears(close.model, "int8")
+    _, other = pair("llama", tok_llama2, "int8", seed=1)
+    params = SamplingParams(temperature=0.0, max_new_tokens=24)
+    accepted = 0
+    for draft in (LeanModel(close.model, tok_qwen2), other):
+        for algorithm in ("tli", "slem"):
+            spec = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=4, algorithm=algorithm))
+            for prompt in PROMPTS[:3]:
+                result = spec.generate(prompt, params)
+                assert result.token_ids == Engine(target, None).generate(prompt, params).token_ids
+                accepted += result.stats.accepted
+    assert accepted > 0
