@@ -1,4 +1,6 @@
 import json
+import os
+import sys
 
 import pytest
 
@@ -99,3 +101,203 @@ def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
     assert all(r["drafted"] for r in runs if r["method"].startswith("anyspec"))
     table = bench.markdown(result)
     assert "| all | anyspec-greedy |" in table and "(target)" in table and "(hf-target)" in table
+
+
+# ---- vLLM: in-process, or in a subprocess of another python (--vllm-python) ---------------------------
+# Real vLLM cannot run in this venv (it needs other torch/transformers versions), so these tests
+# put a fake ``vllm`` package on the path: the real runner script and protocol run around it.
+
+FAKE_VLLM = '''
+import json, os, sys
+__version__ = "0.0-fake"
+print("fake vllm: noise on stdout at import")  # must not reach the bench's protocol
+if os.environ.get("FAKE_VLLM_BROKEN"):
+    raise ImportError("fake vllm is broken")
+LOADED = []
+
+class Metric:
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+class SamplingParams:
+    def __init__(self, temperature=1.0, max_tokens=16):
+        self.temperature, self.max_tokens = temperature, max_tokens
+
+class _Completion:
+    def __init__(self, ids, text):
+        self.token_ids, self.text = ids, text
+
+class _Output:
+    def __init__(self, ids, text):
+        self.outputs = [_Completion(ids, text)]
+
+class LLM:
+    def __init__(self, model, **kw):
+        self.kw = dict(kw, model=model)
+        self.drafted = self.accepted = 0
+        LOADED.append(self)
+
+    def generate(self, prompts, params, use_tqdm=True):
+        print("fake vllm: noise on stdout while generating")
+        assert params.temperature == 0.0
+        ids = prompts[0]["prompt_token_ids"]
+        if ids == [666]:
+            sys.stderr.write("fake vllm: boom, the engine died\\n")
+            sys.stderr.flush()
+            os._exit(7)
+        if self.kw["speculative_config"]:
+            self.drafted += 8
+            self.accepted += 3
+        new = [ids[-1] + i + 1 for i in range(params.max_tokens)]
+        return [_Output(new, json.dumps({k: self.kw[k] for k in ("model", "dtype", "speculative_config")}))]
+
+    def get_metrics(self):
+        return [Metric("vllm:spec_decode_num_draft_tokens", self.drafted),
+                Metric("vllm:spec_decode_num_accepted_tokens", self.accepted)]
+'''
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    """A fake ``vllm`` for subprocesses of this python (PYTHONPATH); the path to put it in-process."""
+    root = tmp_path / "fake_site"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    return root
+
+
+def test_vllm_subprocess_protocol(fake_vllm):
+    proc = bench.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 3, max_model_len=1024)
+    try:
+        assert proc.info["vllm"] == "0.0-fake" and proc.info["python"] == sys.executable
+        for prompt in ([1, 2, 3], [10, 20]):  # one model, several prompts, one at a time
+            out = proc.generate(prompt, 4)
+            assert out["ids"] == [prompt[-1] + 1, prompt[-1] + 2, prompt[-1] + 3, prompt[-1] + 4]
+            assert out["seconds"] > 0
+            assert (out["drafted"], out["accepted"]) == (8, 3)  # this prompt's counts, not the totals
+        sent = json.loads(out["text"])
+        assert sent == {"model": "/models/t", "dtype": "float32",
+                        "speculative_config": {"method": "draft_model", "model": "/models/d",
+                                               "num_speculative_tokens": 3, "use_heterogeneous_vocab": True}}
+    finally:
+        proc.close()
+    assert proc.proc.poll() == 0 and not os.path.exists(proc.log.name)
+
+
+def test_vllm_subprocess_target_alone(fake_vllm):
+    proc = bench.VllmProcess(sys.executable, "/models/t", None, "bfloat16", 4)
+    try:
+        out = proc.generate([5], 2)
+        assert out["ids"] == [6, 7] and out["drafted"] is None and out["accepted"] is None
+        assert json.loads(out["text"])["speculative_config"] is None
+    finally:
+        proc.close()
+
+
+def test_vllm_subprocess_death_reports_stderr_tail(fake_vllm):
+    proc = bench.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 4)
+    with pytest.raises(bench.VllmUnavailable) as err:
+        proc.generate([666], 4)
+    msg = str(err.value)
+    assert "exited with code 7" in msg and "boom, the engine died" in msg and "\n" not in msg
+    assert os.path.exists(proc.log.name)  # named in the message, so kept
+    os.unlink(proc.log.name)
+
+
+def test_vllm_python_without_vllm_is_one_line(fake_vllm, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_BROKEN", "1")
+    msg = "^vllm does not import with .*fake vllm is broken.*skipped$"
+    with pytest.raises(bench.VllmUnavailable, match=msg):
+        bench.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 4)
+
+
+def test_missing_vllm_python_is_a_note(tmp_path):
+    methods, notes = bench.available(["target", "vllm", "vllm-target"], tmp_path / "no" / "python")
+    assert methods == ["target"]
+    assert set(notes) == {"vllm", "vllm-target"}
+    assert "does not exist" in notes["vllm"] and "\n" not in notes["vllm"]
+    with pytest.raises(bench.VllmUnavailable, match="cannot start"):
+        bench.VllmProcess(tmp_path / "no" / "python", "/models/t", None, "float32", 4)
+
+
+def test_vllm_python_option_defaults_to_env(monkeypatch):
+    import argparse
+
+    monkeypatch.setenv("ANYSPEC_VLLM_PYTHON", "/opt/vllm/bin/python")
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["bench"])
+    assert args.vllm_python == "/opt/vllm/bin/python"
+    assert "vllm-target" not in args.methods and "vllm" in args.methods
+    assert parser.parse_args(["bench", "--vllm-python", "x"]).vllm_python == "x"
+
+
+def test_vllm_speedups_in_summary():
+    runs = [run("target", "a", 10, 2.0), run("vllm-target", "a", 10, 1.0, identical=True),
+            run("vllm", "a", 10, 4.0, drafted=8, accepted=2, identical=True)]
+    rows = {r["method"]: r for r in bench.summarize(runs) if r["set"] == "all"}
+    assert rows["vllm"]["speedup"] == 0.5 and rows["vllm"]["speedup_vs_vllm-target"] == 0.25
+    assert rows["vllm"]["acceptance"] == 0.25 and rows["vllm-target"]["speedup"] == 2.0
+    info = {"vllm": "0.32.0", "python": "/v/bin/python", "dtype": "float32", "speculative": True,
+            "enforce_eager": True,
+            "cpus": "1", "mapping": "anyspec plugin"}
+    table = bench.markdown({"config": {"target": "t", "draft": "d", "dtype": "float32", "k": 4,
+                                       "max_new_tokens": 8, "threads": 2, "temperature": 0.7,
+                                       "vllm": {"vllm": info}},
+                            "notes": {}, "runs": runs, "summary": bench.summarize(runs)})
+    assert "| all | vllm | 10 | 2.50 | 0.50x (target), 0.25x (vllm-target) | 0.25 | 1/1 | - |" in table
+    assert ("- vllm: vLLM 0.32.0 (/v/bin/python, target and draft in float32, eager, cores 1, "
+            "vocab mapping: anyspec plugin)") in table
+
+
+@pytest.mark.parametrize("where", ["subprocess", "in-process"])
+def test_run_bench_with_vllm(where, tmp_path, tok_qwen2, tok_smollm2, fake_vllm, monkeypatch):
+    from tiny_models import CHATML, save_tiny_model
+
+    if where == "in-process":
+        monkeypatch.syspath_prepend(str(fake_vllm))
+        monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
+    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]})
+                                 for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
+    methods = ["target", "vllm-target", "vllm"]
+    try:
+        result = bench.run_bench(str(target), str(draft), [prompts], methods, max_new_tokens=5, k=3,
+                                 dtype="fp32", log=lambda s: None,
+                                 vllm_python=sys.executable if where == "subprocess" else None)
+    finally:
+        if where == "in-process":
+            sys.modules.pop("vllm", None)
+    assert result["notes"] == {}
+    assert set(result["config"]["vllm"]) == {"vllm", "vllm-target"}
+    runs = result["runs"]
+    assert sorted(r["method"] for r in runs) == sorted(methods * 2)
+    orders = {p: [r["method"] for r in sorted((r for r in runs if r["prompt"] == p),
+                                              key=lambda r: r["order"])] for p in ("p0", "p1")}
+    assert orders["p0"] != orders["p1"]  # the vLLM methods rotate with the others
+    for r in (r for r in runs if r["method"].startswith("vllm")):
+        assert len(r["ids"]) == 5 and r["seconds"] > 0
+        assert r["identical"] is False and r["diff_pos"] == 0  # the fake's ids are not the target's
+        assert (r["drafted"], r["accepted"]) == ((8, 3) if r["method"] == "vllm" else (None, None))
+    rows = {r["method"]: r for r in result["summary"] if r["set"] == "all"}
+    assert rows["vllm"]["acceptance"] == 0.375 and rows["vllm"]["speedup"] is not None
+    assert "speedup_vs_vllm-target" in rows["vllm"]
+
+
+def test_run_bench_vllm_dies_midway_is_a_note(tmp_path, tok_qwen2, tok_smollm2, fake_vllm, monkeypatch):
+    from tiny_models import CHATML, save_tiny_model
+
+    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
+    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "prompt": "hello"}) + "\n")
+    real = bench._prompt_ids
+    monkeypatch.setattr(bench, "_prompt_ids", lambda tok, p: [666] if p == "hello" else real(tok, p))
+    result = bench.run_bench(str(target), str(draft), [prompts], ["target", "vllm"], max_new_tokens=4,
+                             dtype="fp32", log=lambda s: None, vllm_python=sys.executable)
+    assert [r["method"] for r in result["runs"]] == ["target"]
+    assert "exited with code 7" in result["notes"]["vllm"] and "boom" in result["notes"]["vllm"]
+    os.unlink(result["notes"]["vllm"].split("full log: ")[1].split(")")[0])
