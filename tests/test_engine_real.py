@@ -40,3 +40,21 @@ def test_greedy_equals_target_only_on_the_default_pair(pair, algorithm):
     assert spec.token_ids == alone.token_ids
     assert spec.text == alone.text and len(spec.token_ids) > 0
     assert spec.stats.accepted > 0  # a real draft agrees with a real target some of the time
+
+
+def test_verifying_five_tokens_scores_each_as_decoding_it_alone(pair):
+    """Row invariance on the real target: bit for bit in bf16 (anyspec's kernel, eager attention)."""
+    import torch
+
+    target, _ = pair
+    ids = target.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fib")
+    target.reset()
+    target.extend(ids[:-5])
+    together = target.extend(ids[-5:])
+    target.crop(len(ids) - 5)
+    alone = torch.cat([target.extend([i]) for i in ids[-5:]])
+    target.reset()
+    if target.dtype == "bf16":
+        assert torch.equal(together, alone)
+    else:  # fp32 with oneDNN: equal up to fp32 rounding
+        torch.testing.assert_close(together, alone, rtol=0, atol=1e-3)

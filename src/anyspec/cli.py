@@ -17,11 +17,11 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
     p.add_argument("--adaptive-k", action="store_true",
                    help="choose k (0 = target alone) each round from measured acceptance and speed")
     p.add_argument("--dtype", default="auto",
-                   help="target: auto (bf16 where the hardware computes it natively, else fp32) | bf16 | "
-                        "fp16 | fp32 | int8 (weight-only int8 linears: a quantized target)")
+                   help="target: auto (bf16: natively, or on anyspec's AVX2 kernel; fp32 where neither "
+                        "runs) | bf16 | fp16 | fp32 | int8 (weight-only int8 linears: a quantized target)")
     p.add_argument("--draft-dtype", default="auto",
-                   help="draft: auto (int8 on the CPU: the draft's numbers never change the output) | "
-                        "bf16 | fp16 | fp32")
+                   help="draft: auto (int8 on the CPU, with anyspec's lean forward for Llama-family "
+                        "models: the draft's numbers never change the output) | bf16 | fp16 | fp32")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -143,6 +143,11 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
     if dtype == "int8" and device != "cpu":
         raise ConfigError("dtype int8 (weight-only int8 linears) runs on the CPU only; use bf16 on a GPU")
     kwargs = dict(dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    if device == "cpu" and dtype == "bf16":
+        # torch's CPU flash attention rounds a query row differently when it comes with others
+        # (0.16 logits apart in Qwen2.5-1.5B); eager attention scores each row alike, as verifying
+        # k+1 tokens against one-by-one decoding needs
+        kwargs["attn_implementation"] = "eager"
     if path.is_dir() and not (path / "config.json").is_file():
         path = sorted(path.glob("*.gguf"))[0]
     try:
