@@ -43,7 +43,7 @@ def test_greedy_equals_target_only_on_the_default_pair(pair, algorithm):
 
 
 def test_verifying_five_tokens_scores_each_as_decoding_it_alone(pair):
-    """Row invariance on the real target: bit for bit in bf16 (anyspec's kernel, eager attention)."""
+    """Row invariance on the real target: bit for bit in bf16 (anyspec's kernel and attention)."""
     import torch
 
     target, _ = pair

@@ -14,6 +14,7 @@ from anyspec.backends.linear import (
     RowwiseLinear,
     int8_weights,
     onednn_available,
+    rowwise_attention,
     rowwise_available,
     swap_linears,
 )
@@ -143,3 +144,25 @@ def test_resolve_dtype_names_and_draft_default():
 def test_model_reports_its_dtype(tok_qwen2):
     model = tiny("qwen2", tok_qwen2, seed=0)
     assert TransformersModel(model.model, tok_qwen2).dtype == "fp32"
+
+
+@needs_rowwise
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rowwise_attention_equals_causal_attention_and_keeps_rows_apart(dtype):
+    """Grouped-query causal attention with a cache: close to torch's; row m alone equals row m in a block."""
+    torch.manual_seed(0)
+    heads, kv_heads, past, m, d = 4, 2, 9, 5, 16
+    module = nn.Module()
+    q = torch.randn(1, heads, m, d).to(dtype)
+    k = torch.randn(1, kv_heads, past + m, d).to(dtype)
+    v = torch.randn(1, kv_heads, past + m, d).to(dtype)
+    got, _ = rowwise_attention(module, q, k, v, None, scaling=d ** -0.5)
+    assert got.shape == (1, m, heads, d) and got.dtype == dtype
+    mask = torch.ones(m, past + m, dtype=torch.bool).tril(diagonal=past)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-2)
+    for row in range(m):  # the same row with only the keys before it, as one-by-one decoding sees it
+        alone, _ = rowwise_attention(module, q[:, :, row:row + 1], k[:, :, :past + row + 1],
+                                     v[:, :, :past + row + 1], None, scaling=d ** -0.5)
+        assert torch.equal(alone[0, 0], got[0, row])

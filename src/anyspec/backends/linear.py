@@ -152,6 +152,24 @@ def _build_rowwise():
         return reason
 
 
+def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention interface on anyspec's kernel: fp32, each query row computed alone.
+
+    torch's CPU attention in bf16 (flash or eager matmuls) rounds a query row differently when
+    other rows come with it, which flips near-ties between verification and one-by-one decoding.
+    Batch size 1 and plain causal masks only (anyspec's engine); anything else goes to sdpa.
+    """
+    from transformers import AttentionInterface
+
+    if query.shape[0] != 1 or kwargs.get("sliding_window") or dropout:
+        return AttentionInterface()["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
+                                            dropout=dropout, **kwargs)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    out = rowwise_kernel().attention(query[0], key[0], value[0], scaling)
+    return out[None].to(query.dtype), None
+
+
 def rowwise_possible() -> bool:
     """This CPU can run anyspec's AVX2 kernel and it is not turned off (it may still fail to build)."""
     return (os.environ.get("ANYSPEC_KERNELS", "1") != "0"

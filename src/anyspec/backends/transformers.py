@@ -143,11 +143,10 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
     if dtype == "int8" and device != "cpu":
         raise ConfigError("dtype int8 (weight-only int8 linears) runs on the CPU only; use bf16 on a GPU")
     kwargs = dict(dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
-    if device == "cpu" and dtype == "bf16":
-        # torch's CPU flash attention rounds a query row differently when it comes with others
-        # (0.16 logits apart in Qwen2.5-1.5B); eager attention scores each row alike, as verifying
-        # k+1 tokens against one-by-one decoding needs
-        kwargs["attn_implementation"] = "eager"
+    if device == "cpu" and dtype == "bf16" and not cpu_has_bf16() and rowwise_available():
+        # torch's bf16 CPU attention rounds a query row differently when it comes with others (0.16
+        # logits apart in Qwen2.5-1.5B, enough to flip a tie); anyspec's scores each row alone
+        kwargs["attn_implementation"] = register_rowwise_attention()
     if path.is_dir() and not (path / "config.json").is_file():
         path = sorted(path.glob("*.gguf"))[0]
     try:
@@ -172,6 +171,15 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
         if lean_unsupported(model) is None:  # int8 models only: their numbers are anyspec's anyway
             return LeanModel(model, tokenizer, name=name, dtype=dtype)
     return TransformersModel(model, tokenizer, name=name, dtype=dtype)
+
+
+def register_rowwise_attention() -> str:
+    from transformers import AttentionInterface
+
+    from anyspec.backends.linear import rowwise_attention
+
+    AttentionInterface.register("anyspec_rowwise", rowwise_attention)
+    return "anyspec_rowwise"
 
 
 def swap_cpu_kernels(model, dtype: str) -> str | None:

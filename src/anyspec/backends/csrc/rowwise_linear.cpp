@@ -180,6 +180,52 @@ void rotate(float* v, const float* cos, const float* sin, int64_t D) {
   }
 }
 
+// Causal attention for M query rows at positions start..start+M-1 over a cache of keys and values
+// [kv_heads, cap, D]; query row m, head h at q + m * q_stride + h * D; out is [M, heads * D]. Each
+// (row, head) is computed alone in a fixed order, so a row's result never depends on M.
+void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int64_t kv_heads, int64_t D,
+            const float* kc, const float* vc, int64_t cap, int64_t start, float scaling, float* out) {
+  const int64_t group = heads / kv_heads;
+  at::parallel_for(0, heads * M, 1, [&](int64_t begin, int64_t stop) {
+    std::vector<float> score(start + M);
+    for (int64_t task = begin; task < stop; ++task) {
+      int64_t hd = task / M, m = task % M, g = hd / group, len = start + m + 1;
+      const float* q = q_all + m * q_stride + hd * D;
+      float top = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        const float* k = kc + (g * cap + j) * D;
+        float s = 0;
+        for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+        score[j] = s * scaling;
+        top = std::max(top, score[j]);
+      }
+      float total = 0;
+      for (int64_t j = 0; j < len; ++j) total += (score[j] = std::exp(score[j] - top));
+      float* o = out + m * heads * D + hd * D;
+      std::fill(o, o + D, 0.0f);
+      for (int64_t j = 0; j < len; ++j) {
+        const float* v = vc + (g * cap + j) * D;
+        float p = score[j] / total;
+        for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
+      }
+    }
+  });
+}
+
+// transformers' attention interface: query [heads, M, D], key/value [kv_heads, L, D] with the new
+// rows last; returns [M, heads, D] in fp32.
+torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, double scaling) {
+  auto q = query.to(torch::kFloat32).transpose(0, 1).contiguous();
+  auto k = key.to(torch::kFloat32).contiguous();
+  auto v = value.to(torch::kFloat32).contiguous();
+  const int64_t M = q.size(0), heads = q.size(1), D = q.size(2), kv_heads = k.size(0), L = k.size(1);
+  TORCH_CHECK(L >= M && heads % kv_heads == 0 && k.size(2) == D, "attention: shape mismatch");
+  auto out = torch::empty({M, heads, D}, q.options());
+  attend(q.data_ptr<float>(), heads * D, M, heads, kv_heads, D, k.data_ptr<float>(), v.data_ptr<float>(), L,
+         L - M, static_cast<float>(scaling), out.data_ptr<float>());
+  return out;
+}
+
 // Each layer: 14 tensors (attn_norm, qkv w/scale/bias, o w/scale/bias, mlp_norm, gate_up w/scale/bias,
 // down w/scale/bias; an empty tensor for a missing scale or bias). x: [M, H] embeddings of the new
 // tokens at positions start..start+M-1; returns the hidden states after the last layer.
@@ -187,8 +233,8 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
                               torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
                               int64_t head_dim, double eps_d) {
   x = x.to(torch::kFloat32).contiguous().clone();
-  const int64_t M = x.size(0), H = x.size(1), D = head_dim, end = start + M;
-  const int64_t q_size = heads * D, kv_size = kv_heads * D, group = heads / kv_heads;
+  const int64_t M = x.size(0), H = x.size(1), D = head_dim;
+  const int64_t q_size = heads * D, kv_size = kv_heads * D;
   const float eps = static_cast<float>(eps_d), inv_sqrt = 1.0f / std::sqrt(static_cast<float>(D));
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
@@ -211,30 +257,8 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
         std::memcpy(vc + (g * cap + start + m) * D, row + q_size + kv_size + g * D, D * sizeof(float));
       }
     }
-    at::parallel_for(0, heads * M, 1, [&](int64_t begin, int64_t stop) {
-      std::vector<float> score(end);
-      for (int64_t task = begin; task < stop; ++task) {
-        int64_t hd = task / M, m = task % M, g = hd / group, len = start + m + 1;
-        const float* q = qkv.data() + m * (q_size + 2 * kv_size) + hd * D;
-        float top = -INFINITY;
-        for (int64_t j = 0; j < len; ++j) {
-          const float* k = kc + (g * cap + j) * D;
-          float s = 0;
-          for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-          score[j] = s * inv_sqrt;
-          top = std::max(top, score[j]);
-        }
-        float total = 0;
-        for (int64_t j = 0; j < len; ++j) total += (score[j] = std::exp(score[j] - top));
-        float* o = attn.data() + m * q_size + hd * D;
-        std::fill(o, o + D, 0.0f);
-        for (int64_t j = 0; j < len; ++j) {
-          const float* v = vc + (g * cap + j) * D;
-          float p = score[j] / total;
-          for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
-        }
-      }
-    });
+    attend(qkv.data(), q_size + 2 * kv_size, M, heads, kv_heads, D, kc, vc, cap, start, inv_sqrt,
+           attn.data());
     apply(attn.data(), M, t[4], t[5], t[6], out.data());
     for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
     rms_norm(xp, M, H, t[7].data_ptr<float>(), eps, h.data());
@@ -256,5 +280,6 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "few-row linear, AVX2");
+  m.def("attention", &attention, "causal attention, each query row alone");
   m.def("decoder_forward", &decoder_forward, "a Llama-family decoder stack for a few new tokens");
 }
