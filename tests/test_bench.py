@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from anyspec import bench
+from anyspec import bench, bench_vllm
 from anyspec.errors import ConfigError
 
 
@@ -168,7 +168,7 @@ def fake_vllm(tmp_path, monkeypatch):
 
 
 def test_vllm_subprocess_protocol(fake_vllm):
-    proc = bench.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 3, max_model_len=1024)
+    proc = bench_vllm.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 3, max_model_len=1024)
     try:
         assert proc.info["vllm"] == "0.0-fake" and proc.info["python"] == sys.executable
         for prompt in ([1, 2, 3], [10, 20]):  # one model, several prompts, one at a time
@@ -186,7 +186,7 @@ def test_vllm_subprocess_protocol(fake_vllm):
 
 
 def test_vllm_subprocess_target_alone(fake_vllm):
-    proc = bench.VllmProcess(sys.executable, "/models/t", None, "bfloat16", 4)
+    proc = bench_vllm.VllmProcess(sys.executable, "/models/t", None, "bfloat16", 4)
     try:
         out = proc.generate([5], 2)
         assert out["ids"] == [6, 7] and out["drafted"] is None and out["accepted"] is None
@@ -196,8 +196,8 @@ def test_vllm_subprocess_target_alone(fake_vllm):
 
 
 def test_vllm_subprocess_death_reports_stderr_tail(fake_vllm):
-    proc = bench.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 4)
-    with pytest.raises(bench.VllmUnavailable) as err:
+    proc = bench_vllm.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 4)
+    with pytest.raises(bench_vllm.VllmUnavailable) as err:
         proc.generate([666], 4)
     msg = str(err.value)
     assert "exited with code 7" in msg and "boom, the engine died" in msg and "\n" not in msg
@@ -208,8 +208,8 @@ def test_vllm_subprocess_death_reports_stderr_tail(fake_vllm):
 def test_vllm_python_without_vllm_is_one_line(fake_vllm, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_BROKEN", "1")
     msg = "^vllm does not import with .*fake vllm is broken.*skipped$"
-    with pytest.raises(bench.VllmUnavailable, match=msg):
-        bench.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 4)
+    with pytest.raises(bench_vllm.VllmUnavailable, match=msg):
+        bench_vllm.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 4)
 
 
 def test_missing_vllm_python_is_a_note(tmp_path):
@@ -217,8 +217,8 @@ def test_missing_vllm_python_is_a_note(tmp_path):
     assert methods == ["target"]
     assert set(notes) == {"vllm", "vllm-target"}
     assert "does not exist" in notes["vllm"] and "\n" not in notes["vllm"]
-    with pytest.raises(bench.VllmUnavailable, match="cannot start"):
-        bench.VllmProcess(tmp_path / "no" / "python", "/models/t", None, "float32", 4)
+    with pytest.raises(bench_vllm.VllmUnavailable, match="cannot start"):
+        bench_vllm.VllmProcess(tmp_path / "no" / "python", "/models/t", None, "float32", 4)
 
 
 def test_vllm_python_option_defaults_to_env(monkeypatch):

