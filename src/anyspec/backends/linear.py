@@ -134,8 +134,10 @@ def _build_rowwise():
 
     from anyspec.fetch import cache_dir
 
+    if os.environ.get("ANYSPEC_KERNELS", "1") == "0":
+        return "turned off with ANYSPEC_KERNELS=0"
     if not rowwise_possible():
-        return f"turned off with ANYSPEC_KERNELS=0, or no AVX2 ({torch.backends.cpu.get_cpu_capability()})"
+        return f"this CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
     tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
     build = cache_dir() / "kernels" / f"rowwise-{tag}"
     build.mkdir(parents=True, exist_ok=True)
@@ -176,13 +178,18 @@ def rowwise_possible() -> bool:
             and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AVX512_BF16", "AMX"))
 
 
-def rowwise_available() -> bool:
-    """anyspec's AVX2 kernel is built (or builds now) on this machine; off with ANYSPEC_KERNELS=0."""
+def rowwise_problem() -> str | None:
+    """Why anyspec's AVX2 kernel cannot run here (None: it is built, or builds now)."""
     try:
         rowwise_kernel()
-    except RuntimeError:
-        return False
-    return True
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+def rowwise_available() -> bool:
+    """anyspec's AVX2 kernel is built (or builds now) on this machine; off with ANYSPEC_KERNELS=0."""
+    return rowwise_problem() is None
 
 
 def onednn_available() -> bool:

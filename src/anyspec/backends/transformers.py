@@ -12,7 +12,13 @@ from pathlib import Path
 
 import torch
 
-from anyspec.backends.linear import onednn_available, rowwise_available, rowwise_possible, swap_linears
+from anyspec.backends.linear import (
+    onednn_available,
+    rowwise_available,
+    rowwise_possible,
+    rowwise_problem,
+    swap_linears,
+)
 from anyspec.errors import ConfigError
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -188,11 +194,12 @@ def swap_cpu_kernels(model, dtype: str) -> str | None:
     if dtype == "int8":
         kernel = "int8" if rowwise_available() else "int8-torch"
     elif dtype == "bf16" and not cpu_has_bf16():
-        if rowwise_available():
+        problem = rowwise_problem()
+        if problem is None:
             kernel = "bf16"
         else:
-            print("anyspec: warning: bf16 is emulated on this CPU and anyspec's kernel is unavailable "
-                  "(see above); expect slow multi-token forwards, or use --dtype fp32", file=sys.stderr)
+            print(f"anyspec: warning: bf16 is emulated on this CPU and anyspec's kernel is unavailable "
+                  f"({problem}); expect slow multi-token forwards, or use --dtype fp32", file=sys.stderr)
     elif dtype == "fp32" and onednn_available():
         kernel = "onednn"
     if kernel:
