@@ -20,9 +20,10 @@ int8 (one symmetric scale per output channel, the rest of the model fp32) is a *
 from the fp32 one, so it is opt-in for a target (``--dtype int8``) and the default for the draft,
 whose numbers never change the output.
 
-Both kernels compute every row the same way however many rows come in (checked by the tests),
-so verifying k tokens gives the same logits as decoding them one by one, up to the fp32/bf16
-rounding of the attention.
+Every kernel computes a row the same way however many rows come in (tested), so verifying k
+tokens gives the logits of decoding them one by one: bit for bit for the row-wise kernel (with
+``rowwise_attention`` in place of torch's bf16 attention, which is not), up to fp32 rounding for
+oneDNN.
 """
 
 from __future__ import annotations
