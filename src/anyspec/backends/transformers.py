@@ -149,9 +149,10 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
     if dtype == "int8" and device != "cpu":
         raise ConfigError("dtype int8 (weight-only int8 linears) runs on the CPU only; use bf16 on a GPU")
     kwargs = dict(dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
-    if device == "cpu" and dtype == "bf16" and not cpu_has_bf16() and rowwise_available():
+    if device == "cpu" and dtype == "bf16" and rowwise_available():
         # torch's bf16 CPU attention rounds a query row differently when it comes with others (0.16
-        # logits apart in Qwen2.5-1.5B, enough to flip a tie); anyspec's scores each row alone
+        # logits apart in Qwen2.5-1.5B, enough to flip a tie); anyspec's scores each row alone. Also
+        # on CPUs with native bf16, whose attention was not measured for this
         kwargs["attn_implementation"] = register_rowwise_attention()
     if path.is_dir() and not (path / "config.json").is_file():
         path = sorted(path.glob("*.gguf"))[0]
