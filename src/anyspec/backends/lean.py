@@ -1,15 +1,19 @@
 """A lean forward pass for Llama-family decoders (llama, qwen2, mistral), used for int8 models.
 
 A draft token of SmolLM2-135M is 30 layers of small matrix products, and transformers' per-layer
-Python (cache objects, masks, hooks, dtype casts) cost more than the products themselves: 30 ms
-of a 30 ms forward on a 2-core CPU, against about 10 ms here. This is the same computation,
-written out once:
+Python (cache objects, masks, hooks, dtype casts) cost more than the products themselves: a
+forward took 26-37 ms through transformers on a 2-core CPU with the same kernel, against 10-12 ms
+here. This is the same computation, written out once:
 
 * q/k/v and gate/up are one matrix product each (the rows of the swapped-in kernels are
   concatenated, scales included, so the numbers are those of the separate products);
 * the KV cache is one preallocated tensor per layer, grown by doubling; ``crop`` only forgets
   positions, and the next ``extend`` writes over them;
 * norms, rotary embeddings and attention run in fp32.
+
+With anyspec's row-wise kernel in every product (int8 models) the whole stack is one C++ call
+(``decoder_forward`` in ``csrc/rowwise_linear.cpp``); otherwise ``extend`` runs the same steps in
+Python below, the readable reference that the tests compare with transformers.
 
 The numbers differ from transformers' in rounding only. For a draft that changes nothing but the
 acceptance; an int8 target runs this same forward alone and in speculation, so speculation stays
