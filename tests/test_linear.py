@@ -166,3 +166,31 @@ def test_rowwise_attention_equals_causal_attention_and_keeps_rows_apart(dtype):
         alone, _ = rowwise_attention(module, q[:, :, row:row + 1], k[:, :, :past + row + 1],
                                      v[:, :, :past + row + 1], None, scaling=d ** -0.5)
         assert torch.equal(alone[0, 0], got[0, row])
+
+
+def test_rowwise_kernel_says_why_it_is_off(monkeypatch):
+    """No silent fallback: the reason reaches the user's warning (transformers.swap_cpu_kernels)."""
+    from anyspec.backends import linear as module
+
+    monkeypatch.setenv("ANYSPEC_KERNELS", "0")
+    assert module._build_rowwise() == "turned off with ANYSPEC_KERNELS=0"
+    monkeypatch.setattr(module, "_ROWWISE", [module._build_rowwise()])
+    assert module.rowwise_problem() == "turned off with ANYSPEC_KERNELS=0"
+    assert not module.rowwise_available()
+    with pytest.raises(RuntimeError, match="ANYSPEC_KERNELS=0"):
+        module.rowwise_kernel()
+
+
+def test_bf16_without_the_kernel_warns_with_the_reason(monkeypatch, capsys, tok_llama2, tmp_path):
+    from tiny_models import save_tiny_model
+
+    from anyspec.backends import linear as module
+    from anyspec.backends import transformers as backend
+
+    folder = save_tiny_model(tok_llama2, tmp_path / "m", arch="llama")
+    monkeypatch.setattr(module, "_ROWWISE", ["turned off with ANYSPEC_KERNELS=0"])
+    monkeypatch.setattr(backend, "cpu_has_bf16", lambda: False)
+    model = backend.load_model(str(folder), dtype="bf16")
+    assert not any(isinstance(m, RowwiseLinear) for m in model.model.modules())
+    err = capsys.readouterr().err
+    assert "bf16 is emulated" in err and "(turned off with ANYSPEC_KERNELS=0)" in err
