@@ -85,28 +85,26 @@ class RowwiseLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, weights: str = "bf16"):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         if weights == "bf16":
-            self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).contiguous())
-            self.register_buffer("scale", None)
+            weight, scale = linear.weight.detach().to(torch.bfloat16).contiguous(), None
         else:
             weight, scale = int8_weights(linear.weight)
-            self.register_buffer("weight", weight)
-            self.register_buffer("scale", scale)
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
-        self.kernel = rowwise_kernel()
+        self._store(weight, scale, None if linear.bias is None else linear.bias.detach().float())
 
     @classmethod
     def from_parts(cls, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None):
         """A kernel over stored weights (bf16, or int8 with ``scale``), e.g. several concatenated."""
         module = cls.__new__(cls)
         nn.Module.__init__(module)
-        module.out_features, module.in_features = weight.shape
-        module.register_buffer("weight", weight)
-        module.register_buffer("scale", scale)
-        module.register_buffer("bias", bias)
-        module.kernel = rowwise_kernel()
+        module._store(weight, scale, bias)
         return module
+
+    def _store(self, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+        self.kernel = rowwise_kernel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -162,9 +160,9 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     other rows come with it, which flips near-ties between verification and one-by-one decoding.
     Batch size 1 and plain causal masks only (anyspec's engine); anything else goes to sdpa.
     """
-    from transformers import AttentionInterface
-
     if query.shape[0] != 1 or kwargs.get("sliding_window") or dropout:
+        from transformers import AttentionInterface
+
         return AttentionInterface()["sdpa"](module, query, key, value, attention_mask, scaling=scaling,
                                             dropout=dropout, **kwargs)
     if scaling is None:

@@ -239,7 +239,9 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   float* xp = x.data_ptr<float>();
+  const int64_t inter = layers[8].size(0) / 2;  // the same in every layer
   std::vector<float> h(M * H), qkv(M * (q_size + 2 * kv_size)), attn(M * q_size), out(M * H);
+  std::vector<float> gate_up(M * 2 * inter), act(M * inter);
   for (size_t l = 0; l < keys.size(); ++l) {
     const torch::Tensor* t = &layers[14 * l];
     float* kc = keys[l].data_ptr<float>();
@@ -262,8 +264,6 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
     apply(attn.data(), M, t[4], t[5], t[6], out.data());
     for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
     rms_norm(xp, M, H, t[7].data_ptr<float>(), eps, h.data());
-    const int64_t inter = t[8].size(0) / 2;
-    std::vector<float> gate_up(M * 2 * inter), act(M * inter);
     apply(h.data(), M, t[8], t[9], t[10], gate_up.data());
     for (int64_t m = 0; m < M; ++m)
       for (int64_t i = 0; i < inter; ++i) {
