@@ -31,7 +31,10 @@ def main() -> None:
     ap.add_argument("--ks", nargs="+", type=int, default=[2, 3, 4, 6])
     ap.add_argument("--algorithms", nargs="+", default=["slem", "tli"])
     ap.add_argument("--adaptive", action="store_true", help="also each configuration with adaptive k")
+    ap.add_argument("--confidences", nargs="+", type=float, default=[0.0],
+                    help="draft_confidence thresholds to try (0 = off)")
     ap.add_argument("--limit", type=int, default=2, help="prompts per set")
+    ap.add_argument("--sets", nargs="+", default=["code", "prose"])
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
@@ -44,15 +47,18 @@ def main() -> None:
     for algorithm in args.algorithms:
         for k in args.ks:
             for adaptive in ([False, True] if args.adaptive else [False]):
-                name = f"{algorithm} k={k}" + (" adaptive" if adaptive else "")
-                configs[name] = SpeculativeConfig(num_speculative_tokens=k, algorithm=algorithm,
-                                                  draft_sample_method="greedy", adaptive_k=adaptive)
+                for conf in args.confidences:
+                    name = (f"{algorithm} k={k}" + (" adaptive" if adaptive else "")
+                            + (f" conf={conf:g}" if conf else ""))
+                    configs[name] = SpeculativeConfig(num_speculative_tokens=k, algorithm=algorithm,
+                                                      draft_sample_method="greedy", adaptive_k=adaptive,
+                                                      draft_confidence=conf)
     engines = {name: Engine(target, None if c is None else draft, c) for name, c in configs.items()}
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     for engine in engines.values():
         engine.generate("Hello", SamplingParams(max_new_tokens=4))
 
-    prompts = [p for f in ("code", "prose") for p in load_prompts(PROMPTS_DIR / f"{f}.jsonl")[: args.limit]]
+    prompts = [p for f in args.sets for p in load_prompts(PROMPTS_DIR / f"{f}.jsonl")[: args.limit]]
     names = list(engines)
     runs = []
     for i, p in enumerate(prompts):
@@ -70,7 +76,7 @@ def main() -> None:
     rows = []
     for name in names:
         row = {"config": name}
-        for s in ("code", "prose"):
+        for s in args.sets:
             mine = [r for r in runs if r["config"] == name and r["set"] == s]
             base = [r for r in runs if r["config"] == "target" and r["set"] == s]
             tps = sum(r["tokens"] for r in mine) / sum(r["seconds"] for r in mine)

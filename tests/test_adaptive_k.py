@@ -87,3 +87,50 @@ def test_engine_with_adaptive_k_is_still_lossless(tok_qwen2, tok_llama2, algorit
         rounds, drafted = rounds + result.stats.rounds, drafted + result.stats.drafted
     # random weights accept almost nothing: the schedule must have stopped drafting k=4 every round
     assert drafted < 4 * rounds
+
+
+def test_confidence_is_the_drafts_probability_of_its_token():
+    import torch
+
+    from anyspec.algorithms.adaptive_k import confidence
+
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    probs = torch.softmax(logits, -1)
+    assert confidence(logits, 1, None) == pytest.approx(float(probs[1]))
+    mask = torch.tensor([False, True, True, False])  # TLI: only the intersection counts
+    inside = torch.softmax(logits[1:3], -1)
+    assert confidence(logits, 1, None, mask) == pytest.approx(float(inside[0]))
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])  # a sampled draft: the q it drew from
+    assert confidence(logits, 3, q) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("bad", [1.0, -0.1, True, "0.5"])
+def test_draft_confidence_must_be_a_probability(bad):
+    from anyspec.engine import SpeculativeConfig
+    from anyspec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="draft_confidence"):
+        SpeculativeConfig(draft_confidence=bad)
+
+
+@pytest.mark.parametrize("algorithm", ["tli", "slem"])
+def test_engine_with_a_confidence_stop_is_still_lossless_and_drafts_less(tok_qwen2, tok_llama2, algorithm):
+    from test_engine import PROMPTS, tiny
+
+    from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+
+    target, draft = tiny("qwen2", tok_qwen2, seed=0), tiny("llama", tok_llama2, seed=1)
+    alone = Engine(target, None)
+    params = SamplingParams(temperature=0.0, max_new_tokens=30)
+    drafted = {}
+    for threshold in (0.0, 0.999):
+        config = SpeculativeConfig(num_speculative_tokens=4, draft_sample_method="greedy",
+                                   algorithm=algorithm, draft_confidence=threshold)
+        spec = Engine(target, draft, config)
+        drafted[threshold] = 0
+        for prompt in PROMPTS[:3]:
+            result = spec.generate(prompt, params)
+            assert result.token_ids == alone.generate(prompt, params).token_ids
+            drafted[threshold] += result.stats.drafted
+    # a random draft is never that sure of itself: every round stops after its first token
+    assert drafted[0.999] < drafted[0.0]

@@ -16,7 +16,9 @@ from anyspec.backends.transformers import TransformersModel
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
 
-TLI = functools.partial(SpeculativeConfig, algorithm="tli")  # this file tests TLI; SLEM has test_slem.py
+# This file tests TLI (SLEM has test_slem.py), with every round drafting all k tokens: random drafts
+# are unsure of everything, so the default confidence stop would end most rounds after one token.
+TLI = functools.partial(SpeculativeConfig, algorithm="tli", draft_confidence=0.0)
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n",

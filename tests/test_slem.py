@@ -9,6 +9,7 @@ rounds accept something) and logit tables (so that exact distributions are known
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 import pytest
@@ -23,6 +24,9 @@ from anyspec.draft_context import ANCHOR, DraftContext, append_retokenize
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
 from anyspec.tokenbytes import token_bytes_table
+
+# Every round drafts all k tokens here (the default confidence stop would cut random drafts short).
+SLEM = functools.partial(SpeculativeConfig, algorithm="slem", draft_confidence=0.0)
 
 # A Qwen2 draft has no UNK token; only the token-map context would ever use it.
 pytestmark = pytest.mark.filterwarnings("ignore:the draft tokenizer has no unk token")
@@ -108,7 +112,7 @@ class TextOracleDraft(TokenListCache):
         rows = []
         for end in range(len(self.cached_ids) - n + 1, len(self.cached_ids) + 1):
             row = torch.zeros(self.vocab_size)
-            row[self.choose(b"".join(self.table[i] for i in self.cached_ids[:end]))] = 10.0
+            row[self.choose(b"".join(self.table[i] for i in self.cached_ids[:end]))] = 30.0  # sure of it
             rows.append(row)
         return torch.stack(rows)
 
@@ -145,7 +149,7 @@ def test_greedy_equals_target_only_with_a_draft_that_knows_the_text(tokenizers, 
         prompt_bytes = b"".join(draft_table[i] for i in draft_tok.encode(prompt))
         draft = TextOracleDraft(draft_tok, prompt_bytes + b"".join(target_table[t] for t in want.token_ids)
                                 + b" and more text after the end")
-        engine = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=k, algorithm="slem"))
+        engine = Engine(target, draft, SLEM(num_speculative_tokens=k))
         calls = record_inputs(target)
         try:
             got = engine.generate(prompt, greedy(max_new_tokens=40))
@@ -176,7 +180,7 @@ def test_greedy_equals_target_only_with_a_random_draft(tokenizers, targets, base
                                                        target_name):
     target = targets(target_name)
     draft = tiny(ARCH[draft_name], tokenizers(draft_name), seed=k)
-    engine = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=k, algorithm="slem"))
+    engine = Engine(target, draft, SLEM(num_speculative_tokens=k))
     for prompt in (PROMPTS[k - 1], PROMPTS[k + 1]):
         got = engine.generate(prompt, greedy())
         assert got.token_ids == baseline(target, prompt, 16).token_ids, prompt
@@ -196,7 +200,7 @@ def test_a_draft_that_writes_eos_stops_drafting_for_the_round(tokenizers, target
         return logits
 
     draft.extend = eos_first
-    got = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=4, algorithm="slem")).generate(
+    got = Engine(target, draft, SLEM(num_speculative_tokens=4)).generate(
         PROMPTS[0], greedy())
     assert got.token_ids == baseline(target, PROMPTS[0], 16).token_ids
     assert len(calls) <= got.stats.rounds  # one catch-up forward per round at most, none after the EOS
@@ -206,7 +210,7 @@ def test_a_draft_that_writes_eos_stops_drafting_for_the_round(tokenizers, target
 def test_same_vocabulary_draft_decodes_exactly(targets, baseline):
     target = targets("qwen2")
     draft = noisy_copy(target, scale=0.0, seed=0)
-    engine = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=4, algorithm="slem",
+    engine = Engine(target, draft, SLEM(num_speculative_tokens=4,
                                                      use_heterogeneous_vocab=False))
     got = engine.generate(PROMPTS[0], greedy(max_new_tokens=24))
     assert got.token_ids == baseline(target, PROMPTS[0], 24).token_ids
@@ -224,7 +228,7 @@ def test_slem_config_without_a_draft_is_the_target_alone(targets, baseline):
 def test_sampling_is_seeded_and_stats_add_up(targets, tokenizers):
     target = targets("qwen2")
     engine = Engine(target, tiny("llama", tokenizers("smollm2"), seed=4),
-                    SpeculativeConfig(num_speculative_tokens=4, algorithm="slem"))
+                    SLEM(num_speculative_tokens=4))
     params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=20, seed=11)
     a, b = engine.generate(PROMPTS[0], params), engine.generate(PROMPTS[0], params)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 20
@@ -484,7 +488,7 @@ def engine_samples(tok_llama2, tok_smollm2, n: int, settings: dict, seed: int):
     context = torch.tensor(DRAFT_AS_TARGET + [len(TARGET_TOKENS)])
     imitation = target.table[context][:, context][:, :, DRAFT_AS_TARGET]
     draft.table = imitation + 0.5 * torch.randn(imitation.shape, generator=torch.Generator().manual_seed(1))
-    engine = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=3, algorithm="slem"))
+    engine = Engine(target, draft, SLEM(num_speculative_tokens=3))
     counts = torch.zeros(len(TARGET_TOKENS) ** 2)
     multi = 0
     for i in range(n):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from anyspec.algorithms import tli
+from anyspec.algorithms.adaptive_k import confidence
 from anyspec.algorithms.sampling import logits_to_probs
 
 VT, VD = 8, 8
@@ -41,22 +42,32 @@ def tables(seed=0):
     return target, draft
 
 
-def sample_tokens(target_tab, draft_tab, k, settings, generator, n_tokens=2, wrong_residual=False):
-    """Run TLI rounds from context [0] until ``n_tokens`` are committed; return them (target ids)."""
+def sample_tokens(target_tab, draft_tab, k, settings, generator, n_tokens=2, wrong_residual=False,
+                  early_stops=None):
+    """Run TLI rounds from context [0] until ``n_tokens`` are committed; return them (target ids).
+
+    ``settings["stop_below"]`` ends a round's draft after a token the draft gives less probability
+    (the engine's ``draft_confidence``); ``early_stops`` (a list) then collects one entry per stop.
+    """
     mask = DRAFT_TO_TARGET >= 0
     inter_d, inter_t = tli.intersection_ids(DRAFT_TO_TARGET, mask)
     out, last = [], 0
     while len(out) < n_tokens:
         proposed, qs, prev = [], [], last
-        for _ in range(k):
+        for i in range(k):
             d, q = tli.propose(draft_tab[prev], mask, settings["temperature"], settings["top_k"],
                                settings["top_p"], generator)
+            sure = confidence(draft_tab[prev], d, q, mask)
             if q is None or settings.get("greedy_draft"):
                 q = torch.zeros(VD)
                 q[d] = 1.0
             prev = int(DRAFT_TO_TARGET[d])
             proposed.append(prev)
             qs.append(tli.to_target_space(q, inter_d, inter_t, VT))
+            if i + 1 < k and sure < settings.get("stop_below", 0.0):
+                if early_stops is not None:
+                    early_stops.append(i + 1)
+                break
         ctx = [last] + proposed
         p = tli.target_probs(target_tab[torch.tensor(ctx)], settings["temperature"], settings["top_k"],
                              settings["top_p"])
@@ -80,6 +91,7 @@ SETTINGS = {
     "plain": dict(temperature=1.0, top_k=0, top_p=1.0),
     "temp-topk-topp": dict(temperature=0.7, top_k=5, top_p=0.9),
     "greedy-draft": dict(temperature=1.3, top_k=0, top_p=1.0, greedy_draft=True),
+    "confidence-stop": dict(temperature=1.0, top_k=0, top_p=1.0, stop_below=0.35),
 }
 
 
@@ -92,14 +104,19 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_joint_distribution_of_two_tokens_matches_target():
-    settings = SETTINGS["plain"]
+@pytest.mark.parametrize("name", ["plain", "confidence-stop"])
+def test_joint_distribution_of_two_tokens_matches_target(name):
+    settings = SETTINGS[name]
     target_tab, draft_tab = tables()
     generator = torch.Generator().manual_seed(1234)
     counts = torch.zeros(VT * VT)
+    stops = []
     for i in range(N):
-        a, b = sample_tokens(target_tab, draft_tab, k=1 + i % 4, settings=settings, generator=generator)
+        a, b = sample_tokens(target_tab, draft_tab, k=1 + i % 4, settings=settings, generator=generator,
+                             early_stops=stops)
         counts[a * VT + b] += 1
+    if "stop_below" in settings:  # the stop really cut drafts short, at several lengths
+        assert len(stops) > N // 10 and len(set(stops)) >= 2
     joint = exact_joint(target_tab, settings)
     assert chi_square_pvalue(counts, joint) > 1e-3
     marginal = joint.reshape(VT, VT).sum(1)

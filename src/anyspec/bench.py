@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from anyspec import defaults
 from anyspec.bench_vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
 from anyspec.cli import add_engine_options
 from anyspec.errors import ConfigError
@@ -78,7 +79,7 @@ def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True, algorithm:
     if key not in ctx:
         config = SpeculativeConfig(num_speculative_tokens=ctx["k"], algorithm=algorithm,
                                    draft_sample_method="sample" if sampled else "greedy",
-                                   adaptive_k=ctx["adaptive_k"])
+                                   **ctx["engine_options"])
         ctx[key] = Engine(ctx["target"], ctx["draft"] if draft else None, config)
     params = SamplingParams(temperature=ctx["temperature"] if sampled else 0.0,
                             max_new_tokens=ctx["max_new_tokens"], seed=ctx["seed"] if sampled else None)
@@ -171,14 +172,18 @@ def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
 # ---- the run -------------------------------------------------------------------------------------
 
 def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[str], max_new_tokens: int = 64,
-              k: int = 4, dtype: str | None = None, temperature: float = 0.7, seed: int = 0,
+              k: int = defaults.NUM_SPECULATIVE_TOKENS, dtype: str | None = None, temperature: float = 0.7,
+              seed: int = 0,
               threads: int | None = None, limit: int | None = None, hf_assistant: str = "default",
               draft_dtype: str | None = None, adaptive_k: bool = False, vllm_python: str | Path | None = None,
-              log=print) -> dict:
+              log=print, draft_confidence: float = defaults.DRAFT_CONFIDENCE) -> dict:
     import torch
 
     from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
+    from anyspec.engine import SpeculativeConfig
 
+    engine_options = {"adaptive_k": adaptive_k, "draft_confidence": draft_confidence}
+    SpeculativeConfig(**engine_options)  # bad values fail here, before any model loads
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
@@ -197,7 +202,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
     from anyspec.models import MODELS, resolve_model
 
     ctx = {"target": tgt, "draft": drf, "k": k, "temperature": temperature, "seed": seed,
-           "adaptive_k": adaptive_k, "hf_assistant": hf_assistant,
+           "engine_options": engine_options, "hf_assistant": hf_assistant,
            "max_new_tokens": max_new_tokens, "eos": tgt.eos_ids(),
            "dtype_name": dtype, "draft_dtype": draft_dtype, "threads": threads, "vllm_python": vllm_python,
            "target_path": resolve_model(target) if target in MODELS else target,
@@ -211,7 +216,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
     finally:
         close_all(ctx)
     return {"config": {"target": target, "draft": draft, "dtype": dtype, "draft_dtype": draft_dtype, "k": k,
-                       "adaptive_k": adaptive_k,
+                       **engine_options,
                        "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -372,7 +377,7 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS,
                    help="default: all but vllm-target (a second vLLM instance)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=defaults.NUM_SPECULATIVE_TOKENS)
     add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
     p.add_argument("--seed", type=int, default=0)
@@ -397,7 +402,8 @@ def run(args) -> int:
     result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
                        args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
                        args.limit, args.hf_assistant, args.draft_dtype, args.adaptive_k, args.vllm_python,
-                       log=lambda s: print(s, file=sys.stderr, flush=True))
+                       log=lambda s: print(s, file=sys.stderr, flush=True),
+                       draft_confidence=args.draft_confidence)
     table = markdown(result)
     print(table)
     if args.json:

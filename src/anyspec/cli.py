@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from anyspec import defaults
 from anyspec.errors import AnyspecError
 
 
@@ -16,12 +17,20 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
                             "the shared tokens | slem: the draft writes freely, its text is re-encoded")
     p.add_argument("--adaptive-k", action="store_true",
                    help="choose k (0 = target alone) each round from measured acceptance and speed")
+    p.add_argument("--draft-confidence", type=float, default=defaults.DRAFT_CONFIDENCE, metavar="P",
+                   help="end a round's draft after a token the draft gives probability below P "
+                        "(0 = always draft k; default: %(default)s)")
     p.add_argument("--dtype", default="auto",
                    help="target: auto (bf16: natively, or on anyspec's AVX2 kernel; fp32 where neither "
                         "runs) | bf16 | fp16 | fp32 | int8 (weight-only int8 linears: a quantized target)")
     p.add_argument("--draft-dtype", default="auto",
                    help="draft: auto (int8 on the CPU, with anyspec's lean forward for Llama-family "
                         "models: the draft's numbers never change the output) | bf16 | fp16 | fp32")
+
+
+def engine_options(args) -> dict:
+    """``SpeculativeConfig`` keyword arguments from ``add_engine_options``' flags."""
+    return {"adaptive_k": args.adaptive_k, "draft_confidence": args.draft_confidence}
 
 
 def build_parser() -> argparse.ArgumentParser:

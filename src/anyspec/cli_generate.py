@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from anyspec.cli import add_engine_options
+from anyspec import defaults
+from anyspec.cli import add_engine_options, engine_options
 from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -33,7 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per round (num_speculative_tokens)")
+    p.add_argument("--k", type=int, default=defaults.NUM_SPECULATIVE_TOKENS,
+                   help="draft tokens per round, at most (num_speculative_tokens)")
     p.add_argument("--method", default="draft_model")
     p.add_argument("--draft-sample-method", default="sample", help="greedy | sample")
     p.add_argument("--draft-context", default="retokenize",
@@ -53,7 +55,7 @@ def run(args) -> int:
     config = SpeculativeConfig(method=args.method, num_speculative_tokens=args.k,
                                use_heterogeneous_vocab=not args.same_vocab,
                                draft_sample_method=args.draft_sample_method, algorithm=args.algorithm,
-                               draft_context=args.draft_context, adaptive_k=args.adaptive_k)
+                               draft_context=args.draft_context, **engine_options(args))
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt

@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
-from anyspec.cli import add_engine_options
+from anyspec import defaults
+from anyspec.cli import add_engine_options, engine_options
 
 PROMPTS = [
     "Write a Python function `is_prime(n)` that returns True when n is a prime number.",
@@ -26,7 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=defaults.NUM_SPECULATIVE_TOKENS)
     add_engine_options(p, algorithm=False)
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)
@@ -39,8 +40,8 @@ def run(args) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
-    config = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens, adaptive_k=args.adaptive_k,
-                               draft_sample_method="greedy")
+    config = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens,
+                               draft_sample_method="greedy", **engine_options(args))
     check_model_path(args.target)
     check_model_path(args.draft)
     dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype, draft=True)

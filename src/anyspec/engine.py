@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from anyspec import defaults
 from anyspec.algorithms import slem, tli
-from anyspec.algorithms.adaptive_k import AdaptiveK
+from anyspec.algorithms.adaptive_k import AdaptiveK, confidence
 from anyspec.draft_context import (
     ANCHOR,
     DraftContext,
@@ -41,12 +42,14 @@ DRAFT_CONTEXTS = ("retokenize", "token-map")
 @dataclass
 class SpeculativeConfig:
     method: str = "draft_model"
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = defaults.NUM_SPECULATIVE_TOKENS
     use_heterogeneous_vocab: bool = True
     draft_sample_method: str = "sample"
     algorithm: str = "auto"
     draft_context: str = "retokenize"
     adaptive_k: bool = False  # per round, k in 0..num_speculative_tokens from measured speed
+    draft_confidence: float = defaults.DRAFT_CONFIDENCE  # end a round's draft after a token the draft
+    #                                                      gives less probability (0 = off)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -63,6 +66,10 @@ class SpeculativeConfig:
         if self.draft_context not in DRAFT_CONTEXTS:
             raise ConfigError(f"unknown draft_context {self.draft_context!r}; "
                               f"use one of {', '.join(DRAFT_CONTEXTS)}")
+        if isinstance(self.draft_confidence, bool) or not isinstance(self.draft_confidence, (int, float)) \
+                or not 0 <= self.draft_confidence < 1:
+            raise ConfigError(f"draft_confidence must be a probability in [0, 1) (0 = off), got "
+                              f"{self.draft_confidence!r}")
         if self.algorithm == "slem" and self.draft_context != "retokenize":
             raise ConfigError("algorithm='slem' needs draft_context='retokenize' (the draft writes its own "
                               "tokens, so it must read its own tokenization)")
@@ -298,6 +305,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     if proposer is not None:
         stats.algorithm = "slem" if use_slem else "tli"
     schedule = AdaptiveK(k) if proposer is not None and engine.config.adaptive_k else None
+    stop_below = engine.config.draft_confidence
     t_start = time.perf_counter()
 
     # Prompt: the target's tokens; the draft's own tokenization of the same text.
@@ -347,6 +355,9 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                 qs.append(d if q is None else q)
                 if use_slem and not proposer.token_bytes[d]:
                     break  # EOS or another special token ends the draft's text (slem.draft_bytes)
+                if stop_below and i + 1 < k_round and confidence(
+                        logits, d, q, None if use_slem else proposer.intersection_mask) < stop_below:
+                    break  # the draft doubts this token: the next ones are unlikely to be accepted
                 if i + 1 < k_round:
                     logits = draft.extend([d])[-1]
         if use_slem:

@@ -32,7 +32,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from anyspec.cli import add_engine_options
+from anyspec import defaults
+from anyspec.cli import add_engine_options, engine_options
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig, render_prompt
 from anyspec.errors import ConfigError
 from anyspec.scheduler import Job, Metrics, Outcome, QueueFull, Scheduler
@@ -433,7 +434,8 @@ def add_parser(sub) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="built-in name, model folder or GGUF file")
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--no-draft", action="store_true", help="serve the target alone")
-    p.add_argument("-k", "--k", type=int, default=4, help="draft tokens per round")
+    p.add_argument("-k", "--k", type=int, default=defaults.NUM_SPECULATIVE_TOKENS,
+                   help="draft tokens per round, at most")
     add_engine_options(p)
     p.add_argument("--draft-sample-method", default="sample", choices=("greedy", "sample"))
     p.add_argument("--draft-context", default="retokenize", choices=("retokenize", "token-map"))
@@ -457,7 +459,7 @@ def check_args(args) -> tuple[Settings, SpeculativeConfig]:
 
     config = SpeculativeConfig(num_speculative_tokens=args.k, draft_sample_method=args.draft_sample_method,
                                draft_context=args.draft_context, algorithm=args.algorithm,
-                               adaptive_k=args.adaptive_k)
+                               **engine_options(args))
     resolve_dtype(args.dtype)
     resolve_dtype(args.draft_dtype, draft=True)
     for spec in [args.target] + ([] if args.no_draft else [args.draft]):

@@ -14,13 +14,32 @@ draft still gets one round every ``explore_every`` rounds so that the estimate o
 
 The choice of k never depends on the current round's draws, so the output is exactly as lossless
 as with a fixed k: greedy output is identical and sampled tokens follow the target's distribution.
+
+Within a round, ``draft_confidence`` ends the draft early: after a token to which the draft itself
+gives a probability below the threshold (``confidence``), the tokens after it would rarely be
+accepted, and each one still costs a draft forward and a row of the verify pass. The stop depends
+only on the draft's own numbers (and its own random draws when sampling), never on the target's,
+so it is as lossless as any other choice of k.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 DECAY = 0.9  # per round: older rounds count less (acceptance drifts with the text)
+
+
+def confidence(draft_logits: torch.Tensor, token: int, q: torch.Tensor | None = None,
+               intersection_mask: torch.Tensor | None = None) -> float:
+    """The draft's probability of the token it proposed: ``q[token]`` when it sampled from q,
+    else the softmax of its logits (confined to ``intersection_mask`` for TLI)."""
+    if q is not None:
+        return float(q[token])
+    if intersection_mask is not None:
+        draft_logits = draft_logits.masked_fill(~intersection_mask, float("-inf"))
+    return float(torch.softmax(draft_logits.float(), dim=-1)[token])
 
 
 def expected_tokens(a: float, k: int) -> float:

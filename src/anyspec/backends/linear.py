@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-PREPACK_ROWS = 5  # oneDNN picks its weight layout for this many rows: k+1 at the default k=4
+PREPACK_ROWS = 5  # oneDNN picks its weight layout for this many rows: k+1 at k=4
 
 
 class OneDNNLinear(nn.Module):
