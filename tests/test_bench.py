@@ -301,3 +301,25 @@ def test_run_bench_vllm_dies_midway_is_a_note(tmp_path, tok_qwen2, tok_smollm2, 
     assert [r["method"] for r in result["runs"]] == ["target"]
     assert "exited with code 7" in result["notes"]["vllm"] and "boom" in result["notes"]["vllm"]
     os.unlink(result["notes"]["vllm"].split("full log: ")[1].split(")")[0])
+
+
+def test_repeat_runs_every_prompt_again_in_its_next_rotation(tmp_path, tok_qwen2, tok_smollm2):
+    from tiny_models import CHATML, save_tiny_model
+
+    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
+    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "p0", "messages": [{"role": "user", "content": "Hi."}]}) + "\n")
+    result = bench.run_bench(str(target), str(draft), [prompts], ["target", "anyspec-slem"], max_new_tokens=4,
+                             dtype="fp32", log=lambda s: None, repeat=3)
+    runs = result["runs"]
+    assert sorted((r["repeat"], r["method"]) for r in runs) == [
+        (i, m) for i in range(3) for m in ("anyspec-slem", "target")]
+    firsts = [next(r["method"] for r in runs if r["repeat"] == i and r["order"] == 0) for i in range(3)]
+    assert firsts == ["target", "anyspec-slem", "target"]  # the rotation moves on at each repeat
+    assert all(r["identical"] for r in runs if r["method"] == "anyspec-slem")
+    row = next(r for r in result["summary"] if r["set"] == "all" and r["method"] == "target")
+    assert row["prompts"] == 3 and result["config"]["repeat"] == 3
+    assert "3 runs of each" in bench.markdown(result)
+    with pytest.raises(ConfigError, match="--repeat"):
+        bench.run_bench(str(target), str(draft), [prompts], ["target"], repeat=0)

@@ -176,7 +176,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
               seed: int = 0,
               threads: int | None = None, limit: int | None = None, hf_assistant: str = "default",
               draft_dtype: str | None = None, adaptive_k: bool = False, vllm_python: str | Path | None = None,
-              log=print, draft_confidence: float = defaults.DRAFT_CONFIDENCE) -> dict:
+              log=print, draft_confidence: float = defaults.DRAFT_CONFIDENCE, repeat: int = 1) -> dict:
     import torch
 
     from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
@@ -184,6 +184,8 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
 
     engine_options = {"adaptive_k": adaptive_k, "draft_confidence": draft_confidence}
     SpeculativeConfig(**engine_options)  # bad values fail here, before any model loads
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise ConfigError(f"--repeat must be an integer >= 1, got {repeat!r}")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
@@ -212,11 +214,11 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
         ctx["vllm_max_model_len"] = vllm_max_model_len(
             [len(_prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], max_new_tokens, k)
     try:
-        runs = _run_all(ctx, prompts, methods, notes, log)
+        runs = _run_all(ctx, prompts * repeat, methods, notes, log)
     finally:
         close_all(ctx)
     return {"config": {"target": target, "draft": draft, "dtype": dtype, "draft_dtype": draft_dtype, "k": k,
-                       **engine_options,
+                       **engine_options, "repeat": repeat,
                        "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -228,8 +230,9 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
 
 
 def _run_all(ctx: dict, prompts: list[dict], methods: list[str], notes: dict, log) -> list[dict]:
-    """Warm every method up, then every prompt through every method in a rotating order. A vLLM
-    method that cannot run (or whose subprocess dies) is dropped with a note."""
+    """Warm every method up, then every prompt through every method in an order that rotates from
+    one prompt to the next (a prompt listed again, for ``--repeat``, gets its next rotation). A
+    vLLM method that cannot run (or whose subprocess dies) is dropped with a note."""
     methods = list(methods)
     warm = {"max_new_tokens": ctx["max_new_tokens"]}
     ctx["max_new_tokens"] = 4
@@ -255,7 +258,8 @@ def _run_all(ctx: dict, prompts: list[dict], methods: list[str], notes: dict, lo
                 methods.remove(m)
                 log(f"  {m}: {exc}")
                 continue
-            r.update(method=m, prompt=p["id"], set=p["set"], order=order.index(m))
+            r.update(method=m, prompt=p["id"], set=p["set"], order=order.index(m),
+                     repeat=sum(q["id"] == p["id"] for q in prompts[:i]))
             runs.append(r)
             log(f"  {p['set']}/{p['id']:<18} {m:<16} {len(r['ids']):>4} tok {r['seconds']:7.2f}s "
                 f"{len(r['ids']) / r['seconds']:6.2f} tok/s")
@@ -306,6 +310,8 @@ def markdown(result: dict) -> str:
     c = result["config"]
     lines = [f"target `{c['target']}` ({c['dtype']}), draft `{c['draft']}` "
              f"({c.get('draft_dtype', c['dtype'])}), k={c['k']}, "
+             f"{'draft confidence ' + str(c['draft_confidence']) + ', ' if c.get('draft_confidence') else ''}"
+             f"{str(c['repeat']) + ' runs of each, ' if c.get('repeat', 1) > 1 else ''}"
              f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, sampled at T={c['temperature']}",
              "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | identical to target | "
              "first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|"]
@@ -374,6 +380,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", nargs="+", type=Path, default=None,
                    help="JSONL prompt files (default: benchmarks/prompts/code.jsonl and prose.jsonl)")
     p.add_argument("--limit", type=int, default=None, help="at most N prompts from each file")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole rotation N times (tok/s then pools every run; a noisy machine)")
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS,
                    help="default: all but vllm-target (a second vLLM instance)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -403,7 +411,7 @@ def run(args) -> int:
                        args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
                        args.limit, args.hf_assistant, args.draft_dtype, args.adaptive_k, args.vllm_python,
                        log=lambda s: print(s, file=sys.stderr, flush=True),
-                       draft_confidence=args.draft_confidence)
+                       draft_confidence=args.draft_confidence, repeat=args.repeat)
     table = markdown(result)
     print(table)
     if args.json:
