@@ -81,13 +81,16 @@ inline void block(const float* x, const T* w, int64_t K, const float* scale, con
 template <typename T, int RX>
 inline void chunk(const float* x, const T* w, int64_t rows, int64_t K, const float* scale,
                   const float* bias, float* y, int64_t N) {
-  constexpr int RW = RX == 1 ? 4 : RX == 2 ? 4 : RX == 3 ? 3 : 2;
+  constexpr int RW = RX <= 2 ? 4 : RX <= 4 ? 3 : 2;  // RW * RX accumulators, at most 12 registers
   for (int64_t n = 0; n < rows;) {
     const float* sn = scale ? scale + n : nullptr;
     const float* bn = bias ? bias + n : nullptr;
     if (n + RW <= rows) {
       block<T, RW, RX>(x, w + n * K, K, sn, bn, y + n, N);
       n += RW;
+    } else if (RW > 2 && n + 2 <= rows) {  // 8 rows as 3 + 3 + 2
+      block<T, 2, RX>(x, w + n * K, K, sn, bn, y + n, N);
+      n += 2;
     } else {
       block<T, 1, RX>(x, w + n * K, K, sn, bn, y + n, N);
       n += 1;
