@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from anyspec.algorithms.tli import constrain
+
 DECAY = 0.9  # per round: older rounds count less (acceptance drifts with the text)
 
 
@@ -37,9 +39,7 @@ def confidence(draft_logits: torch.Tensor, token: int, q: torch.Tensor | None = 
     else the softmax of its logits (confined to ``intersection_mask`` for TLI)."""
     if q is not None:
         return float(q[token])
-    if intersection_mask is not None:
-        draft_logits = draft_logits.masked_fill(~intersection_mask, float("-inf"))
-    return float(torch.softmax(draft_logits.float(), dim=-1)[token])
+    return float(torch.softmax(constrain(draft_logits, intersection_mask).float(), dim=-1)[token])
 
 
 def expected_tokens(a: float, k: int) -> float:
