@@ -34,7 +34,9 @@ def main() -> None:
     ap.add_argument("--confidences", nargs="+", type=float, default=[0.0],
                     help="draft_confidence thresholds to try (0 = off)")
     ap.add_argument("--limit", type=int, default=2, help="prompts per set")
-    ap.add_argument("--sets", nargs="+", default=["code", "prose"])
+    ap.add_argument("--sets", nargs="+", default=["code", "prose"],
+                    help="prompt sets: names in benchmarks/prompts, or .jsonl files (named by stem)")
+    ap.add_argument("--repeat", type=int, default=1, help="every prompt this many times, rotating on")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
@@ -58,7 +60,9 @@ def main() -> None:
     for engine in engines.values():
         engine.generate("Hello", SamplingParams(max_new_tokens=4))
 
-    prompts = [p for f in args.sets for p in load_prompts(PROMPTS_DIR / f"{f}.jsonl")[: args.limit]]
+    files = [Path(s) if s.endswith(".jsonl") else PROMPTS_DIR / f"{s}.jsonl" for s in args.sets]
+    args.sets = [f.stem for f in files]
+    prompts = [p for f in files for p in load_prompts(f)[: args.limit]] * args.repeat
     names = list(engines)
     runs = []
     for i, p in enumerate(prompts):
