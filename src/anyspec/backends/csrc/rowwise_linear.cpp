@@ -183,6 +183,16 @@ void rotate(float* v, const float* cos, const float* sin, int64_t D) {
   }
 }
 
+// q . k in a fixed order: 8 fp32 lanes over d, the same horizontal sum, then a scalar tail.
+inline float dot(const float* q, const float* k, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+  float s = hsum(acc);
+  for (; d < D; ++d) s += q[d] * k[d];
+  return s;
+}
+
 // Causal attention for M query rows at positions start..start+M-1 over a cache of keys and values
 // [kv_heads, cap, D]; query row m, head h at q + m * q_stride + h * D; out is [M, heads * D]. Each
 // (row, head) is computed alone in a fixed order, so a row's result never depends on M.
@@ -196,10 +206,7 @@ void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int6
       const float* q = q_all + m * q_stride + hd * D;
       float top = -INFINITY;
       for (int64_t j = 0; j < len; ++j) {
-        const float* k = kc + (g * cap + j) * D;
-        float s = 0;
-        for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-        score[j] = s * scaling;
+        score[j] = dot(q, kc + (g * cap + j) * D, D) * scaling;
         top = std::max(top, score[j]);
       }
       float total = 0;
