@@ -57,6 +57,19 @@ def test_lean_rows_do_not_depend_on_how_many_come_together(tok_qwen2, arch):
     assert torch.equal(together, alone)
 
 
+@needs_rowwise
+def test_lean_native_stack_gives_the_same_bits_on_any_number_of_threads(tok_qwen2):
+    """The C++ stack runs in one parallel region; how its work is split must not change a bit."""
+    _, lean = pair("qwen2", tok_qwen2, "int8")
+    ids = ids_of(tok_qwen2, 40)
+    results = []
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        lean.reset()
+        results.append(torch.cat([lean.extend(ids[:33]), lean.extend(ids[33:34]), lean.extend(ids[34:40])]))
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
 @pytest.mark.parametrize("kernel", [None, pytest.param("int8", marks=needs_rowwise)])
 def test_lean_crop_forgets_and_last_keeps_the_final_rows(tok_qwen2, kernel):
     reference, lean = pair("llama", tok_qwen2, kernel)

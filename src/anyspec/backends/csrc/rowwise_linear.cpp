@@ -10,6 +10,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
@@ -98,11 +99,25 @@ inline void chunk(const float* x, const T* w, int64_t rows, int64_t K, const flo
   }
 }
 
+// fn(begin, end) over [0, n) on all threads: inside the decoder stack's one parallel region each
+// thread takes a contiguous share and waits for the others; elsewhere through at::parallel_for.
+template <typename F>
+void split(int64_t n, int64_t grain, const F& fn) {
+  if (!omp_in_parallel()) {
+    at::parallel_for(0, n, grain, fn);
+    return;
+  }
+  const int64_t tid = omp_get_thread_num(), threads = omp_get_num_threads();
+  const int64_t begin = n * tid / threads, end = n * (tid + 1) / threads;
+  if (begin < end) fn(begin, end);
+#pragma omp barrier
+}
+
 template <typename T>
 void matmul(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const float* scale,
             const float* bias, float* y) {
   int64_t chunks = (N + CHUNK - 1) / CHUNK;
-  at::parallel_for(0, chunks, 8, [&](int64_t begin, int64_t end) {
+  split(chunks, 8, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       int64_t n = c * CHUNK, rows = std::min(CHUNK, N - n);
       for (int64_t m = 0; m < M; m += MAX_RX) {
@@ -199,7 +214,7 @@ inline float dot(const float* q, const float* k, int64_t D) {
 void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int64_t kv_heads, int64_t D,
             const float* kc, const float* vc, int64_t cap, int64_t start, float scaling, float* out) {
   const int64_t group = heads / kv_heads;
-  at::parallel_for(0, heads * M, 1, [&](int64_t begin, int64_t stop) {
+  split(heads * M, 1, [&](int64_t begin, int64_t stop) {
     std::vector<float> score(start + M);
     for (int64_t task = begin; task < stop; ++task) {
       int64_t hd = task / M, m = task % M, g = hd / group, len = start + m + 1;
@@ -252,13 +267,18 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
   const int64_t inter = layers[8].size(0) / 2;  // the same in every layer
   std::vector<float> h(M * H), qkv(M * (q_size + 2 * kv_size)), attn(M * q_size), out(M * H);
   std::vector<float> gate_up(M * 2 * inter), act(M * inter);
+  // One parallel region for the whole stack: the products and attention split across its
+  // threads (split), the small serial steps run on one thread between barriers.
+#pragma omp parallel
   for (size_t l = 0; l < keys.size(); ++l) {
     const torch::Tensor* t = &layers[14 * l];
     float* kc = keys[l].data_ptr<float>();
     float* vc = values[l].data_ptr<float>();
     const int64_t cap = keys[l].size(1);
+#pragma omp single
     rms_norm(xp, M, H, t[0].data_ptr<float>(), eps, h.data());
     apply(h.data(), M, t[1], t[2], t[3], qkv.data());
+#pragma omp single
     for (int64_t m = 0; m < M; ++m) {
       float* row = qkv.data() + m * (q_size + 2 * kv_size);
       for (int64_t hd = 0; hd < heads; ++hd) rotate(row + hd * D, cp + m * D, sp + m * D, D);
@@ -272,15 +292,21 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
     attend(qkv.data(), q_size + 2 * kv_size, M, heads, kv_heads, D, kc, vc, cap, start, inv_sqrt,
            attn.data());
     apply(attn.data(), M, t[4], t[5], t[6], out.data());
-    for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
-    rms_norm(xp, M, H, t[7].data_ptr<float>(), eps, h.data());
+#pragma omp single
+    {
+      for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
+      rms_norm(xp, M, H, t[7].data_ptr<float>(), eps, h.data());
+    }
     apply(h.data(), M, t[8], t[9], t[10], gate_up.data());
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t i = 0; i < inter; ++i) {
+    split(M * inter, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) {
+        const int64_t m = e / inter, i = e % inter;
         float g = gate_up[m * 2 * inter + i], u = gate_up[m * 2 * inter + inter + i];
-        act[m * inter + i] = g / (1.0f + std::exp(-g)) * u;
+        act[e] = g / (1.0f + std::exp(-g)) * u;
       }
+    });
     apply(act.data(), M, t[11], t[12], t[13], out.data());
+#pragma omp single
     for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
   }
   return x;
