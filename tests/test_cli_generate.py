@@ -29,6 +29,7 @@ BAD = [
     (["--draft", "./missing.gguf"], "missing.gguf"),
     (["--draft", "not-a-builtin-name"], "not-a-builtin-name"),
     (["--dtype", "fp8"], "dtype"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
 ]
 
 
@@ -38,6 +39,18 @@ def test_bad_input_fails_before_loading(no_loading, capsys, extra, message):
     err = capsys.readouterr().err
     assert rc == 2
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["demo"], ["bench", "--methods", "target"]])
+def test_a_bad_thread_count_fails_before_loading(no_loading, capsys, folders, command):
+    import torch
+
+    before = torch.get_num_threads()
+    models = ["--target", str(folders[0]), "--draft", str(folders[1])]
+    assert main([*command, *models, "--threads", "-2"]) == 2
+    err = capsys.readouterr().err
+    assert "--threads must be >= 1, got -2" in err and err.count("\n") == 1
+    assert torch.get_num_threads() == before
 
 
 def test_empty_prompt_fails_before_loading(no_loading, capsys):

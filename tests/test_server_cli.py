@@ -32,6 +32,7 @@ def free_port() -> int:
     (["--queue-timeout", "0"], "--queue-timeout must be > 0 seconds"),
     (["--generation-timeout", "-1"], "--generation-timeout must be > 0 seconds"),
     (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--algorithm", "slem", "--draft-context", "token-map"], "needs draft_context='retokenize'"),
 ])
 def test_bad_command_line_fails_in_one_line_before_loading(no_loading, capsys, argv, says):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from anyspec import defaults
 from anyspec.bench_vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
-from anyspec.cli import add_engine_options
+from anyspec.cli import add_engine_options, set_threads
 from anyspec.errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
@@ -389,7 +389,6 @@ def add_parser(sub) -> None:
     add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
     p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
                    help="HF assisted generation: its adaptive default, or the same fixed k as anyspec")
     p.add_argument("--vllm-python", default=os.environ.get("ANYSPEC_VLLM_PYTHON") or None, metavar="PATH",
@@ -407,6 +406,7 @@ def run(args) -> int:
         raise ConfigError("--max-new-tokens must be >= 1")
     for f in files:
         load_prompts(f)
+    set_threads(args)
     result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
                        args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
                        args.limit, args.hf_assistant, args.draft_dtype, args.adaptive_k, args.vllm_python,

@@ -26,11 +26,26 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
     p.add_argument("--draft-dtype", default="auto",
                    help="draft: auto (int8 on the CPU, with anyspec's lean forward for Llama-family "
                         "models: the draft's numbers never change the output) | bf16 | fp16 | fp32")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's choice, one per physical core)")
 
 
 def engine_options(args) -> dict:
     """``SpeculativeConfig`` keyword arguments from ``add_engine_options``' flags."""
     return {"adaptive_k": args.adaptive_k, "draft_confidence": args.draft_confidence}
+
+
+def set_threads(args) -> None:
+    """Apply ``--threads`` (before any model loads); a count below 1 is a one-line error."""
+    if args.threads is None:
+        return
+    if args.threads < 1:
+        from anyspec.errors import ConfigError
+
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import json
 import sys
 
 from anyspec import defaults
-from anyspec.cli import add_engine_options, engine_options
+from anyspec.cli import add_engine_options, engine_options, set_threads
 from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -70,6 +70,7 @@ def run(args) -> int:
     check_model_path(args.target, args.allow_download)
     if not args.no_draft:
         check_model_path(args.draft, args.allow_download)
+    set_threads(args)
 
     from anyspec.engine import Engine
 

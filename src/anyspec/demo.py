@@ -11,7 +11,7 @@ import sys
 import time
 
 from anyspec import defaults
-from anyspec.cli import add_engine_options, engine_options
+from anyspec.cli import add_engine_options, engine_options, set_threads
 
 PROMPTS = [
     "Write a Python function `is_prime(n)` that returns True when n is a prime number.",
@@ -45,6 +45,7 @@ def run(args) -> int:
     check_model_path(args.target)
     check_model_path(args.draft)
     dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype, draft=True)
+    set_threads(args)
     print(f"anyspec demo: target {args.target} ({dtype}), draft {args.draft} ({draft_dtype}); "
           "the first run fetches and converts them", file=sys.stderr, flush=True)
     target = load_model(args.target, dtype=dtype, name="target")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anyspec import defaults
-from anyspec.cli import add_engine_options, engine_options
+from anyspec.cli import add_engine_options, engine_options, set_threads
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig, render_prompt
 from anyspec.errors import ConfigError
 from anyspec.scheduler import Job, Metrics, Outcome, QueueFull, Scheduler
@@ -448,7 +448,6 @@ def add_parser(sub) -> None:
     p.add_argument("--generation-timeout", type=float, default=300.0, help="seconds a generation may run")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--default-max-tokens", type=int, default=256, help="when a request sets no max_tokens")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.set_defaults(func=run)
 
 
@@ -492,10 +491,7 @@ def run(args) -> int:
     from anyspec.backends.transformers import load_model, resolve_dtype
 
     settings, config = check_args(args)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args)
     target = load_model(args.target, dtype=args.dtype, name=args.target)
     draft_dtype = resolve_dtype(args.draft_dtype, draft=True)
     draft = None if args.no_draft else load_model(args.draft, dtype=draft_dtype, name=args.draft)
