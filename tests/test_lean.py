@@ -42,6 +42,9 @@ def test_lean_forward_equals_transformers(tok_qwen2, arch, kernel):
     assert got.shape == want.shape == (300, reference.vocab_size)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert lean.cached_ids == ids
+    if kernel:  # transformers' q/k/v modules now read views of the fused weights: one copy in memory
+        q_proj, fused = reference.model.model.layers[0].self_attn.q_proj, lean.layers[0]["qkv"]
+        assert q_proj.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
 
 
 @needs_rowwise

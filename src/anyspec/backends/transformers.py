@@ -172,10 +172,10 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device)
     except OSError as exc:
         raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}") from None
-    if device == "cpu" and swap_cpu_kernels(model, dtype) == "int8":
+    if device == "cpu" and swap_cpu_kernels(model, dtype) in ("int8", "bf16"):
         from anyspec.backends.lean import LeanModel, lean_unsupported
 
-        if lean_unsupported(model) is None:  # int8 models only: their numbers are anyspec's anyway
+        if lean_unsupported(model) is None:  # the row-wise kernel's models skip transformers' Python
             return LeanModel(model, tokenizer, name=name, dtype=dtype)
     return TransformersModel(model, tokenizer, name=name, dtype=dtype)
 
