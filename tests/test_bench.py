@@ -323,3 +323,19 @@ def test_repeat_runs_every_prompt_again_in_its_next_rotation(tmp_path, tok_qwen2
     assert "3 runs of each" in bench.markdown(result)
     with pytest.raises(ConfigError, match="--repeat"):
         bench.run_bench(str(target), str(draft), [prompts], ["target"], repeat=0)
+
+
+def test_logit_margin_is_the_reference_targets_own_top1_minus_top2(tok_qwen2):
+    """Scored through anyspec's target wrapper (lean or transformers'), leaving its cache empty."""
+    import torch
+    from test_engine import tiny
+
+    target = tiny("qwen2", tok_qwen2, seed=3)
+    prompt, ref = "def add(a, b):", tok_qwen2.encode(" return a + b")
+    ids = tok_qwen2.encode(prompt) + ref[:2]
+    target.reset()
+    top = torch.topk(target.extend(ids, last=1)[-1], 2).values
+    target.extend([5])  # a cache the margin must not read
+    margin = bench.logit_margin({"target": target}, prompt, ref, 2)
+    assert margin == pytest.approx(float(top[0] - top[1]), abs=1e-6) and margin >= 0
+    assert target.num_cached == 0

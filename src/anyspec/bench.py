@@ -159,12 +159,17 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
-    """The target's top-1 minus top-2 logit for the token at ``pos`` after ``prompt + ref[:pos]``."""
+    """The target's top-1 minus top-2 logit for the token at ``pos`` after ``prompt + ref[:pos]``.
+
+    Scored by anyspec's target (the reference's own forward: lean or transformers'), in fp32.
+    """
     import torch
 
-    ids = _prompt_ids(ctx["target"].tokenizer, prompt) + ref[:pos]
-    with torch.inference_mode():
-        logits = ctx["target"].model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1].float()
+    target = ctx["target"]
+    ids = _prompt_ids(target.tokenizer, prompt) + ref[:pos]
+    target.reset()
+    logits = target.extend(ids, last=1)[-1]
+    target.reset()
     top = torch.topk(logits, 2).values
     return float(top[0] - top[1])
 
