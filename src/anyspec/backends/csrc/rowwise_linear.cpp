@@ -99,11 +99,15 @@ inline void chunk(const float* x, const T* w, int64_t rows, int64_t K, const flo
   }
 }
 
+// Set while decoder_forward's parallel region runs (calls come in under the GIL, one at a time).
+bool in_stack = false;
+
 // fn(begin, end) over [0, n) on all threads: inside the decoder stack's one parallel region each
-// thread takes a contiguous share and waits for the others; elsewhere through at::parallel_for.
+// thread takes a contiguous share and waits for the others; elsewhere through at::parallel_for
+// (which runs inline when called from inside someone else's parallel region).
 template <typename F>
 void split(int64_t n, int64_t grain, const F& fn) {
-  if (!omp_in_parallel()) {
+  if (!(in_stack && omp_in_parallel())) {
     at::parallel_for(0, n, grain, fn);
     return;
   }
@@ -269,6 +273,7 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
   std::vector<float> gate_up(M * 2 * inter), act(M * inter);
   // One parallel region for the whole stack: the products and attention split across its
   // threads (split), the small serial steps run on one thread between barriers.
+  in_stack = true;
 #pragma omp parallel
   for (size_t l = 0; l < keys.size(); ++l) {
     const torch::Tensor* t = &layers[14 * l];
@@ -309,6 +314,7 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
 #pragma omp single
     for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
   }
+  in_stack = false;
   return x;
 }
 
