@@ -6,12 +6,13 @@ forward took 26-37 ms through transformers on a 2-core CPU with the same kernel,
 here. This is the same computation, written out once:
 
 * q/k/v and gate/up are one matrix product each (the rows of the swapped-in kernels are
-  concatenated, scales included, so the numbers are those of the separate products);
+  concatenated, scales included, so the numbers are those of the separate products; the
+  original modules become views of the fused weights, one copy in memory);
 * the KV cache is one preallocated tensor per layer, grown by doubling; ``crop`` only forgets
   positions, and the next ``extend`` writes over them;
 * norms, rotary embeddings and attention run in fp32.
 
-With anyspec's row-wise kernel in every product (int8 models) the whole stack is one C++ call
+With anyspec's row-wise kernel in every product (int8 and bf16 models) the whole stack is one C++ call
 (``decoder_forward`` in ``csrc/rowwise_linear.cpp``); otherwise ``extend`` runs the same steps in
 Python below, the readable reference that the tests compare with transformers.
 
