@@ -148,10 +148,11 @@ def test_model_reports_its_dtype(tok_qwen2):
 
 @needs_rowwise
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rowwise_attention_equals_causal_attention_and_keeps_rows_apart(dtype):
+@pytest.mark.parametrize("d", [16, 67, 128])  # head sizes through each of the kernel's vector and tail paths
+def test_rowwise_attention_equals_causal_attention_and_keeps_rows_apart(dtype, d):
     """Grouped-query causal attention with a cache: close to torch's; row m alone equals row m in a block."""
     torch.manual_seed(0)
-    heads, kv_heads, past, m, d = 4, 2, 9, 5, 16
+    heads, kv_heads, past, m = 4, 2, 9, 5
     module = nn.Module()
     q = torch.randn(1, heads, m, d).to(dtype)
     k = torch.randn(1, kv_heads, past + m, d).to(dtype)

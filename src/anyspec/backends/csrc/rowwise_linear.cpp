@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -202,14 +203,94 @@ void rotate(float* v, const float* cos, const float* sin, int64_t D) {
   }
 }
 
-// q . k in a fixed order: 8 fp32 lanes over d, the same horizontal sum, then a scalar tail.
-inline float dot(const float* q, const float* k, int64_t D) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
-  float s = hsum(acc);
-  for (; d < D; ++d) s += q[d] * k[d];
-  return s;
+// out[j] = q . k_j * scaling for the len keys k_j (rows of D), eight keys at a time; each key's sum
+// runs in a fixed order (8 fp32 lanes over d, a fixed horizontal sum, then a scalar tail).
+void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out) {
+  const int64_t D8 = D - D % 8;
+  for (int64_t j0 = 0; j0 < len; j0 += 8) {
+    const int64_t n = std::min<int64_t>(8, len - j0);
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (int64_t i = 0; i < n; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (j0 + i) * D + d), acc[i]);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      float s = hsum(acc[i]);
+      for (int64_t d = D8; d < D; ++d) s += q[d] * keys[(j0 + i) * D + d];
+      out[j0 + i] = s * scaling;
+    }
+  }
+}
+
+// o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j, 64 d at a time in registers
+// (a narrower tail: 8 d at a time, then one by one).
+void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values + j * D + d0 + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+  }
+  for (; d0 + 8 <= D; d0 += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(values + j * D + d0), acc);
+    _mm256_storeu_ps(o + d0, acc);
+  }
+  for (int64_t d = d0; d < D; ++d) {
+    float s = 0;
+    for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], values[j * D + d], s);
+    o[d] = s;
+  }
+}
+
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(c));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n));
+}
+
+// v[i] = exp(v[i] - shift) for i < n, eight at a time (a short tail through a padded copy).
+void exp_shifted(float* v, int64_t n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), s)));
+  if (i < n) {
+    float tail[8] = {};
+    std::copy(v + i, v + n, tail);
+    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), s)));
+    std::copy(tail, tail + (n - i), v + i);
+  }
+}
+
+inline __m256 silu_times(__m256 gate, __m256 up) {
+  const __m256 sig = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gate)));
+  return _mm256_mul_ps(_mm256_div_ps(gate, sig), up);
+}
+
+// out[i] = SiLU(gate[i]) * up[i] for i < n, eight at a time (a short tail through a padded copy).
+void silu_times(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, silu_times(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    float g[8] = {}, u[8] = {}, o[8];
+    std::copy(gate + i, gate + n, g);
+    std::copy(up + i, up + n, u);
+    _mm256_storeu_ps(o, silu_times(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+    std::copy(o, o + (n - i), out + i);
+  }
 }
 
 // Causal attention for M query rows at positions start..start+M-1 over a cache of keys and values
@@ -219,24 +300,15 @@ void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int6
             const float* kc, const float* vc, int64_t cap, int64_t start, float scaling, float* out) {
   const int64_t group = heads / kv_heads;
   split(heads * M, 1, [&](int64_t begin, int64_t stop) {
-    std::vector<float> score(start + M);
+    std::vector<float> p(start + M);
     for (int64_t task = begin; task < stop; ++task) {
-      int64_t hd = task / M, m = task % M, g = hd / group, len = start + m + 1;
-      const float* q = q_all + m * q_stride + hd * D;
-      float top = -INFINITY;
-      for (int64_t j = 0; j < len; ++j) {
-        score[j] = dot(q, kc + (g * cap + j) * D, D) * scaling;
-        top = std::max(top, score[j]);
-      }
+      const int64_t hd = task / M, m = task % M, g = hd / group, len = start + m + 1;
+      scores(q_all + m * q_stride + hd * D, kc + g * cap * D, len, D, scaling, p.data());
+      exp_shifted(p.data(), len, *std::max_element(p.data(), p.data() + len));
       float total = 0;
-      for (int64_t j = 0; j < len; ++j) total += (score[j] = std::exp(score[j] - top));
-      float* o = out + m * heads * D + hd * D;
-      std::fill(o, o + D, 0.0f);
-      for (int64_t j = 0; j < len; ++j) {
-        const float* v = vc + (g * cap + j) * D;
-        float p = score[j] / total;
-        for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
-      }
+      for (int64_t j = 0; j < len; ++j) total += p[j];
+      for (int64_t j = 0; j < len; ++j) p[j] /= total;
+      weighted_sum(p.data(), vc + g * cap * D, len, D, out + m * heads * D + hd * D);
     }
   });
 }
@@ -303,11 +375,12 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Te
       rms_norm(xp, M, H, t[7].data_ptr<float>(), eps, h.data());
     }
     apply(h.data(), M, t[8], t[9], t[10], gate_up.data());
-    split(M * inter, 256, [&](int64_t begin, int64_t end) {
-      for (int64_t e = begin; e < end; ++e) {
-        const int64_t m = e / inter, i = e % inter;
-        float g = gate_up[m * 2 * inter + i], u = gate_up[m * 2 * inter + inter + i];
-        act[e] = g / (1.0f + std::exp(-g)) * u;
+    const int64_t blocks = (inter + 63) / 64;  // SiLU(gate) * up, 64 values a task
+    split(M * blocks, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t m = b / blocks, i = b % blocks * 64;
+        silu_times(&gate_up[m * 2 * inter + i], &gate_up[m * 2 * inter + inter + i], &act[m * inter + i],
+                   std::min<int64_t>(64, inter - i));
       }
     });
     apply(act.data(), M, t[11], t[12], t[13], out.data());
