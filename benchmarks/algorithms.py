@@ -72,14 +72,15 @@ def main() -> None:
     draft = load_model(args.draft, dtype=args.dtype, name="draft")
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     algorithms = args.algorithms.split(",")
-    engines = {a: Engine(target, draft, SpeculativeConfig(num_speculative_tokens=args.k, algorithm=a))
+    engines = {a: Engine(target, draft, SpeculativeConfig(num_speculative_tokens=args.k, algorithm=a,
+                                                          prefix_cache=False))
                for a in algorithms}
     to_draft = engines[algorithms[0]].proposer.target_to_draft
     runs = []
     t_start = time.perf_counter()
     for kind in args.kinds.split(","):
         for name, messages in prompts(kind, args.prompts):
-            base = Engine(target, None).generate(messages, params)
+            base = Engine(target, None, SpeculativeConfig(prefix_cache=False)).generate(messages, params)
             row = {"kind": kind, "prompt": name, "run": "target-only", "tokens": len(base.token_ids),
                    "target_seconds": round(base.stats.target_seconds, 2), "text": base.text}
             print(json.dumps(row), flush=True)

@@ -54,8 +54,9 @@ def main() -> None:
                             + (f" conf={conf:g}" if conf else ""))
                     configs[name] = SpeculativeConfig(num_speculative_tokens=k, algorithm=algorithm,
                                                       draft_sample_method="greedy", adaptive_k=adaptive,
-                                                      draft_confidence=conf)
-    engines = {name: Engine(target, None if c is None else draft, c) for name, c in configs.items()}
+                                                      draft_confidence=conf, prefix_cache=False)
+    cold = SpeculativeConfig(prefix_cache=False)  # every run prefills its whole prompt
+    engines = {name: Engine(target, None if c is None else draft, c or cold) for name, c in configs.items()}
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     for engine in engines.values():
         engine.generate("Hello", SamplingParams(max_new_tokens=4))

@@ -251,3 +251,9 @@ def test_retokenize_keeps_the_draft_cache_across_rounds(qwen_target, tok_qwen2):
     window = 4
     assert max(calls[1:]) <= window + k + 2, calls
     assert got.stats.accepted > 0
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_prefix_cache_must_be_a_bool(bad):
+    with pytest.raises(ConfigError, match="prefix_cache must be True or False"):
+        SpeculativeConfig(prefix_cache=bad)

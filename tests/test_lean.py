@@ -126,3 +126,29 @@ def test_speculation_with_lean_int8_models_equals_the_target_alone(tok_qwen2, to
                 assert result.token_ids == Engine(target, None).generate(prompt, params).token_ids
                 accepted += result.stats.accepted
     assert accepted > 0
+
+
+@needs_rowwise
+def test_prefix_cache_reuses_what_requests_share_and_changes_no_token(tok_qwen2, tok_llama2):
+    """A request starts from the previous one's KV for their shared prefix: same tokens as a cold start."""
+    _, target = pair("qwen2", tok_qwen2, "int8")
+    _, draft = pair("llama", tok_llama2, "int8", seed=1)
+    assert target.row_invariant and draft.row_invariant
+    first = PROMPTS[0]
+    prompts = [first, first + "    # and then", PROMPTS[1], first, first]  # shared, unrelated, repeated
+    runs = [SamplingParams(temperature=0.0, max_new_tokens=16)] * 4 + [
+        SamplingParams(temperature=0.8, max_new_tokens=16, seed=3)]
+    cold = [Engine(target, draft, SpeculativeConfig(num_speculative_tokens=3, prefix_cache=False)
+                   ).generate(p, params) for p, params in zip(prompts, runs, strict=True)]
+    assert all(r.stats.prompt_cached == 0 for r in cold)
+    warm_engine = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=3))
+    warm = [warm_engine.generate(p, params) for p, params in zip(prompts, runs, strict=True)]
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    cached = [r.stats.prompt_cached for r in warm]
+    n_first = len(tok_qwen2.encode(first))
+    assert cached[1] >= n_first - 1  # the whole first prompt (less a token the merge may change)
+    assert cached[3] < n_first - 1  # after an unrelated prompt: at most what the two share
+    assert cached[4] == n_first - 1  # the same prompt again: everything but the last token, fed as decode
+    plain = TransformersModel(tiny("qwen2", tok_qwen2, seed=0).model, tok_qwen2)  # not row-invariant
+    alone = Engine(plain, None)
+    assert [alone.generate(first, runs[0]).stats.prompt_cached for _ in range(2)] == [0, 0]

@@ -59,6 +59,7 @@ def test_completion_equals_engine_alone(client, reference):
     assert out.usage.prompt_tokens == alone.stats.prompt_tokens
     assert out.usage.completion_tokens == len(alone.token_ids)
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    assert 0 <= out.usage.prompt_tokens_details.cached_tokens < out.usage.prompt_tokens
     stats = out.model_extra["anyspec"]
     assert stats["speculative"] is True and stats["drafted"] > 0 and 0 <= stats["acceptance_rate"] <= 1
 

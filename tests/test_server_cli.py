@@ -114,3 +114,12 @@ def test_default_pair_chat_through_the_openai_client(tmp_path):
     assert "Paris" in text
     assert stats["speculative"] is True and stats["drafted"] > 0 and stats["accepted"] > 0
     assert out.usage.completion_tokens > 0
+
+
+def test_serve_no_prefix_cache_reaches_the_config():
+    from anyspec.cli import build_parser
+    from anyspec.server import check_args
+
+    parse = build_parser().parse_args
+    assert check_args(parse(["serve"]))[1].prefix_cache is True
+    assert check_args(parse(["serve", "--no-prefix-cache"]))[1].prefix_cache is False

@@ -79,6 +79,7 @@ def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True, algorithm:
     if key not in ctx:
         config = SpeculativeConfig(num_speculative_tokens=ctx["k"], algorithm=algorithm,
                                    draft_sample_method="sample" if sampled else "greedy",
+                                   prefix_cache=False,  # every run prefills its whole prompt, as HF's does
                                    **ctx["engine_options"])
         ctx[key] = Engine(ctx["target"], ctx["draft"] if draft else None, config)
     params = SamplingParams(temperature=ctx["temperature"] if sampled else 0.0,

@@ -41,7 +41,9 @@ def run(args) -> int:
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
     config = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens,
-                               draft_sample_method="greedy", **engine_options(args))
+                               draft_sample_method="greedy",
+                               prefix_cache=False,  # both sides prefill each prompt in full: a fair race
+                               **engine_options(args))
     check_model_path(args.target)
     check_model_path(args.draft)
     dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype, draft=True)

@@ -50,6 +50,8 @@ class SpeculativeConfig:
     adaptive_k: bool = False  # per round, k in 0..num_speculative_tokens from measured speed
     draft_confidence: float = defaults.DRAFT_CONFIDENCE  # end a round's draft after a token the draft
     #                                                      gives less probability (0 = off)
+    prefix_cache: bool = True  # start from the KV cache of the prompt prefix a request shares with
+    #                            the one before (row-invariant models only: reuse_prefix)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -70,6 +72,8 @@ class SpeculativeConfig:
                 or not 0 <= self.draft_confidence < 1:
             raise ConfigError(f"draft_confidence must be a probability in [0, 1) (0 = off), got "
                               f"{self.draft_confidence!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ConfigError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
         if self.algorithm == "slem" and self.draft_context != "retokenize":
             raise ConfigError("algorithm='slem' needs draft_context='retokenize' (the draft writes its own "
                               "tokens, so it must read its own tokenization)")
@@ -108,6 +112,7 @@ class Stats:
     generated: int = 0
     accepted_hist: list[int] = field(default_factory=list)  # rounds that accepted 0, 1, .., k tokens
     prompt_tokens: int = 0
+    prompt_cached: int = 0  # prompt tokens whose KV came from the previous request (prefix_cache)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -312,15 +317,17 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     target_text, chat = render_prompt(target.tokenizer, prompt)
     prompt_ids = target.tokenizer.encode(target_text, add_special_tokens=not chat)
     stats.prompt_tokens = len(prompt_ids)
-    target.reset()
+    reuse = engine.config.prefix_cache
+    stats.prompt_cached = reuse_prefix(target, prompt_ids[:-1], reuse)
     t0 = time.perf_counter()
-    if len(prompt_ids) > 1:
-        target.extend(prompt_ids[:-1], last=1)
+    if len(prompt_ids) - 1 > stats.prompt_cached:
+        target.extend(prompt_ids[stats.prompt_cached:-1], last=1)
     stats.target_seconds += time.perf_counter() - t0
     pending = prompt_ids[-1]  # committed, not yet in the target's cache
     if proposer is not None:
         draft = proposer.model
-        draft.reset()
+        if not (reuse and getattr(draft, "row_invariant", False)):
+            draft.reset()  # else the first round's catch-up keeps what the draft's prompt shares
         draft_text, draft_chat = render_prompt(draft.tokenizer, prompt, fallback_text=target_text)
         ctx = proposer.start(draft_text, prompt_ids, draft_chat)
 
@@ -426,6 +433,22 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         stats.draft_fallbacks = ctx.fallbacks
     stats.total_seconds = time.perf_counter() - t_start
     return GenerationResult(text=out_text, token_ids=out_ids, finish_reason=finish, stats=stats)
+
+
+def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
+    """Keep the cached tokens that begin ``ids`` and drop the rest; returns how many were kept.
+
+    Only for a row-invariant model (``model.row_invariant``: anyspec's row-wise kernel in every
+    product and attention, so a token's keys and values are the same bits however many tokens were
+    computed with it); any other model starts empty, since a prefix computed within another
+    request could differ in the last bits from the target alone's own prefill.
+    """
+    keep = common_prefix(model.cached_ids, ids) if enabled and getattr(model, "row_invariant", False) else 0
+    if keep:
+        model.crop(keep)
+    else:
+        model.reset()
+    return keep
 
 
 def _find_stop(text: str, stops: list[str], before: int) -> int | None:

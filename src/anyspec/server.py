@@ -237,8 +237,11 @@ async def next_event(job: Job, request, deadline: float | None = None):
 
 
 def usage(outcome: Outcome) -> dict:
-    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+    out = {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+           "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+    if outcome.stats is not None:  # prompt tokens whose KV the previous request left (--no-prefix-cache: 0)
+        out["prompt_tokens_details"] = {"cached_tokens": outcome.stats.prompt_cached}
+    return out
 
 
 def anyspec_stats(outcome: Outcome) -> dict:
@@ -439,6 +442,9 @@ def add_parser(sub) -> None:
     add_engine_options(p)
     p.add_argument("--draft-sample-method", default="sample", choices=("greedy", "sample"))
     p.add_argument("--draft-context", default="retokenize", choices=("retokenize", "token-map"))
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt in full (default: a request starts from the KV cache of "
+                        "the prefix it shares with the one before, on row-invariant models)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
@@ -458,7 +464,7 @@ def check_args(args) -> tuple[Settings, SpeculativeConfig]:
 
     config = SpeculativeConfig(num_speculative_tokens=args.k, draft_sample_method=args.draft_sample_method,
                                draft_context=args.draft_context, algorithm=args.algorithm,
-                               **engine_options(args))
+                               prefix_cache=not args.no_prefix_cache, **engine_options(args))
     resolve_dtype(args.dtype)
     resolve_dtype(args.draft_dtype, draft=True)
     for spec in [args.target] + ([] if args.no_draft else [args.draft]):

@@ -146,6 +146,11 @@ class LeanModel(TransformersModel):
                 layer["attn_norm"], *_parts(layer["qkv"]), *_parts(layer["o"]),
                 layer["mlp_norm"], *_parts(layer["gate_up"]), *_parts(layer["down"]))]
 
+    @property
+    def row_invariant(self) -> bool:
+        """Each token's numbers independent of the tokens computed with it (the C++ stack, tested)."""
+        return self.native is not None
+
     def reset(self) -> None:
         self.cached_ids = []
 

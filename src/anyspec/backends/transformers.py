@@ -78,6 +78,8 @@ class TransformersModel:
         self.cache = self._new_cache()
         self.cached_ids: list[int] = []
 
+    row_invariant = False  # transformers' forward: rows may round differently in different batches
+
     @property
     def num_cached(self) -> int:
         return len(self.cached_ids)
