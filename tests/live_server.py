@@ -22,10 +22,10 @@ def tiny_pair(tok_target, tok_draft, folder):
     return target, draft
 
 
-def load_engine(target_dir, draft_dir, k: int = 3) -> Engine:
-    target = load_model(str(target_dir), dtype="fp32", name="target")
-    draft = load_model(str(draft_dir), dtype="fp32", name="draft") if draft_dir else None
-    return Engine(target, draft, SpeculativeConfig(num_speculative_tokens=k))
+def load_engine(target_dir, draft_dir, k: int = 3, dtype: str = "fp32", prefix_cache: bool = True) -> Engine:
+    target = load_model(str(target_dir), dtype=dtype, name="target")
+    draft = load_model(str(draft_dir), dtype=dtype, name="draft") if draft_dir else None
+    return Engine(target, draft, SpeculativeConfig(num_speculative_tokens=k, prefix_cache=prefix_cache))
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa: E402, F401
+from test_linear import needs_rowwise  # noqa: E402
 
 from anyspec.engine import SamplingParams  # noqa: E402
 
@@ -145,3 +146,18 @@ def test_metrics(server, client):
     assert metric(after.text, "anyspec_queue_depth") == 0
     for name in ("anyspec_requests_total", "anyspec_acceptance_rate", "anyspec_queue_depth"):
         assert f"# TYPE {name} " in after.text
+
+
+@needs_rowwise
+def test_prefix_cache_over_http_reuses_the_system_prompt_and_changes_no_answer(folders):
+    """int8 models run the lean, row-invariant stack: a second chat reuses the first one's prefix."""
+    cold = load_engine(*folders, dtype="int8", prefix_cache=False)
+    chats = [CHAT, [CHAT[0], {"role": "user", "content": "Name an even number."}]]
+    want = [cold.generate(chat, greedy(10)).text for chat in chats]
+    with live_server(load_engine(*folders, dtype="int8"), queue_size=4) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        outs = [client.chat.completions.create(model=MODEL_NAME, messages=chat, max_tokens=10, temperature=0)
+                for chat in chats]
+    assert [o.choices[0].message.content for o in outs] == want
+    cached = [o.usage.prompt_tokens_details.cached_tokens for o in outs]
+    assert cached[0] == 0 and 0 < cached[1] < outs[1].usage.prompt_tokens
