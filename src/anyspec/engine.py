@@ -326,7 +326,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     pending = prompt_ids[-1]  # committed, not yet in the target's cache
     if proposer is not None:
         draft = proposer.model
-        if not (reuse and getattr(draft, "row_invariant", False)):
+        if not reusable(draft, reuse):
             draft.reset()  # else the first round's catch-up keeps what the draft's prompt shares
         draft_text, draft_chat = render_prompt(draft.tokenizer, prompt, fallback_text=target_text)
         ctx = proposer.start(draft_text, prompt_ids, draft_chat)
@@ -443,12 +443,16 @@ def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
     computed with it); any other model starts empty, since a prefix computed within another
     request could differ in the last bits from the target alone's own prefill.
     """
-    keep = common_prefix(model.cached_ids, ids) if enabled and getattr(model, "row_invariant", False) else 0
+    keep = common_prefix(model.cached_ids, ids) if reusable(model, enabled) else 0
     if keep:
         model.crop(keep)
     else:
         model.reset()
     return keep
+
+
+def reusable(model, enabled: bool) -> bool:
+    return enabled and getattr(model, "row_invariant", False)
 
 
 def _find_stop(text: str, stops: list[str], before: int) -> int | None:

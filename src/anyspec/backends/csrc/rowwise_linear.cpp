@@ -248,6 +248,8 @@ void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, f
   }
 }
 
+// exp of 8 floats (Cephes' expf: 2^n times a degree-6 polynomial of the remainder), arguments
+// clamped to [-87.3, 88.4] so the result stays finite and normal.
 inline __m256 exp8(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
   __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
