@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench clean llama-cpp
 
 $(BIN)/anyspec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ bench: setup
 	mkdir -p benchmarks/results
 	$(BIN)/anyspec bench --json benchmarks/results/bench.json --markdown benchmarks/results/bench.md \
 		--plot benchmarks/results/bench.png
+
+# llama.cpp (from the pinned llama-cpp-python sdist) for side-by-side benchmarks, into anyspec's cache.
+llama-cpp: setup
+	PY=$(BIN)/python bash benchmarks/build_llama_cpp.sh "$$($(BIN)/python -c 'from anyspec.fetch import cache_dir; print(cache_dir())')/llama.cpp"
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
