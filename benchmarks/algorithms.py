@@ -75,7 +75,7 @@ def main() -> None:
     engines = {a: Engine(target, draft, SpeculativeConfig(num_speculative_tokens=args.k, algorithm=a,
                                                           prefix_cache=False))
                for a in algorithms}
-    to_draft = engines[algorithms[0]].proposer.target_to_draft
+    to_draft = engines[algorithms[0]].bridge.target_to_draft
     runs = []
     t_start = time.perf_counter()
     for kind in args.kinds.split(","):

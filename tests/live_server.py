@@ -33,7 +33,7 @@ def live_server(engine: Engine, **settings):
     """Yield the base URL (``http://127.0.0.1:PORT``) of a uvicorn server over ``engine``; stop it after."""
     import uvicorn
 
-    from anyspec.server import Settings, create_app
+    from anyspec.server.app import Settings, create_app
 
     app = create_app(engine, Settings(model_name=MODEL_NAME, **settings))
     sock = socket.socket()

@@ -167,6 +167,12 @@ def fake_vllm(tmp_path, monkeypatch):
     return root
 
 
+def test_the_runner_folder_holds_nothing_to_shadow_vllm():
+    """Run by path, the runner's folder comes first on sys.path: only the runner may be there."""
+    assert sorted(p.name for p in bench_vllm.RUNNER.parent.iterdir() if p.suffix == ".py" or p.is_dir()
+                  and p.name != "__pycache__") == ["__init__.py", "vllm_runner.py"]
+
+
 def test_vllm_subprocess_protocol(fake_vllm):
     proc = bench_vllm.VllmProcess(sys.executable, "/models/t", "/models/d", "float32", 3, max_model_len=1024)
     try:
@@ -224,9 +230,11 @@ def test_missing_vllm_python_is_a_note(tmp_path):
 def test_vllm_python_option_defaults_to_env(monkeypatch):
     import argparse
 
+    from anyspec.cli import bench as bench_command
+
     monkeypatch.setenv("ANYSPEC_VLLM_PYTHON", "/opt/vllm/bin/python")
     parser = argparse.ArgumentParser()
-    bench.add_parser(parser.add_subparsers())
+    bench_command.add_parser(parser.add_subparsers())
     args = parser.parse_args(["bench"])
     assert args.vllm_python == "/opt/vllm/bin/python"
     assert "vllm-target" not in args.methods and "vllm" in args.methods
@@ -294,8 +302,8 @@ def test_run_bench_vllm_dies_midway_is_a_note(tmp_path, tok_qwen2, tok_smollm2, 
     draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "prompt": "hello"}) + "\n")
-    real = bench._prompt_ids
-    monkeypatch.setattr(bench, "_prompt_ids", lambda tok, p: [666] if p == "hello" else real(tok, p))
+    real = bench.prompt_ids
+    monkeypatch.setattr(bench, "prompt_ids", lambda tok, p: [666] if p == "hello" else real(tok, p))
     result = bench.run_bench(str(target), str(draft), [prompts], ["target", "vllm"], max_new_tokens=4,
                              dtype="fp32", log=lambda s: None, vllm_python=sys.executable)
     assert [r["method"] for r in result["runs"]] == ["target"]

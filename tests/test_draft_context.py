@@ -7,7 +7,8 @@ import zlib
 
 import pytest
 
-from anyspec.draft_context import (
+from anyspec.engine.bridge import token_bytes_table
+from anyspec.engine.context import (
     ANCHOR,
     DraftContext,
     append_retokenize,
@@ -15,7 +16,6 @@ from anyspec.draft_context import (
     common_prefix,
     incomplete_utf8_tail,
 )
-from anyspec.tokenbytes import token_bytes_table
 
 TEXTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",

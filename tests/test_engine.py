@@ -112,7 +112,7 @@ def test_target_only_path_matches_transformers_generate(qwen_target):
 
 def test_target_emits_tokens_outside_the_intersection(qwen_target, llama_draft):
     engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=4))
-    to_draft = engine.proposer.target_to_draft
+    to_draft = engine.bridge.target_to_draft
     prompt = PROMPTS[2]
     prompt_ids = qwen_target.tokenizer.encode(prompt)
     assert any(to_draft[t] < 0 for t in prompt_ids), "the prompt should hold target-only tokens"

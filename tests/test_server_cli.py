@@ -117,8 +117,8 @@ def test_default_pair_chat_through_the_openai_client(tmp_path):
 
 
 def test_serve_no_prefix_cache_reaches_the_config():
-    from anyspec.cli import build_parser
-    from anyspec.server import check_args
+    from anyspec.cli.commands import build_parser
+    from anyspec.cli.serve import check_args
 
     parse = build_parser().parse_args
     assert check_args(parse(["serve"]))[1].prefix_cache is True

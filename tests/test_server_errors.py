@@ -179,7 +179,7 @@ def test_chat_template_refusing_messages_is_a_400():
     """A template that raises (as many do on an unknown role) is the request's fault, not a crash."""
     from jinja2 import TemplateError
 
-    from anyspec.server import ApiError, parse_request
+    from anyspec.server.protocol import ApiError, parse_request
 
     class Refusing:
         chat_template = "{{ raise_exception('roles must alternate') }}"

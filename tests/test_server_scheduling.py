@@ -81,7 +81,7 @@ def test_full_queue_answers_429_with_retry_after(engine, reference):
         assert box["result"].choices[0].text == reference.generate(
             "queued", SamplingParams(temperature=0, max_new_tokens=4)).text
         metrics = httpx.get(url + "/metrics").text
-        assert 'anyspec_requests_total{path="/v1/completions",status="429"} 1' in metrics
+        assert 'anyspec_requests_total{path="/v1/completions",status="429"} 1.0' in metrics
 
 
 def test_waiting_client_that_disconnects_frees_its_slot(engine):

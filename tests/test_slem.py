@@ -20,10 +20,10 @@ from tiny_models import one_thread, record_inputs  # noqa: F401  (one_thread: au
 
 from anyspec.algorithms import slem, tli
 from anyspec.algorithms.sampling import logits_to_probs
-from anyspec.draft_context import ANCHOR, DraftContext, append_retokenize
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+from anyspec.engine.bridge import token_bytes_table
+from anyspec.engine.context import ANCHOR, DraftContext, append_retokenize
 from anyspec.errors import ConfigError
-from anyspec.tokenbytes import token_bytes_table
 
 # Every round drafts all k tokens here (the default confidence stop would cut random drafts short).
 SLEM = functools.partial(SpeculativeConfig, algorithm="slem", draft_confidence=0.0)
@@ -170,7 +170,7 @@ def test_greedy_equals_target_only_with_a_draft_that_knows_the_text(tokenizers, 
     # One draft token re-encodes to itself or to pieces of it: target-only tokens (no draft twin)
     # need the text of two or more draft tokens, as merges the draft does not have.
     if k >= 2:
-        to_draft = engine.proposer.target_to_draft
+        to_draft = engine.bridge.target_to_draft
         assert any(to_draft[t] < 0 for p in proposals for t in p), "no target-only token was proposed"
 
 
@@ -308,19 +308,23 @@ def test_special_tokens_end_the_draft_text_and_bad_bytes_propose_nothing(tok_qwe
 def test_the_proposer_waits_for_whole_characters_and_spells_the_draft_text(tokenizers, target_name):
     """The draft reads only complete characters, so its text cannot continue a half character;
     then the target ids spell the draft's text exactly (no SentencePiece dummy prefix)."""
-    from anyspec.engine import DraftProposer
+    from anyspec.engine.bridge import build_bridge
+    from anyspec.engine.context import DraftReader
+    from anyspec.engine.proposers import SLEM
 
     smol = tokenizers("smollm2")
     target = tiny(ARCH[target_name], tokenizers(target_name), seed=0, hidden=32)
-    proposer = DraftProposer(TextOracleDraft(smol, b""), target, SpeculativeConfig(algorithm="slem"))
+    draft = TextOracleDraft(smol, b"")
+    bridge = build_bridge(draft, target, SpeculativeConfig(algorithm="slem"))
+    proposer, anchor_ids = SLEM(bridge, target.tokenizer), DraftReader(draft, bridge, True).anchor_ids
     ctx = DraftContext(ids=[], n_fixed=0)
     draft_ids = smol.encode("ok\n    return x", add_special_tokens=False)
-    append_retokenize(ctx, "é".encode()[:1], smol, proposer.token_bytes, proposer.anchor_ids)
-    assert proposer.text_to_target(ctx, draft_ids, 4) == []
-    append_retokenize(ctx, "é".encode()[1:], smol, proposer.token_bytes, proposer.anchor_ids)
-    ids = proposer.text_to_target(ctx, draft_ids, 10)
-    assert spell(proposer.target_token_bytes, ids) == b"ok\n    return x"
-    assert proposer.text_to_target(ctx, draft_ids, 2) == ids[:2]
+    append_retokenize(ctx, "é".encode()[:1], smol, bridge.draft_bytes, anchor_ids)
+    assert proposer.to_target(ctx, draft_ids, 4) == []
+    append_retokenize(ctx, "é".encode()[1:], smol, bridge.draft_bytes, anchor_ids)
+    ids = proposer.to_target(ctx, draft_ids, 10)
+    assert spell(bridge.target_bytes, ids) == b"ok\n    return x"
+    assert proposer.to_target(ctx, draft_ids, 2) == ids[:2]
 
 
 # --- sampling is exact -----------------------------------------------------------------------------
@@ -427,7 +431,7 @@ def test_auto_is_slem_when_greedy_and_tli_when_sampling():
 
 
 def test_generate_command_offers_both_algorithms(no_loading, capsys):
-    from anyspec.cli import build_parser
+    from anyspec.cli.commands import build_parser
 
     assert build_parser().parse_args(["generate", "--prompt", "x", "--algorithm", "slem"]).algorithm == "slem"
     assert build_parser().parse_args(["generate", "--prompt", "x"]).algorithm == "auto"

@@ -2,13 +2,14 @@
 
 __version__ = "0.1.0"
 
-_ENGINE_EXPORTS = ("generate", "Engine", "SpeculativeConfig", "SamplingParams", "GenerationResult")
+_EXPORTS = {"generate": "anyspec.pair", "Engine": "anyspec.engine", "GenerationResult": "anyspec.engine",
+            "SpeculativeConfig": "anyspec.config", "SamplingParams": "anyspec.config"}
 
 
 def __getattr__(name: str):
     """``anyspec.generate`` and the engine's classes, imported on first use (torch is heavy)."""
-    if name in _ENGINE_EXPORTS:
-        from anyspec import engine
+    if name in _EXPORTS:
+        import importlib
 
-        return getattr(engine, name)
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'anyspec' has no attribute {name!r}")

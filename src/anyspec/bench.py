@@ -20,18 +20,18 @@ difference is numerical, not a bug). Writes JSON, a Markdown table and optionall
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 import time
 from pathlib import Path
 
-from anyspec import defaults
 from anyspec.bench_vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
-from anyspec.cli import add_engine_options, set_threads
+from anyspec.config import DRAFT_CONFIDENCE, NUM_SPECULATIVE_TOKENS, SpeculativeConfig
+from anyspec.engine.prompt import encode_prompt, end_ids
 from anyspec.errors import ConfigError
 
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "prompts"
+PROMPTS_DIR = Path(__file__).resolve().with_name("data") / "prompts"  # package data
+DEFAULT_PROMPTS = [PROMPTS_DIR / "code.jsonl", PROMPTS_DIR / "prose.jsonl"]
 METHODS = ("target", "anyspec-greedy", "anyspec-slem", "anyspec-sampled", "hf-target", "hf-uag",
            "vllm-target", "vllm")
 DEFAULT_METHODS = [m for m in METHODS if m != "vllm-target"]  # a second vLLM instance: opt-in (memory)
@@ -64,16 +64,13 @@ def load_prompts(path: Path) -> list[dict]:
 
 # ---- methods: each returns {"ids", "text", "seconds", "drafted", "accepted"} -------------------------
 
-def _prompt_ids(tok, prompt) -> list[int]:
+def prompt_ids(tok, prompt) -> list[int]:
     """The target's prompt tokens exactly as the engine builds them."""
-    if isinstance(prompt, str):
-        return tok.encode(prompt)
-    text = tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    return tok.encode(text, add_special_tokens=False)
+    return encode_prompt(tok, prompt)[0]
 
 
 def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli") -> dict:
-    from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+    from anyspec.engine import Engine, SamplingParams
 
     key = ("engine", draft, sampled, algorithm)
     if key not in ctx:
@@ -96,7 +93,7 @@ def run_hf(ctx: dict, prompt, assisted: bool) -> dict:
     import torch
 
     target, tok = ctx["target"].model, ctx["target"].tokenizer
-    ids = torch.tensor([_prompt_ids(tok, prompt)])
+    ids = torch.tensor([prompt_ids(tok, prompt)])
     kw = {"max_new_tokens": ctx["max_new_tokens"], "do_sample": False, "attention_mask": torch.ones_like(ids),
           "top_p": None, "top_k": None, "temperature": None}
     if tok.pad_token_id is not None:
@@ -128,8 +125,8 @@ RUNNERS = {
     "anyspec-sampled": lambda ctx, p: run_anyspec(ctx, p, sampled=True),
     "hf-target": lambda ctx, p: run_hf(ctx, p, assisted=False),
     "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
-    "vllm-target": lambda ctx, p: run_vllm(ctx, _prompt_ids(ctx["target"].tokenizer, p), draft=False),
-    "vllm": lambda ctx, p: run_vllm(ctx, _prompt_ids(ctx["target"].tokenizer, p)),
+    "vllm-target": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx["target"].tokenizer, p), draft=False),
+    "vllm": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx["target"].tokenizer, p)),
 }
 
 
@@ -167,7 +164,7 @@ def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
     import torch
 
     target = ctx["target"]
-    ids = _prompt_ids(target.tokenizer, prompt) + ref[:pos]
+    ids = prompt_ids(target.tokenizer, prompt) + ref[:pos]
     target.reset()
     logits = target.extend(ids, last=1)[-1]
     target.reset()
@@ -178,47 +175,46 @@ def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
 # ---- the run -------------------------------------------------------------------------------------
 
 def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[str], max_new_tokens: int = 64,
-              k: int = defaults.NUM_SPECULATIVE_TOKENS, dtype: str | None = None, temperature: float = 0.7,
+              k: int = NUM_SPECULATIVE_TOKENS, dtype: str | None = None, temperature: float = 0.7,
               seed: int = 0,
               threads: int | None = None, limit: int | None = None, hf_assistant: str = "default",
               draft_dtype: str | None = None, adaptive_k: bool = False, vllm_python: str | Path | None = None,
-              log=print, draft_confidence: float = defaults.DRAFT_CONFIDENCE, repeat: int = 1) -> dict:
+              log=print, draft_confidence: float = DRAFT_CONFIDENCE, repeat: int = 1) -> dict:
+    """Every check first (settings, methods, prompt files, the pair), then load and run."""
     import torch
 
-    from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
-    from anyspec.engine import SpeculativeConfig
+    from anyspec.config import SamplingParams
+    from anyspec.pair import check_pair, load_pair
 
     engine_options = {"adaptive_k": adaptive_k, "draft_confidence": draft_confidence}
-    SpeculativeConfig(**engine_options)  # bad values fail here, before any model loads
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ConfigError(f"--repeat must be an integer >= 1, got {repeat!r}")
+    SpeculativeConfig(num_speculative_tokens=k, **engine_options)
+    SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    for name, value in (("--repeat", repeat), ("--limit", 1 if limit is None else limit)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     prompts = [p for f in prompt_files for p in load_prompts(f)[:limit]]
-    check_model_path(target)
-    check_model_path(draft)
+    plan = check_pair(target, draft, dtype, draft_dtype, threads)
     methods, notes = available(methods, vllm_python)
-    if threads:
-        torch.set_num_threads(threads)
-    dtype, draft_dtype = resolve_dtype(dtype), resolve_dtype(draft_dtype, draft=True)
     t = time.perf_counter()
-    tgt = load_model(target, dtype=dtype, name="target")
-    drf = load_model(draft, dtype=draft_dtype, name="draft")
+    tgt, drf, _ = load_pair(plan)
+    dtype, draft_dtype = plan.dtype, plan.draft_dtype
     log(f"loaded {target} ({dtype}) + {draft} ({draft_dtype}) in {time.perf_counter() - t:.1f}s; "
         f"{torch.get_num_threads()} threads")
     from anyspec.models import MODELS, resolve_model
 
     ctx = {"target": tgt, "draft": drf, "k": k, "temperature": temperature, "seed": seed,
            "engine_options": engine_options, "hf_assistant": hf_assistant,
-           "max_new_tokens": max_new_tokens, "eos": tgt.eos_ids(),
+           "max_new_tokens": max_new_tokens, "eos": end_ids(tgt),
            "dtype_name": dtype, "draft_dtype": draft_dtype, "threads": threads, "vllm_python": vllm_python,
            "target_path": resolve_model(target) if target in MODELS else target,
            "draft_path": resolve_model(draft) if draft in MODELS else draft}
 
     if any(m in VLLM_METHODS for m in methods):
         ctx["vllm_max_model_len"] = vllm_max_model_len(
-            [len(_prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], max_new_tokens, k)
+            [len(prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], max_new_tokens, k)
     try:
         runs = _run_all(ctx, prompts * repeat, methods, notes, log)
     finally:
@@ -341,13 +337,19 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict, path: Path) -> None:
+def pyplot():
     try:
         import matplotlib
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'anyspec[bench]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(result: dict, path: Path) -> None:
+    plt = pyplot()
 
     rows = [r for r in result["summary"] if r["set"] != "all"]
     sets = list(dict.fromkeys(r["set"] for r in rows))
@@ -375,55 +377,3 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def add_parser(sub) -> None:
-    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-
-    p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines")
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--prompts", nargs="+", type=Path, default=None,
-                   help="JSONL prompt files (default: benchmarks/prompts/code.jsonl and prose.jsonl)")
-    p.add_argument("--limit", type=int, default=None, help="at most N prompts from each file")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="run the whole rotation N times (tok/s then pools every run; a noisy machine)")
-    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS,
-                   help="default: all but vllm-target (a second vLLM instance)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=defaults.NUM_SPECULATIVE_TOKENS)
-    add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
-    p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
-                   help="HF assisted generation: its adaptive default, or the same fixed k as anyspec")
-    p.add_argument("--vllm-python", default=os.environ.get("ANYSPEC_VLLM_PYTHON") or None, metavar="PATH",
-                   help="run the vllm methods in a subprocess of this python (a venv with vLLM, e.g. "
-                        ".venv-vllm/bin/python; default: $ANYSPEC_VLLM_PYTHON, else vLLM in this process)")
-    p.add_argument("--json", type=Path, default=None, help="write the full result here")
-    p.add_argument("--markdown", type=Path, default=None, help="write the table here (it is printed anyway)")
-    p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here (needs matplotlib)")
-    p.set_defaults(func=run)
-
-
-def run(args) -> int:
-    files = args.prompts or [PROMPTS_DIR / "code.jsonl", PROMPTS_DIR / "prose.jsonl"]
-    if args.max_new_tokens < 1:
-        raise ConfigError("--max-new-tokens must be >= 1")
-    for f in files:
-        load_prompts(f)
-    set_threads(args)
-    result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
-                       args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
-                       args.limit, args.hf_assistant, args.draft_dtype, args.adaptive_k, args.vllm_python,
-                       log=lambda s: print(s, file=sys.stderr, flush=True),
-                       draft_confidence=args.draft_confidence, repeat=args.repeat)
-    table = markdown(result)
-    print(table)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    if args.markdown:
-        args.markdown.write_text(table)
-    if args.plot:
-        plot(result, args.plot)
-    return 0

@@ -4,7 +4,7 @@
 ``use_heterogeneous_vocab=True``), greedy; ``vllm-target`` is vLLM with the target alone. vLLM
 runs in this process when it imports here, else with ``--vllm-python PATH`` (or
 ``ANYSPEC_VLLM_PYTHON``) in a long-lived subprocess of that interpreter
-(``bench_vllm_runner.py``), one prompt per request, so the bench's rotation applies to it too.
+(``isolated/vllm_runner.py``), one prompt per request, so the bench's rotation applies to it too.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ class VllmUnavailable(Exception):
     notes the one-line message and skips the method."""
 
 
-RUNNER = Path(__file__).with_name("bench_vllm_runner.py")
+RUNNER = Path(__file__).with_name("isolated") / "vllm_runner.py"
 
 
 class VllmProcess:
-    """``bench_vllm_runner.py`` run by another python (the vLLM venv), the model loaded once.
+    """``isolated/vllm_runner.py`` run by another python (the vLLM venv), the model loaded once.
 
     :meth:`generate` sends one prompt's token ids and waits for its answer; the runner times the
     generation itself. Its stderr (vLLM's logs) goes to a temporary file, kept and named in the
@@ -205,7 +205,7 @@ def _vllm_engine(ctx: dict, draft: bool):
                                ctx["k"], ctx.get("vllm_max_model_len"), ctx.get("threads"), ctx["seed"])
         ctx.setdefault("vllm_info", {})["vllm" if draft else "vllm-target"] = ctx[key].info
     else:
-        from anyspec.bench_vllm_runner import default_eager, load_llm, oneline
+        from anyspec.isolated.vllm_runner import default_eager, load_llm, oneline
 
         try:
             ctx[key] = load_llm(target, draft_path, VLLM_DTYPES[ctx["dtype_name"]], ctx["k"],
@@ -227,7 +227,7 @@ def run_vllm(ctx: dict, ids: list[int], draft: bool = True) -> dict:
     if isinstance(engine, VllmProcess):
         out = engine.generate(ids, ctx["max_new_tokens"])
     else:
-        from anyspec.bench_vllm_runner import generate
+        from anyspec.isolated.vllm_runner import generate
 
         out = generate(engine, ids, ctx["max_new_tokens"], speculative=draft)
     new = list(out["ids"])

@@ -12,7 +12,7 @@ One round, for k draft tokens:
 2. ``draft_bytes`` + ``retokenize``: the tokens' bytes are joined (a special token such as EOS
    ends the draft's text) and an unfinished UTF-8 sequence at the end is dropped. The text is
    encoded with the TARGET tokenizer (no special tokens), plainly or behind an anchor that cuts a
-   SentencePiece dummy prefix off (``draft_context.encode_exact``), and kept only if the target ids
+   SentencePiece dummy prefix off (``spelling.encode_exact``), and kept only if the target ids
    spell exactly those bytes; else nothing is proposed this round (the target still emits one
    token). The proposal is capped at k target tokens, since the verify pass grows with it. A draft
    token the target lacks (SmolLM2's "\\n   " merge) becomes several target tokens ("\\n", "   "),
@@ -23,7 +23,7 @@ One round, for k draft tokens:
    mismatch emit x_i; if all m match, draw a bonus token from p_m. The engine runs this as
    ``tli.verify_sample(p, one_hot(proposed), proposed)``, the same code as TLI (see below).
 4. The draft's context follows the committed text in its own tokenization, exactly as TLI with
-   ``draft_context="retokenize"`` (``draft_context.append_retokenize``).
+   ``draft_context="retokenize"`` (``engine/context.py``).
 
 Why sampling is lossless for ANY proposal: at step i every earlier t_j was accepted, so the
 context the target scored is exactly the committed text, and the committed token is x_i, a fresh
@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 
 from anyspec.algorithms.sampling import logits_to_probs, sample
-from anyspec.draft_context import encode_exact, incomplete_utf8_tail
+from anyspec.algorithms.spelling import encode_exact, incomplete_utf8_tail
 
 
 def propose(draft_logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
@@ -69,7 +69,7 @@ def retokenize(data: bytes, tokenizer, token_bytes: list[bytes], anchor_ids: lis
 
     An unfinished UTF-8 sequence at the end is dropped; the rest is encoded with the target
     ``tokenizer`` (``token_bytes`` its bytes table, ``anchor_ids`` its encoding of
-    ``draft_context.ANCHOR``) and must reproduce those bytes exactly.
+    ``spelling.ANCHOR``) and must reproduce those bytes exactly.
     """
     data = data[: len(data) - incomplete_utf8_tail(data)]
     if not data or limit <= 0:

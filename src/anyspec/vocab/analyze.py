@@ -7,7 +7,6 @@ matches are false), and how much of a sample text the target writes with shared 
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from importlib import resources
@@ -198,32 +197,3 @@ def format_report(report: dict) -> str:
 
 def default_sample() -> str:
     return resources.files("anyspec").joinpath("data/sample.txt").read_text(encoding="utf-8")
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser(
-        "analyze", help="how well a draft and a target tokenizer fit for TLI",
-        description="Compare two vocabularies by the bytes of each token: shared tokens, what "
-                    "string matching would find, and coverage of a sample text.")
-    where = "tokenizer folder, .gguf file, or built-in model name"
-    parser.add_argument("--target", required=True, help=where)
-    parser.add_argument("--draft", required=True, help=where)
-    parser.add_argument("--text", help="UTF-8 text file for the coverage (default: a code+prose sample)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(func=run)
-
-
-def run(args) -> int:
-    if args.text:
-        path = Path(args.text).expanduser()
-        try:
-            text, name = path.read_text(encoding="utf-8"), str(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read --text {path} ({type(exc).__name__}); "
-                              "give a UTF-8 text file") from None
-    else:
-        text, name = default_sample(), "the built-in sample (code + prose)"
-    report = analyze_pair(resolve_tokenizer(args.target), resolve_tokenizer(args.draft), text, name,
-                          names=(args.target, args.draft))
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0

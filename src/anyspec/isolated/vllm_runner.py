@@ -5,7 +5,7 @@ venv (docs/vllm.md). ``anyspec bench --vllm-python PATH`` runs this file *by pat
 interpreter (anyspec need not be importable there; the file imports only the standard library
 and vLLM)::
 
-    PATH bench_vllm_runner.py --target DIR [--draft DIR] --dtype float32 -k 4 --max-model-len 2048
+    PATH vllm_runner.py --target DIR [--draft DIR] --dtype float32 -k 4 --max-model-len 2048
 
 Without ``--draft`` vLLM runs the target alone; with it, vLLM's own speculative decoding
 (``method="draft_model"``, ``use_heterogeneous_vocab=True``). The model is loaded once. Protocol,
@@ -26,19 +26,12 @@ before importing vLLM.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
-
-_HERE = os.path.dirname(os.path.realpath(__file__))
-if __name__ == "__main__" and sys.path and os.path.realpath(sys.path[0]) == _HERE:
-    # Run by path, python puts this file's folder first on sys.path; its modules (models.py,
-    # server.py, ...) must not shadow anything vLLM imports.
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
+import time
+import traceback
 
 DRAFTED = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"

@@ -1,0 +1,39 @@
+"""``anyspec analyze``: how well a draft and a target tokenizer fit, before any model is run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from anyspec.errors import ConfigError
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "analyze", help="how well a draft and a target tokenizer fit for TLI",
+        description="Compare two vocabularies by the bytes of each token: shared tokens, what "
+                    "string matching would find, and coverage of a sample text.")
+    where = "tokenizer folder, .gguf file, or built-in model name"
+    parser.add_argument("--target", required=True, help=where)
+    parser.add_argument("--draft", required=True, help=where)
+    parser.add_argument("--text", help="UTF-8 text file for the coverage (default: a code+prose sample)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from anyspec.vocab.analyze import analyze_pair, default_sample, format_report, resolve_tokenizer
+
+    if args.text:
+        path = Path(args.text).expanduser()
+        try:
+            text, name = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read --text {path} ({type(exc).__name__}); "
+                              "give a UTF-8 text file") from None
+    else:
+        text, name = default_sample(), "the built-in sample (code + prose)"
+    report = analyze_pair(resolve_tokenizer(args.target), resolve_tokenizer(args.draft), text, name,
+                          names=(args.target, args.draft))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0

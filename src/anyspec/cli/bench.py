@@ -1,0 +1,64 @@
+"""``anyspec bench``: anyspec against the target alone, Hugging Face's assisted generation and vLLM
+(``anyspec/bench.py``), on the prompts shipped with the package unless ``--prompts`` names others."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from anyspec.cli.options import add_engine_options, add_model_options, check_output
+from anyspec.config import NUM_SPECULATIVE_TOKENS
+
+
+def add_parser(sub) -> None:
+    from anyspec.bench import DEFAULT_METHODS, METHODS
+
+    p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines")
+    add_model_options(p, no_draft=False)
+    p.add_argument("--prompts", nargs="+", type=Path, default=None,
+                   help="JSONL prompt files (default: the code and prose sets shipped with anyspec)")
+    p.add_argument("--limit", type=int, default=None, help="at most N prompts from each file")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole rotation N times (tok/s then pools every run; a noisy machine)")
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS,
+                   help="default: all but vllm-target (a second vLLM instance)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=NUM_SPECULATIVE_TOKENS)
+    add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
+    p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
+                   help="HF assisted generation: its adaptive default, or the same fixed k as anyspec")
+    p.add_argument("--vllm-python", default=os.environ.get("ANYSPEC_VLLM_PYTHON") or None, metavar="PATH",
+                   help="run the vllm methods in a subprocess of this python (a venv with vLLM, e.g. "
+                        ".venv-vllm/bin/python; default: $ANYSPEC_VLLM_PYTHON, else vLLM in this process)")
+    p.add_argument("--json", type=Path, default=None, help="write the full result here")
+    p.add_argument("--markdown", type=Path, default=None, help="write the table here (it is printed anyway)")
+    p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here (needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from anyspec.bench import DEFAULT_PROMPTS, markdown, plot, pyplot, run_bench
+
+    for path, option in ((args.json, "--json"), (args.markdown, "--markdown"), (args.plot, "--plot")):
+        check_output(path, option)
+    if args.plot:
+        pyplot()
+    files = args.prompts or DEFAULT_PROMPTS
+    result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
+                       args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
+                       args.limit, args.hf_assistant, args.draft_dtype, args.adaptive_k, args.vllm_python,
+                       log=lambda s: print(s, file=sys.stderr, flush=True),
+                       draft_confidence=args.draft_confidence, repeat=args.repeat)
+    table = markdown(result)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(table)
+    if args.plot:
+        plot(result, args.plot)
+    return 0

@@ -1,0 +1,30 @@
+"""The ``anyspec`` command line: thin sub-commands over the library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from anyspec.cli import analyze, bench, demo, generate, serve
+from anyspec.cli.options import check_cache_dir
+from anyspec.errors import AnyspecError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from anyspec import models
+
+    parser = argparse.ArgumentParser(prog="anyspec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (analyze, generate, models, bench, demo, serve):
+        command.add_parser(sub)  # each sets func=run(args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        check_cache_dir()
+        return args.func(args) or 0
+    except AnyspecError as exc:
+        print(f"anyspec {args.command}: error: {exc}", file=sys.stderr)
+        return 2

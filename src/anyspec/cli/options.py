@@ -1,0 +1,95 @@
+"""What the commands share: the engine options, the model pair, and checks on paths and prompts.
+
+Every check here runs before any model loads and fails with a ``ConfigError``: one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from anyspec.config import ALGORITHMS, DRAFT_CONFIDENCE, SpeculativeConfig, check_prompt
+from anyspec.errors import ConfigError
+from anyspec.pair import PairPlan, check_pair
+
+
+def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True) -> None:
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help="target model: a folder, a .gguf file or a built-in name (default %(default)s)")
+    p.add_argument("--draft", default=DEFAULT_DRAFT,
+                   help="draft model: a folder, a .gguf file or a built-in name (default %(default)s)")
+    if no_draft:
+        p.add_argument("--no-draft", action="store_true", help="decode with the target alone (the baseline)")
+
+
+def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> None:
+    """Dtypes, threads, adaptive k, the confidence stop and (optionally) the algorithm."""
+    if algorithm:
+        p.add_argument("--algorithm", default="auto", choices=ALGORITHMS,
+                       help="auto (default): slem when greedy, tli when sampling | tli: the draft keeps to "
+                            "the shared tokens | slem: the draft writes freely, its text is re-encoded")
+    p.add_argument("--adaptive-k", action="store_true",
+                   help="choose k (0 = target alone) each round from measured acceptance and speed")
+    p.add_argument("--draft-confidence", type=float, default=DRAFT_CONFIDENCE, metavar="P",
+                   help="end a round's draft after a token the draft gives probability below P "
+                        "(0 = always draft k; default: %(default)s)")
+    p.add_argument("--dtype", default="auto",
+                   help="target: auto (bf16: natively, or on anyspec's AVX2 kernel; fp32 where neither "
+                        "runs) | bf16 | fp16 | fp32 | int8 (weight-only int8 linears: a quantized target)")
+    p.add_argument("--draft-dtype", default="auto",
+                   help="draft: auto (int8 on the CPU, with anyspec's lean forward for Llama-family "
+                        "models: the draft's numbers never change the output) | bf16 | fp16 | fp32")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's choice, one per physical core)")
+
+
+def speculative_config(args, **settings) -> SpeculativeConfig:
+    """The config from ``add_engine_options``' flags and the command's own ``settings``."""
+    if getattr(args, "algorithm", None) is not None:
+        settings.setdefault("algorithm", args.algorithm)
+    return SpeculativeConfig(adaptive_k=args.adaptive_k, draft_confidence=args.draft_confidence, **settings)
+
+
+def pair_plan(args, draft: bool = True) -> PairPlan:
+    """The checked pair from ``--target``, ``--draft`` (unless ``--no-draft``), the dtypes and threads."""
+    use_draft = draft and not getattr(args, "no_draft", False)
+    return check_pair(args.target, args.draft if use_draft else None, args.dtype, args.draft_dtype,
+                      args.threads, getattr(args, "allow_download", False),
+                      getattr(args, "trust_remote_code", False))
+
+
+def check_prompt_text(text: str) -> None:
+    """A prompt from the command line: not blank, and valid UTF-8 (the shell may pass any bytes)."""
+    if not text.strip():
+        raise ConfigError("the prompt is empty; pass some text with --prompt")
+    check_prompt(text)
+
+
+def check_output(path: Path | None, option: str) -> None:
+    """A file the command will write at the end: its folder must exist and be writable now."""
+    if path is None:
+        return
+    folder = path.expanduser().parent
+    if path.is_dir():
+        raise ConfigError(f"{option} {path} is a folder; give a file name")
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: the folder {folder} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"{option} {path}: the folder {folder} is not writable")
+
+
+def check_cache_dir() -> None:
+    """anyspec's cache (``$ANYSPEC_CACHE_DIR`` or the per-user cache folder) must be a writable folder."""
+    from anyspec.fetch import cache_dir
+
+    where = os.environ.get("ANYSPEC_CACHE_DIR") or "the cache folder"
+    try:
+        with tempfile.TemporaryFile(dir=cache_dir()):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot use {where} as anyspec's cache ({exc.strerror or exc}); "
+                          "set ANYSPEC_CACHE_DIR to a writable folder") from None

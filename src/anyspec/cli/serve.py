@@ -1,0 +1,86 @@
+"""``anyspec serve``: the OpenAI-compatible server over a target and a draft (``anyspec/server``)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+from anyspec.cli.options import add_engine_options, add_model_options, pair_plan, speculative_config
+from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, NUM_SPECULATIVE_TOKENS
+from anyspec.errors import ConfigError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions and chat, streaming)")
+    add_model_options(p)
+    p.add_argument("-k", "--k", type=int, default=NUM_SPECULATIVE_TOKENS,
+                   help="draft tokens per round, at most")
+    add_engine_options(p)
+    p.add_argument("--draft-sample-method", default="sample", choices=DRAFT_SAMPLE_METHODS)
+    p.add_argument("--draft-context", default="retokenize", choices=DRAFT_CONTEXTS)
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt in full (default: a request starts from the KV cache of "
+                        "the prefix it shares with the one before, on row-invariant models)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: the target)")
+    p.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more answer 429")
+    p.add_argument("--queue-timeout", type=float, default=60.0, help="seconds a request may wait; then 503")
+    p.add_argument("--generation-timeout", type=float, default=300.0, help="seconds a generation may run")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    p.add_argument("--default-max-tokens", type=int, default=256, help="when a request sets no max_tokens")
+    p.set_defaults(func=run)
+
+
+def check_args(args):
+    """Everything that can be wrong with the command line, found before any model loads:
+    ``(settings, config, plan)``."""
+    from anyspec.models import MODELS
+
+    config = speculative_config(args, num_speculative_tokens=args.k,
+                                draft_sample_method=args.draft_sample_method,
+                                draft_context=args.draft_context, prefix_cache=not args.no_prefix_cache)
+    plan = pair_plan(args)
+    for name in ("queue_size", "max_body_bytes", "default_max_tokens", "port"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.port > 65535:
+        raise ConfigError(f"--port must be at most 65535, got {args.port}")
+    for name in ("queue_timeout", "generation_timeout"):
+        if not getattr(args, name) > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ConfigError("the server needs fastapi, uvicorn and prometheus_client: "
+                          "pip install 'anyspec[server]'") from None
+    from anyspec.server.app import Settings
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((args.host, args.port))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
+    settings = Settings(name, args.queue_size, args.queue_timeout, args.generation_timeout,
+                        args.max_body_bytes, args.default_max_tokens)
+    return settings, config, plan
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from anyspec.engine import Engine
+    from anyspec.pair import load_pair
+    from anyspec.server.app import create_app
+
+    settings, config, plan = check_args(args)
+    pair = load_pair(plan, names=(args.target, args.draft))
+    app = create_app(Engine(pair.target, pair.draft, config), settings)
+    print(f"anyspec serve: '{settings.model_name}' on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
+    return 0

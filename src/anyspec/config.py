@@ -1,0 +1,124 @@
+"""What a run may ask for, checked once: ``SpeculativeConfig`` (the pair's settings), ``SamplingParams``
+(one request's) and the prompt. Every check raises ``ConfigError`` before any model is touched; the
+CLI prints it as one line and the server answers 400.
+
+The defaults for k and the draft's confidence stop are tuned by ``benchmarks/tune.py``
+(docs/benchmarks.md): a round drafts up to 5 tokens and ends after a token the draft itself gives
+less than 0.5.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from anyspec.errors import ConfigError
+
+NUM_SPECULATIVE_TOKENS = 5
+DRAFT_CONFIDENCE = 0.5
+
+METHODS = ("draft_model",)
+ALGORITHMS = ("auto", "tli", "slem")  # auto: SLEM for greedy requests, TLI for sampled ones
+DRAFT_SAMPLE_METHODS = ("greedy", "sample")
+DRAFT_CONTEXTS = ("retokenize", "token-map")
+SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str = "draft_model"
+    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS
+    use_heterogeneous_vocab: bool = True
+    draft_sample_method: str = "sample"
+    algorithm: str = "auto"
+    draft_context: str = "retokenize"
+    adaptive_k: bool = False  # per round, k in 0..num_speculative_tokens from measured speed
+    draft_confidence: float = DRAFT_CONFIDENCE  # end a round's draft after a token the draft gives
+    #                                             less probability (0 = off)
+    prefix_cache: bool = True  # start from the KV cache of the prompt prefix a request shares with
+    #                            the one before (row-invariant models only: reuse_prefix)
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown speculative method {self.method!r}; use method='draft_model'")
+        if not _is_int(self.num_speculative_tokens) or self.num_speculative_tokens < 1:
+            raise ConfigError(f"num_speculative_tokens (k) must be an integer >= 1, got "
+                              f"{self.num_speculative_tokens!r}; use --no-draft for target-only decoding")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+        if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
+            raise ConfigError(f"unknown draft_sample_method {self.draft_sample_method!r}; "
+                              f"use one of {', '.join(DRAFT_SAMPLE_METHODS)}")
+        if self.draft_context not in DRAFT_CONTEXTS:
+            raise ConfigError(f"unknown draft_context {self.draft_context!r}; "
+                              f"use one of {', '.join(DRAFT_CONTEXTS)}")
+        if not _is_number(self.draft_confidence) or not 0 <= self.draft_confidence < 1:
+            raise ConfigError(f"draft_confidence must be a probability in [0, 1) (0 = off), got "
+                              f"{self.draft_confidence!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ConfigError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
+        if self.algorithm == "slem" and self.draft_context != "retokenize":
+            raise ConfigError("algorithm='slem' needs draft_context='retokenize' (the draft writes its own "
+                              "tokens, so it must read its own tokenization)")
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 128
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), "
+                              f"got {self.temperature}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        low, high = SEED_RANGE
+        if self.seed is not None and (not _is_int(self.seed) or not low <= self.seed < high):
+            raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError("stop strings must be non-empty strings")
+        for s in self.stop:
+            check_text(s, "a stop string")
+
+
+def check_text(text: str, what: str) -> None:
+    """Text must be valid Unicode (no lone surrogates: what undecodable command-line bytes become)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{what} is not valid UTF-8 text (character {exc.start}); pass UTF-8") from None
+
+
+def check_prompt(prompt: str | list[dict]) -> None:
+    """A non-empty text, or a non-empty list of ``{"role", "content"}`` messages, all valid UTF-8."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ConfigError("the prompt is empty; pass some text")
+        check_text(prompt, "the prompt")
+        return
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) and "role" in m
+                                                              for m in prompt):
+        raise ConfigError("chat messages must be a non-empty list of {'role': ..., 'content': ...}")
+    for i, m in enumerate(prompt):
+        for key in ("role", "content"):
+            if isinstance(m.get(key), str):
+                check_text(m[key], f"message {i}'s {key}")

@@ -1,0 +1,12 @@
+"""The engine, in reading order: ``loop.py`` (propose → verify → accept → commit), ``proposers.py``
+(TLI and SLEM), ``bridge.py`` (ids and bytes across the two vocabularies), ``context.py`` (what the
+draft reads), ``output.py`` (UTF-8 streaming and stop strings) and ``prompt.py`` (prompt → ids).
+"""
+
+from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.engine.loop import Engine, GenerationResult, Stats, speculative_generate
+from anyspec.engine.prompt import encode_prompt, render_prompt
+from anyspec.engine.proposers import algorithm_for
+
+__all__ = ["Engine", "GenerationResult", "SamplingParams", "SpeculativeConfig", "Stats", "algorithm_for",
+           "encode_prompt", "render_prompt", "speculative_generate"]

@@ -1,0 +1,215 @@
+"""The speculative decoding loop: a draft proposes k tokens, the target verifies them in one pass.
+
+``Engine(target, draft, config).generate(prompt, params)``; ``draft=None`` runs the target alone on
+the same loop (k = 0 every round), which is the honest baseline. ``speculative_generate`` is the
+whole method top to bottom: propose, verify, accept, commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from anyspec.algorithms import tli
+from anyspec.algorithms.adaptive_k import AdaptiveK
+from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.engine.bridge import build_bridge, token_bytes_table
+from anyspec.engine.context import DraftContext, DraftReader, common_prefix
+from anyspec.engine.output import Output
+from anyspec.engine.prompt import check_room, context_length, encode_prompt, end_ids
+from anyspec.engine.proposers import SLEM, TLI, Proposal, Proposer, algorithm_for, propose
+
+
+@dataclass
+class Stats:
+    algorithm: str = "none"  # what ran: tli, slem, or none (the target alone)
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    generated: int = 0
+    accepted_hist: list[int] = field(default_factory=list)  # rounds that accepted 0, 1, .., k tokens
+    prompt_tokens: int = 0
+    prompt_cached: int = 0  # prompt tokens whose KV came from the previous request (prefix_cache)
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    total_seconds: float = 0.0
+    draft_fallbacks: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Proposed target tokens accepted per round (the bonus token not counted)."""
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.total_seconds if self.total_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
+                   tokens_per_second=self.tokens_per_second)
+        return out
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # target ids of the generated tokens (an EOS that ended it not included)
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    stats: Stats
+
+
+class Engine:
+    def __init__(self, target, draft=None, config: SpeculativeConfig | None = None):
+        self.target, self.draft = target, draft
+        self.config = config or SpeculativeConfig()
+        self.proposers: dict[str, Proposer] = {}
+        bridge = None
+        if draft is not None:
+            bridge = build_bridge(draft, target, self.config)
+            own = self.config.use_heterogeneous_vocab and self.config.draft_context == "retokenize"
+            self.reader = DraftReader(draft, bridge, own)
+            self.proposers["tli"] = TLI(bridge)
+            if bridge.target_bytes is not None:
+                self.proposers["slem"] = SLEM(bridge, target.tokenizer)
+        self.bridge = bridge
+        known = bridge.target_bytes if bridge is not None else None
+        if known is None:
+            known = token_bytes_table(target.tokenizer, target.vocab_size)
+        self.target_bytes = known
+        self.eos_ids = end_ids(target)
+
+    def proposer_for(self, params: SamplingParams) -> Proposer | None:
+        return self.proposers[algorithm_for(self.config, params)] if self.draft is not None else None
+
+    def generate(self, prompt: str | list[dict], params: SamplingParams | None = None,
+                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+        """Generate; ``on_text`` receives text as it is committed (never half a character)."""
+        stream = self.stream(prompt, params)
+        while True:
+            try:
+                piece = next(stream)
+            except StopIteration as done:
+                return done.value
+            if on_text is not None:
+                on_text(piece)
+
+    def stream(self, prompt: str | list[dict], params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield committed text; the generator's return value is the ``GenerationResult``."""
+        return speculative_generate(self, prompt, params or SamplingParams())
+
+
+def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams) -> Iterator[str]:
+    proposer = engine.proposer_for(params)
+    k = engine.config.num_speculative_tokens if proposer is not None else 0
+    generator = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
+    if params.seed is None:
+        generator.seed()
+    stats = Stats(algorithm=proposer.algorithm if proposer else "none", accepted_hist=[0] * (k + 1))
+    schedule = AdaptiveK(k) if proposer is not None and engine.config.adaptive_k else None
+    t_start = time.perf_counter()
+    pending, ctx = prefill(engine, prompt, params, stats)
+    output = Output(engine.target_bytes, engine.eos_ids, params)
+
+    while output.finish is None:
+        stats.rounds += 1
+        k_round = min(schedule.choose() if schedule else k, params.max_new_tokens - len(output.ids) - 1)
+
+        # 1. Propose up to k_round target tokens (possibly none).
+        t0 = time.perf_counter()
+        proposal = Proposal([])
+        if k_round > 0:
+            proposal = propose(proposer, engine.draft, ctx, k_round, params, generator, engine.config)
+        draft_time = time.perf_counter() - t0
+        stats.draft_seconds += draft_time
+
+        # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
+        t0 = time.perf_counter()
+        n, pending = verify(engine.target, pending, proposal, proposer, params, generator)
+        stats.target_seconds += time.perf_counter() - t0
+        if schedule:  # a draft pass that also read the prompt or a long tail is no measure of k
+            schedule.update(proposal.drafted, n, draft_time if proposal.catch_up <= 3 else None,
+                            time.perf_counter() - t0, proposed=len(proposal.ids))
+        stats.drafted += len(proposal.ids)
+        stats.accepted += n
+        stats.accepted_hist[n] += 1
+
+        # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
+        committed = output.commit(proposal.ids[:n] + [pending])
+        stats.generated = len(output.ids)
+        if piece := output.ready():
+            yield piece
+
+        # 5. The draft's context follows the committed text.
+        if output.finish is None and proposer is not None:
+            t0 = time.perf_counter()
+            engine.reader.commit(ctx, committed, b"".join(engine.target_bytes[t] for t in committed))
+            stats.draft_seconds += time.perf_counter() - t0
+
+    if ctx is not None:
+        stats.draft_fallbacks = ctx.fallbacks
+    stats.total_seconds = time.perf_counter() - t_start
+    return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats)
+
+
+def prefill(engine: Engine, prompt: str | list[dict], params: SamplingParams, stats: Stats
+            ) -> tuple[int, DraftContext | None]:
+    """The prompt into the target's cache but for its last token (returned: committed, not yet
+    cached), and the draft's context; a prefix the previous request left may be kept."""
+    target = engine.target
+    ids, text, _ = encode_prompt(target.tokenizer, prompt)
+    check_room(len(ids), params.max_new_tokens, context_length(target))
+    stats.prompt_tokens = len(ids)
+    reuse = engine.config.prefix_cache
+    stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
+    t0 = time.perf_counter()
+    if len(ids) - 1 > stats.prompt_cached:
+        target.extend(ids[stats.prompt_cached:-1], last=1)
+    stats.target_seconds += time.perf_counter() - t0
+    if engine.draft is None:
+        return ids[-1], None
+    if not reusable(engine.draft, reuse):
+        engine.draft.reset()  # else the first round's catch-up keeps what the draft's prompt shares
+    return ids[-1], engine.reader.start(prompt, text, ids)
+
+
+def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, params: SamplingParams,
+           generator: torch.Generator) -> tuple[int, int]:
+    """How many proposed tokens the target accepts, and the token it adds; its cache keeps those."""
+    proposed = proposal.ids
+    logits = target.extend([pending] + proposed)
+    if params.temperature == 0:
+        n, token = tli.verify_greedy(logits, proposed)
+    else:
+        p = tli.target_probs(logits, params.temperature, params.top_k, params.top_p)
+        q = proposer.q_prime(proposal, p.shape[-1]) if proposer is not None else None
+        n, token = tli.verify_sample(p, q, proposed, generator)
+    target.crop(target.num_cached - (len(proposed) - n))
+    return n, token
+
+
+def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
+    """Keep the cached tokens that begin ``ids`` and drop the rest; returns how many were kept.
+
+    Only for a row-invariant model (``model.row_invariant``: anyspec's row-wise kernel in every
+    product and attention, so a token's keys and values are the same bits however many tokens were
+    computed with it); any other model starts empty, since a prefix computed within another
+    request could differ in the last bits from the target alone's own prefill.
+    """
+    keep = common_prefix(model.cached_ids, ids) if reusable(model, enabled) else 0
+    if keep:
+        model.crop(keep)
+    else:
+        model.reset()
+    return keep
+
+
+def reusable(model, enabled: bool) -> bool:
+    return enabled and getattr(model, "row_invariant", False)

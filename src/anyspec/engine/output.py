@@ -1,0 +1,66 @@
+"""The generated text, token by token: an EOS, ``max_new_tokens`` or a stop string ends it.
+
+Tokens are bytes, and a token may end inside a UTF-8 character, so the bytes go through an
+incremental decoder and text streams only in whole characters. While stop strings are set, the last
+``len(longest) - 1`` characters are held back, since they may begin one; a stop string is cut off.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+from anyspec.config import SamplingParams
+
+
+class Output:
+    def __init__(self, token_bytes: list[bytes], eos_ids: set[int], params: SamplingParams):
+        self.token_bytes, self.eos_ids = token_bytes, eos_ids
+        self.stops, self.max_new_tokens = params.stop, params.max_new_tokens
+        self.ids: list[int] = []
+        self.text = ""
+        self.finish: str | None = None  # "stop" (EOS or a stop string) or "length"
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self._streamed = 0
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        """Append ``tokens`` up to the one that ends the generation; returns those appended."""
+        committed, cut = [], None
+        for token in tokens:
+            if token in self.eos_ids:
+                self.finish = "stop"
+                break
+            committed.append(token)
+            self.ids.append(token)
+            size = len(self.text)
+            self.text += self._decoder.decode(self.token_bytes[token])
+            cut = find_stop(self.text, self.stops, size)
+            if cut is not None:
+                self.text, self.finish = self.text[:cut], "stop"
+                break
+            if len(self.ids) >= self.max_new_tokens:
+                self.finish = "length"
+                break
+        if self.finish is not None:
+            if cut is None:
+                self.text += self._decoder.decode(b"", final=True)  # an unfinished character: U+FFFD
+            self._hold = 0
+        return committed
+
+    def ready(self) -> str:
+        """The text that may be streamed now, not yet given out."""
+        end = len(self.text) - self._hold
+        if end <= self._streamed:
+            return ""
+        piece, self._streamed = self.text[self._streamed:end], end
+        return piece
+
+
+def find_stop(text: str, stops: list[str], before: int) -> int | None:
+    """Index of the earliest stop string that ends after position ``before``, or None."""
+    best = None
+    for s in stops:
+        i = text.find(s, max(0, before - len(s) + 1))
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best

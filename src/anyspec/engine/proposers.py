@@ -1,0 +1,137 @@
+"""The two ways a draft with another vocabulary proposes target tokens, behind one small protocol.
+
+* ``TLI`` (``algorithms/tli.py``): the draft samples only among the tokens both vocabularies share,
+  and each draft token is its target twin; sampled verification uses its q' in target space.
+* ``SLEM`` (``algorithms/slem.py``): the draft writes freely; its text is re-encoded with the target
+  tokenizer, and verification is exact match (a one-hot q on each proposed token).
+
+``propose`` runs a round's draft for either: the draft catches up on its context, then writes up to
+k tokens, one cached forward each, and stops early after a token it doubts.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+
+from anyspec.algorithms import slem, tli
+from anyspec.algorithms.adaptive_k import confidence
+from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.engine.bridge import Bridge
+from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
+
+
+class Proposal(NamedTuple):
+    ids: list[int]  # target ids, to verify
+    qs: list | tuple = ()  # per draft token: its q' over the draft vocabulary, or its id (one-hot)
+    drafted: int = 0  # draft tokens written
+    catch_up: int = 0  # context tokens the draft read before writing
+
+
+class Proposer(Protocol):
+    algorithm: str
+    mask: torch.Tensor | None  # the draft tokens it may write (None: all)
+
+    def sample(self, logits: torch.Tensor, temperature: float, params: SamplingParams,
+               generator: torch.Generator) -> tuple[int, torch.Tensor | None]: ...
+
+    def ends_text(self, draft_id: int) -> bool: ...
+
+    def to_target(self, ctx: DraftContext, draft_ids: list[int], limit: int) -> list[int]: ...
+
+    def q_prime(self, proposal: Proposal, vocab_size: int) -> torch.Tensor | None: ...
+
+
+class TLI:
+    algorithm = "tli"
+
+    def __init__(self, bridge: Bridge):
+        self.bridge = bridge
+        self.mask = bridge.intersection_mask
+
+    def sample(self, logits, temperature, params, generator):
+        return tli.propose(logits, self.mask, temperature, params.top_k, params.top_p, generator)
+
+    def ends_text(self, draft_id: int) -> bool:
+        return False
+
+    def to_target(self, ctx, draft_ids, limit):
+        return [self.bridge.draft_to_target[d] for d in draft_ids]
+
+    def q_prime(self, proposal, vocab_size):
+        """The round's q' stacked in target space ``[k, Vt]``; None when nothing was proposed."""
+        if not proposal.qs:
+            return None
+        rows = []
+        for q in proposal.qs:
+            if isinstance(q, int):
+                row = torch.zeros(vocab_size)
+                row[self.bridge.draft_to_target[q]] = 1.0
+                rows.append(row)
+            else:
+                rows.append(tli.to_target_space(q, self.bridge.inter_draft_ids, self.bridge.inter_target_ids,
+                                                vocab_size))
+        return torch.stack(rows)
+
+
+class SLEM:
+    algorithm = "slem"
+    mask = None
+
+    def __init__(self, bridge: Bridge, target_tokenizer):
+        self.bridge = bridge
+        self.target_tokenizer = target_tokenizer
+        self.target_anchor_ids = target_tokenizer.encode(ANCHOR, add_special_tokens=False)
+
+    def sample(self, logits, temperature, params, generator):
+        return slem.propose(logits, temperature, params.top_k, params.top_p, generator), None
+
+    def ends_text(self, draft_id: int) -> bool:
+        """EOS or another special token ends the draft's text (``slem.draft_bytes``)."""
+        return not self.bridge.draft_bytes[draft_id]
+
+    def to_target(self, ctx, draft_ids, limit):
+        """At most ``limit`` target ids that spell the draft tokens' text exactly. Nothing when the
+        committed text ends inside a character: the draft reads only up to that character, so its
+        text does not continue the target's bytes."""
+        if ctx.policy == "retokenize" and len(ctx.text) > (ctx.ends[-1] if ctx.ends else 0):
+            return []
+        return slem.retokenize(slem.draft_bytes(draft_ids, self.bridge.draft_bytes), self.target_tokenizer,
+                               self.bridge.target_bytes, self.target_anchor_ids, limit)
+
+    def q_prime(self, proposal, vocab_size):
+        return slem.one_hot(proposal.ids, vocab_size)
+
+
+def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:
+    """The algorithm a request runs. ``auto``: SLEM when greedy (exact match keeps every draft token
+    the target would pick, and the draft may write tokens outside the intersection), TLI when
+    sampling (accepting with min(1, p/q') keeps more than exact match's p(t)), and TLI with the
+    token-map context, which SLEM cannot use."""
+    if config.algorithm != "auto":
+        return config.algorithm
+    if params.temperature == 0 and config.draft_context == "retokenize":
+        return "slem"
+    return "tli"
+
+
+def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: SamplingParams,
+            generator: torch.Generator, config: SpeculativeConfig) -> Proposal:
+    keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
+    draft.crop(keep)
+    logits = draft.extend(ctx.ids[keep:], last=1)[-1]
+    temperature = 0.0 if config.draft_sample_method == "greedy" else params.temperature
+    stop_below = config.draft_confidence
+    draft_ids, qs = [], []
+    for i in range(k):
+        d, q = proposer.sample(logits, temperature, params, generator)
+        draft_ids.append(d)
+        qs.append(d if q is None else q)
+        if proposer.ends_text(d):
+            break
+        if stop_below and i + 1 < k and confidence(logits, d, q, proposer.mask) < stop_below:
+            break  # the draft doubts this token: the next ones are unlikely to be accepted
+        if i + 1 < k:
+            logits = draft.extend([d])[-1]
+    return Proposal(proposer.to_target(ctx, draft_ids, k), qs, len(draft_ids), len(ctx.ids) - keep)

@@ -1,0 +1,75 @@
+"""The target and draft, loaded one way for every caller: the commands, the server, the bench and
+``anyspec.generate``.
+
+``check_pair`` finds what cannot work (a model that is not there, an unknown dtype, a thread count
+below one) and resolves the dtypes, before anything loads; ``load_pair`` then sets the threads and
+loads the target and, unless there is none, the draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from anyspec.config import SamplingParams, SpeculativeConfig, check_prompt
+from anyspec.errors import ConfigError
+from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+class PairPlan(NamedTuple):
+    target: str
+    draft: str | None  # None: the target alone
+    dtype: str  # canonical names (bf16, fp16, fp32, int8), resolved once
+    draft_dtype: str | None
+    threads: int | None = None
+    allow_download: bool = False
+    trust_remote_code: bool = False
+
+
+class Pair(NamedTuple):
+    target: object
+    draft: object | None
+    plan: PairPlan
+
+
+def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_dtype: str | None = None,
+               threads: int | None = None, allow_download: bool = False,
+               trust_remote_code: bool = False) -> PairPlan:
+    from anyspec.backends import transformers as backend
+
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    resolved = backend.resolve_dtype(dtype)
+    draft_resolved = backend.resolve_dtype(draft_dtype, draft=True) if draft else None
+    for spec in [target] + ([draft] if draft else []):
+        backend.check_model_path(spec, allow_download)
+    return PairPlan(target, draft, resolved, draft_resolved, threads, allow_download, trust_remote_code)
+
+
+def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> Pair:
+    import torch
+
+    from anyspec.backends import transformers as backend
+
+    if plan.threads is not None:
+        torch.set_num_threads(plan.threads)
+    options = dict(allow_download=plan.allow_download, trust_remote_code=plan.trust_remote_code)
+    target = backend.load_model(plan.target, dtype=plan.dtype, name=names[0], **options)
+    draft = None
+    if plan.draft:
+        draft = backend.load_model(plan.draft, dtype=plan.draft_dtype, name=names[1], **options)
+    return Pair(target, draft, plan)
+
+
+def generate(prompt: str | list[dict], target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT,
+             config: SpeculativeConfig | None = None, params: SamplingParams | None = None,
+             dtype: str | None = None, on_text: Callable[[str], None] | None = None,
+             draft_dtype: str | None = None):
+    """One call: load the models (built-in names, folders or GGUF files) and generate."""
+    from anyspec.engine import Engine
+
+    config = config or SpeculativeConfig()
+    params = params or SamplingParams()
+    check_prompt(prompt)
+    pair = load_pair(check_pair(target, draft, dtype, draft_dtype))
+    return Engine(pair.target, pair.draft, config).generate(prompt, params, on_text=on_text)

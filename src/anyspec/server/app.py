@@ -1,0 +1,248 @@
+"""The OpenAI-compatible HTTP app over one engine (``anyspec serve``; ``protocol.py`` checks the requests).
+
+``POST /v1/completions`` and ``POST /v1/chat/completions`` (server-sent events with ``stream: true``),
+``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text). The official ``openai``
+client works against it unchanged.
+
+Scheduling: the engine is batch size 1 and not thread-safe, so one worker thread runs one generation
+at a time and requests wait in a bounded FIFO queue (``--queue-size``; a full queue answers 429 with
+Retry-After, a request that waited longer than ``--queue-timeout`` answers 503). A client that
+disconnects cancels its generation: a waiting request leaves the queue at once, a running one stops
+before its next round. ``--generation-timeout`` cuts a generation short (``finish_reason: "length"``,
+``anyspec.timed_out: true``). Requests are not batched: the engine runs one sequence at a time.
+
+Request extensions: ``top_k``, ``speculative: false`` (target only, for comparison). Responses carry
+``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Unknown fields are ignored.
+Bad input answers ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed or invalid
+fields, an oversized body (``--max-body-bytes``; 400 ``request_too_large`` rather than 413) and a
+prompt or ``max_tokens`` beyond the target's context; 404 ``model_not_found`` for an unknown model,
+as OpenAI answers. ``max_tokens`` defaults to ``--default-max-tokens``, capped by the context.
+"""
+
+import asyncio
+import contextlib
+import copy
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+from anyspec.engine import Engine
+from anyspec.engine.prompt import context_length
+from anyspec.server.metrics import Metrics
+from anyspec.server.protocol import (
+    ApiError,
+    ClientGone,
+    anyspec_stats,
+    as_api_error,
+    error_body,
+    parse_request,
+    read_json,
+    sse,
+    usage,
+)
+from anyspec.server.scheduler import Job, QueueFull, Scheduler
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+@dataclass
+class Settings:
+    model_name: str
+    queue_size: int = 16
+    queue_timeout: float = 60.0
+    generation_timeout: float = 300.0
+    max_body_bytes: int = 1_000_000
+    default_max_tokens: int = 256
+
+
+async def next_event(job: Job, request, deadline: float | None = None):
+    """The job's next event; raises ClientGone on a disconnect (checked every 0.25 s), TimeoutError
+    past ``deadline``."""
+    while True:
+        if time.monotonic() - job.polled > 0.25:
+            job.polled = time.monotonic()
+            if await request.is_disconnected():
+                raise ClientGone
+        try:
+            return await asyncio.wait_for(job.events.get(), 0.25)
+        except TimeoutError:
+            if deadline is not None and time.monotonic() > deadline:
+                raise
+
+
+def count_requests(app, metrics: Metrics):
+    """ASGI middleware: count every answered HTTP request by route and status for /metrics, a crash
+    (a 500 from the catch-all handler) too."""
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        path = scope["path"] if scope["path"] in ROUTES else "other"
+
+        started = False
+
+        async def counting_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                metrics.add_request(path, message["status"])
+            await send(message)
+
+        try:
+            await app(scope, receive, counting_send)
+        except Exception:  # answered 500 by the outermost handler, outside this middleware
+            if not started:
+                metrics.add_request(path, 500)
+            raise
+    return wrapped
+
+
+def create_app(engine: Engine, settings: Settings):
+    """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from prometheus_client import CONTENT_TYPE_LATEST
+    from starlette.exceptions import HTTPException
+
+    metrics = Metrics()
+    target_only = Engine(engine.target, None, engine.config) if engine.draft is not None else None
+    scheduler = Scheduler(engine, target_only, settings.queue_size, settings.generation_timeout, metrics)
+    tokenizer = copy.deepcopy(engine.target.tokenizer)  # the worker uses the original
+    context = context_length(engine.target)
+    metrics.queue_state = lambda: (scheduler.depth, scheduler.running is not None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="anyspec", lifespan=lifespan)
+    app.state.scheduler, app.state.metrics = scheduler, metrics
+    app.add_middleware(count_requests, metrics=metrics)
+
+    def error(exc: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), exc.status, exc.headers)
+
+    async def on_api_error(request, exc: ApiError):
+        return error(exc)
+
+    async def on_http_error(request, exc: HTTPException):
+        return error(ApiError(exc.status_code, str(exc.detail)))
+
+    async def on_crash(request, exc: Exception):
+        return error(as_api_error(exc))
+
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_crash)
+
+    async def generate(request: Request, chat: bool):
+        parsed = parse_request(await read_json(request, settings.max_body_bytes), chat, settings.model_name,
+                               tokenizer, context, settings.default_max_tokens)
+        job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
+                  asyncio.get_running_loop())
+        retry = str(min(60, math.ceil(metrics.mean_generation_seconds() * (scheduler.depth + 1))))
+        try:
+            scheduler.submit(job)
+        except QueueFull:
+            raise ApiError(429, f"The server is busy: {settings.queue_size} requests are already waiting. "
+                                "Retry later.", None, "queue_full", {"Retry-After": retry}) from None
+        try:
+            kind, value = await next_event(job, request, time.monotonic() + settings.queue_timeout)
+            if kind == "error":
+                raise as_api_error(value)
+        except TimeoutError:
+            scheduler.cancel(job)
+            raise ApiError(503, f"The request waited longer than {settings.queue_timeout:g} s in the queue.",
+                           None, "queue_timeout", {"Retry-After": retry}) from None
+        except ClientGone:
+            scheduler.cancel(job)
+            return Response(status_code=499)
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created, "model": settings.model_name}
+
+        def choice(text: str | None, finish: str | None) -> dict:
+            if chat:
+                return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+                        "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+        if parsed.stream:
+            async def events():
+                extra = {"usage": None} if parsed.include_usage else {}
+                try:
+                    if chat:
+                        first = choice(None, None) | {"delta": {"role": "assistant", "content": ""}}
+                        yield sse(head | {"choices": [first]} | extra)
+                    while True:
+                        kind, value = await job.events.get()
+                        if kind == "text":
+                            yield sse(head | {"choices": [choice(value, None)]} | extra)
+                        elif kind == "error":
+                            exc = as_api_error(value)
+                            yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
+                            break
+                        else:
+                            yield sse(head | {"choices": [choice(None, value.finish_reason)]} | extra
+                                      | {"anyspec": anyspec_stats(value)})
+                            if parsed.include_usage:
+                                yield sse(head | {"choices": [], "usage": usage(value)})
+                            break
+                    yield "data: [DONE]\n\n"
+                finally:
+                    scheduler.cancel(job)
+
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+
+        try:
+            while (event := await next_event(job, request))[0] == "text":
+                pass
+        except ClientGone:
+            scheduler.cancel(job)
+            return Response(status_code=499)
+        kind, outcome = event
+        if kind == "error":
+            raise as_api_error(outcome)
+        if chat:
+            result = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": None,
+                      "finish_reason": outcome.finish_reason}
+        else:
+            result = {"index": 0, "text": outcome.text, "logprobs": None,
+                      "finish_reason": outcome.finish_reason}
+        return head | {"object": "chat.completion" if chat else "text_completion", "choices": [result],
+                       "usage": usage(outcome), "anyspec": anyspec_stats(outcome)}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        draft = engine.draft.name if engine.draft is not None else None
+        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
+                                            "owned_by": "anyspec", "anyspec": {"draft": draft}}]}
+
+    @app.get("/v1/models/{model}")
+    async def model(model: str):
+        listed = (await models())["data"][0]
+        if model != listed["id"]:
+            raise ApiError(404, f"The model '{model}' does not exist; this server serves '{listed['id']}'.",
+                           "model", "model_not_found")
+        return listed
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "queue_depth": scheduler.depth, "running": scheduler.running is not None}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

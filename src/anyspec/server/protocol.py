@@ -1,0 +1,228 @@
+"""The OpenAI wire format: a request body checked field by field, and the answers' parts.
+
+Every problem in a request is an ``ApiError`` naming the field (``param``), answered as
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from anyspec.config import SamplingParams
+from anyspec.engine import encode_prompt
+from anyspec.errors import ConfigError
+from anyspec.server.scheduler import Outcome
+
+UNSUPPORTED = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (None, 0),
+               "best_of": (None, 1)}
+JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+              dict: "an object", type(None): "null"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+class ClientGone(Exception):
+    pass
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    kind = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+    kind = kind.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+@dataclass
+class Parsed:
+    prompt: str | list[dict]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    speculative: bool
+    prompt_tokens: int
+
+
+def _field(body: dict, name: str, kinds: tuple, default=None):
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        want = " or ".join(JSON_NAMES[k] for k in kinds if not (k is int and float in kinds))
+        got = JSON_NAMES.get(type(value), type(value).__name__)
+        raise ApiError(400, f"Invalid type for '{name}': expected {want}, but got {got} instead.", name,
+                       "invalid_type")
+    return value
+
+
+def _text(value: str, param: str) -> str:
+    """JSON may carry lone surrogates (``"\\ud800"``), which no tokenizer can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"'{param}' is not valid Unicode text (a lone surrogate at character "
+                            f"{exc.start}).", param, "invalid_value") from None
+    return value
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = _field(body, "messages", (list,))
+    if not messages:
+        raise ApiError(400, "'messages' must be a non-empty array of {role, content} objects.", "messages",
+                       "empty_array" if messages == [] else "missing_required_parameter")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]",
+                           "invalid_type")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported.",
+                               f"messages[{i}].content", "invalid_value")
+            content = "".join(p["text"] for p in content)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise ApiError(400, f"Invalid type for 'messages[{i}].content': expected a string or an array of "
+                                "text parts.", f"messages[{i}].content", "invalid_type")
+        out.append({"role": _text(m["role"], f"messages[{i}].role"),
+                    "content": _text(content, f"messages[{i}].content")})
+    return out
+
+
+def _prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if prompt is None:
+        raise ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "'prompt' must be a string (or an array of one string); token-id prompts and "
+                            "several prompts per request are not supported.", "prompt", "invalid_type")
+    if not prompt:
+        raise ApiError(400, "'prompt' must not be empty.", "prompt", "invalid_value")
+    return _text(prompt, "prompt")
+
+
+def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | None,
+                  default_max_tokens: int) -> Parsed:
+    """Check an OpenAI request body; every problem is an ``ApiError`` naming the field."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
+    model = _field(body, "model", (str,))
+    if model is not None and model != model_name:
+        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_name}'.",
+                       "model", "model_not_found")
+    if _field(body, "n", (int,), 1) != 1:
+        raise ApiError(400, "Only n=1 is supported: the engine generates one sequence per request.", "n",
+                       "invalid_value")
+    for name, harmless in UNSUPPORTED.items():
+        if body.get(name) not in harmless:
+            raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
+                           "unsupported_parameter")
+    prompt = _messages(body) if chat else _prompt(body)
+    temperature = _field(body, "temperature", (int, float), 1.0)
+    if not 0 <= temperature <= 2:
+        raise ApiError(400, f"'temperature' must be between 0 and 2, got {temperature}.", "temperature",
+                       "invalid_value")
+    top_p = _field(body, "top_p", (int, float), 1.0)
+    top_k = _field(body, "top_k", (int,), 0)
+    if top_k < -1:
+        raise ApiError(400, f"'top_k' must be >= 0 (0 or -1 = off), got {top_k}.", "top_k", "invalid_value")
+    max_tokens = _field(body, "max_completion_tokens", (int,)) if chat else None
+    max_tokens = _field(body, "max_tokens", (int,), max_tokens)
+    stop = _field(body, "stop", (str, list), [])
+    if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
+        raise ApiError(400, "Invalid type for 'stop': expected a string or an array of strings.", "stop",
+                       "invalid_type")
+    for s in [stop] if isinstance(stop, str) else stop:
+        _text(s, "stop")
+    seed = _field(body, "seed", (int,))
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise ApiError(400, "'seed' must fit in 64 bits.", "seed", "invalid_value")
+    stream = _field(body, "stream", (bool,), False)
+    include_usage = _field(_field(body, "stream_options", (dict,), {}), "include_usage", (bool,), False)
+    speculative = _field(body, "speculative", (bool,), True)
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"'max_tokens' must be at least 1, got {max_tokens}.", "max_tokens",
+                       "invalid_value")
+
+    param = "messages" if chat else "prompt"
+    try:
+        prompt_tokens = len(encode_prompt(tokenizer, prompt)[0])
+    except Exception as exc:  # ConfigError, or the chat template refusing these messages
+        raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
+                       param, "invalid_value") from None
+    room = context - prompt_tokens if context else None
+    if room is not None and room < 1:
+        raise ApiError(400, f"This model's maximum context length is {context} tokens, but the {param} has "
+                            f"{prompt_tokens} tokens. Please shorten it.", param, "context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = min(default_max_tokens, room or default_max_tokens)
+    elif room is not None and max_tokens > room:
+        raise ApiError(400, f"This model's maximum context length is {context} tokens. However, you "
+                            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {param}, "
+                            f"{max_tokens} in the completion). Please reduce the length of the prompt or "
+                            "max_tokens.",
+                       "max_tokens", "context_length_exceeded")
+    try:
+        params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
+                                max_new_tokens=max_tokens, seed=seed, stop=stop)
+    except ConfigError as exc:
+        param = next((f for f in ("top_p", "top_k", "stop") if str(exc).startswith(f)), None)
+        raise ApiError(400, str(exc), param, "invalid_value") from None
+    return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens)
+
+
+async def read_json(request, limit: int):
+    too_large = ApiError(400, f"The request body is larger than this server's limit of {limit} bytes.", None,
+                         "request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
+                       "invalid_json") from None
+
+
+def usage(outcome: Outcome) -> dict:
+    out = {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+           "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+    if outcome.stats is not None:  # prompt tokens whose KV the previous request left (--no-prefix-cache: 0)
+        out["prompt_tokens_details"] = {"cached_tokens": outcome.stats.prompt_cached}
+    return out
+
+
+def anyspec_stats(outcome: Outcome) -> dict:
+    out = {"speculative": outcome.speculative, "timed_out": outcome.timed_out}
+    if outcome.stats is not None:
+        s = outcome.stats
+        out.update(acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
+                   drafted=s.drafted, accepted=s.accepted, rounds=s.rounds, draft_fallbacks=s.draft_fallbacks,
+                   tokens_per_second=s.tokens_per_second, seconds=s.total_seconds)
+    return out
+
+
+def as_api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ConfigError):
+        return ApiError(400, str(exc), None, "invalid_value")
+    return ApiError(500, f"The generation failed: {type(exc).__name__}: {exc}", None, "generation_failed")
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
