@@ -30,6 +30,11 @@ BAD = [
     (["--draft", "not-a-builtin-name"], "not-a-builtin-name"),
     (["--dtype", "fp8"], "dtype"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--prompt", "caf\udce9"], "the prompt is not valid UTF-8"),  # what argv makes of a Latin-1 byte
+    (["--stop", "\udcff"], "a stop string is not valid UTF-8"),
+    (["--temperature", "inf"], "temperature must be a finite number"),
+    (["--temperature", "nan"], "temperature must be a finite number"),
+    (["--seed", "1180591620717411303424"], "seed must be an integer that fits in 64 bits"),
 ]
 
 
@@ -56,6 +61,54 @@ def test_a_bad_thread_count_fails_before_loading(no_loading, capsys, folders, co
 def test_empty_prompt_fails_before_loading(no_loading, capsys):
     assert main(["generate", "--prompt", ""]) == 2
     assert "prompt is empty" in capsys.readouterr().err
+
+
+def one_line_error(capsys, argv: list[str], says: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("prompt", ["", "   "])
+def test_demo_refuses_an_empty_prompt_like_generate(no_loading, capsys, prompt):
+    one_line_error(capsys, ["demo", "--prompt", "fine", "--prompt", prompt], "the prompt is empty")
+    one_line_error(capsys, ["generate", "--prompt", prompt], "the prompt is empty")
+
+
+def test_bench_output_that_cannot_be_written_fails_before_loading(no_loading, capsys, tmp_path):
+    for option in ("--json", "--markdown", "--plot"):
+        one_line_error(capsys, ["bench", option, str(tmp_path / "missing" / "out.json")], "does not exist")
+    one_line_error(capsys, ["bench", "--json", str(tmp_path)], "is a folder")
+
+
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_bench_limit_below_one_fails_before_loading(no_loading, capsys, limit):
+    one_line_error(capsys, ["bench", "--limit", limit], f"--limit must be an integer >= 1, got {limit}")
+
+
+@pytest.mark.parametrize("port", ["99999", "65536", "0"])
+def test_serve_port_out_of_range_fails_before_loading(no_loading, capsys, port):
+    one_line_error(capsys, ["serve", "--port", port], "--port must be")
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+@pytest.mark.parametrize("command", [["models", "list"], ["generate", "--prompt", "hi"]])
+def test_a_cache_dir_that_is_not_a_writable_folder_is_one_line(no_loading, capsys, tmp_path, monkeypatch,
+                                                               where, command):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(blocker if where == "a file" else blocker / "cache"))
+    one_line_error(capsys, command, "set ANYSPEC_CACHE_DIR to a writable folder")
+
+
+def test_a_prompt_beyond_the_context_is_one_line(tiny_dirs, capsys):
+    """The tiny target reads 256 tokens: a longer prompt is refused before the prefill (loading the
+    models writes progress to stderr first)."""
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+                 "--prompt", "one two three " * 100, "--dtype", "fp32"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("anyspec generate: error: the prompt has 301 tokens")
+    assert "beyond the target's context of 256 tokens" in last
 
 
 def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):

@@ -142,6 +142,23 @@ def test_agreeing_draft_gives_zero_partial_and_full_acceptance(qwen_target, k, c
     assert hist[k] > 0, hist
 
 
+@pytest.mark.parametrize("draft", [False, True])
+def test_a_prompt_beyond_the_context_is_refused_before_any_forward(qwen_target, llama_draft, draft):
+    """The tiny target reads 1024 tokens: prompt + max_new_tokens beyond that is a ConfigError."""
+    prompt = "word " * 1000
+    n = len(qwen_target.tokenizer.encode(prompt))
+    assert n < 1024 < n + 100
+    engine = Engine(qwen_target, llama_draft if draft else None, TLI())
+    calls = record_inputs(qwen_target)
+    try:
+        with pytest.raises(ConfigError, match=f"the prompt has {n} tokens and up to 100 more"):
+            engine.generate(prompt, greedy(max_new_tokens=100))
+        assert calls == []
+        assert len(engine.generate("x", greedy(max_new_tokens=3)).token_ids) == 3
+    finally:
+        del qwen_target.extend
+
+
 def test_max_new_tokens_is_never_exceeded(qwen_target, tok_qwen2):
     draft = noisy_copy(qwen_target, scale=0.0, seed=0)  # accepts everything
     engine = Engine(qwen_target, draft, TLI(num_speculative_tokens=8))

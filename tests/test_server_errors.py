@@ -211,3 +211,37 @@ def test_openai_client_raises_bad_request(server):
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     assert info.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", b'{"prompt": "a \\ud800 b", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", b'{"prompt": "hi", "stop": ["\\udfff"], "max_tokens": 2}', "stop"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x\\ud800"}], "max_tokens": 2}',
+     "messages[0].content"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": '
+                             b'"\\udc00"}]}], "max_tokens": 2}', "messages[0].content"),
+])
+def test_lone_surrogate_is_a_400_naming_the_field(post, path, body, param):
+    r = post(path, content=body, headers={"content-type": "application/json"})
+    assert_error(r, 400, param, "invalid_value", "lone surrogate")
+
+
+def test_a_crash_is_a_500_counted_in_metrics(server, monkeypatch):
+    """The catch-all handler answers outside the app's own middleware; /metrics still counts it."""
+    from anyspec.server import app
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    key = 'anyspec_requests_total{path="/v1/completions",status="500"}'
+
+    def count() -> float:
+        line = next((x for x in httpx.get(server + "/metrics").text.splitlines() if x.startswith(key)), None)
+        return float(line.split()[-1]) if line else 0.0
+
+    before = count()
+    monkeypatch.setattr(app, "parse_request", crash)
+    with httpx.Client(base_url=server, timeout=60) as http:
+        r = http.post("/v1/completions", json=OK)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert count() == before + 1
