@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,8 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def installed(tmp_path_factory) -> Path:
     """The fresh venv's bin folder, anyspec installed there from a wheel of this tree."""
     tmp = tmp_path_factory.mktemp("wheel")
+    tree = tmp / "tree"  # a copy, so the build leaves nothing in the working tree
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tree / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, timeout=600)
+                    "-w", str(tmp / "dist"), str(tree)], check=True, capture_output=True, timeout=600)
     wheel = next((tmp / "dist").glob("anyspec-*.whl"))
     env_dir = tmp / "venv"
     venv.create(env_dir, with_pip=True)
