@@ -4,8 +4,8 @@ Loads the pair once, then for each prompt runs the target alone and every config
 order that rotates from prompt to prompt (drift on a shared machine falls on all alike), greedy.
 Prints a Markdown table of speedups over the target alone per prompt set, and writes JSON.
 
-    .venv/bin/python benchmarks/tune.py --ks 2 3 4 6 8 --algorithms slem tli --threads 2 \
-        --json benchmarks/results/tune_cpu2.json
+    .venv/bin/python benchmarks/tune.py --ks 4 5 6 --algorithms slem --confidences 0 0.5 0.7 \
+        --limit 3 --threads 2 --json benchmarks/results/tune_confidence.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> None:
                     help="draft_confidence thresholds to try (0 = off)")
     ap.add_argument("--limit", type=int, default=2, help="prompts per set")
     ap.add_argument("--sets", nargs="+", default=["code", "prose"],
-                    help="prompt sets: names in benchmarks/prompts, or .jsonl files (named by stem)")
+                    help="prompt sets: the shipped ones (code, prose), or .jsonl files (named by stem)")
     ap.add_argument("--repeat", type=int, default=1, help="every prompt this many times, rotating on")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
