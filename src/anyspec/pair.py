@@ -35,12 +35,12 @@ class Pair(NamedTuple):
 def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_dtype: str | None = None,
                threads: int | None = None, allow_download: bool = False,
                trust_remote_code: bool = False) -> PairPlan:
-    from anyspec.backends import transformers as backend
+    from anyspec.backends import load as backend
 
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"--threads must be >= 1, got {threads}")
-    resolved = backend.resolve_dtype(dtype)
-    draft_resolved = backend.resolve_dtype(draft_dtype, draft=True) if draft else None
+    resolved = backend.resolve_dtype(dtype, spec=target)
+    draft_resolved = backend.resolve_dtype(draft_dtype, draft=True, spec=draft) if draft else None
     for spec in [target] + ([draft] if draft else []):
         backend.check_model_path(spec, allow_download)
     return PairPlan(target, draft, resolved, draft_resolved, threads, allow_download, trust_remote_code)
@@ -49,7 +49,7 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
 def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> Pair:
     import torch
 
-    from anyspec.backends import transformers as backend
+    from anyspec.backends import load as backend
 
     if plan.threads is not None:
         torch.set_num_threads(plan.threads)

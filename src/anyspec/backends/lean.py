@@ -33,9 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from anyspec.backends.linear import RowwiseLinear, rowwise_kernel
+from anyspec.backends.stack import KVCache
 from anyspec.backends.transformers import TransformersModel
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
+BF16, I8S = 30, 1000  # decoder_forward's type codes (csrc/quant.h) for the row-wise kernels' weights
 
 
 def lean_unsupported(model) -> str | None:
@@ -101,6 +103,25 @@ def _parts(module: RowwiseLinear) -> tuple:
     return module.weight, module.scale, module.bias
 
 
+def native_layers(layers: list[dict]) -> tuple[list, list, list]:
+    """``decoder_forward``'s tensors, types and Ks for layers of fused row-wise kernels."""
+    empty = torch.empty(0)
+    tensors, types, ks = [], [], []
+    for layer in layers:
+        tensors += [layer["attn_norm"], layer["mlp_norm"]]
+        for name in ("qkv", None, None, "o", "gate_up", None, "down"):
+            module = layer[name] if name else None
+            if module is None:
+                tensors += [empty, empty, empty]
+                types.append(0)
+                ks.append(0)
+                continue
+            tensors += [t if t is not None else empty for t in _parts(module)]
+            types.append(BF16 if module.weight.dtype == torch.bfloat16 else I8S)
+            ks.append(module.in_features)
+    return tensors, types, ks
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -123,8 +144,6 @@ class LeanModel(TransformersModel):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
-        self.inv_freq = 1.0 / theta ** exponents
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # rows widened to fp32 as they are looked up
         self.final_norm = inner.norm.weight.detach().float()
@@ -137,14 +156,11 @@ class LeanModel(TransformersModel):
             gate_up=fuse(layer.mlp.gate_proj, layer.mlp.up_proj),
             down=layer.mlp.down_proj,
         ) for layer in inner.layers]
-        self.keys, self.values = self._allocate(256), self._allocate(256)
+        self.cache = KVCache(len(self.layers), self.kv_heads, self.head_dim, theta)
         self.native = None  # the whole stack in one C++ call, when every product is the row-wise kernel
         products = ("qkv", "o", "gate_up", "down")
         if all(isinstance(layer[p], RowwiseLinear) for layer in self.layers for p in products):
-            empty = torch.empty(0)
-            self.native = [t if t is not None else empty for layer in self.layers for t in (
-                layer["attn_norm"], *_parts(layer["qkv"]), *_parts(layer["o"]),
-                layer["mlp_norm"], *_parts(layer["gate_up"]), *_parts(layer["down"]))]
+            self.native = native_layers(self.layers)
 
     @property
     def row_invariant(self) -> bool:
@@ -157,19 +173,11 @@ class LeanModel(TransformersModel):
     def crop(self, n: int) -> None:
         del self.cached_ids[n:]
 
-    def _allocate(self, length: int) -> list[torch.Tensor]:
-        return [torch.zeros(self.kv_heads, length, self.head_dim) for _ in self.layers]
-
     @torch.inference_mode()
     def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
         start, m = self.num_cached, len(ids)
         end = start + m
-        if end > self.keys[0].shape[1]:
-            self._grow_to(end)
-        positions = torch.arange(start, end, dtype=torch.float32)
-        freqs = positions[:, None] * self.inv_freq[None, :]
-        angles = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = self.cache.prepare(start, m)
         mask = None
         if m > 1:
             mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
@@ -177,10 +185,11 @@ class LeanModel(TransformersModel):
 
         x = self.embed[torch.tensor(ids)].float()
         if self.native is not None:
-            x = rowwise_kernel().decoder_forward(x, start, self.native, self.keys, self.values, cos, sin,
-                                                 self.heads, self.kv_heads, self.head_dim, self.eps)
+            cache = self.cache
+            x = rowwise_kernel().decoder_forward(x, start, *self.native, cache.keys, cache.values, cos, sin,
+                                                 self.heads, self.kv_heads, self.head_dim, self.eps, False)
             return self._logits(x, m if last is None else last, ids)
-        for layer, keys, values in zip(self.layers, self.keys, self.values, strict=True):
+        for layer, keys, values in zip(self.layers, self.cache.keys, self.cache.values, strict=True):
             qkv = layer["qkv"](rms_norm(x, layer["attn_norm"], self.eps))
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = rotate(q.view(m, self.heads, self.head_dim).transpose(0, 1), cos, sin)
@@ -197,11 +206,3 @@ class LeanModel(TransformersModel):
         logits = self.lm_head(rms_norm(x[len(ids) - keep:], self.final_norm, self.eps))
         self.cached_ids.extend(ids)
         return logits.float()
-
-    def _grow_to(self, length: int) -> None:
-        size, n = max(length, 2 * self.keys[0].shape[1]), self.num_cached
-        for old in (self.keys, self.values):
-            new = self._allocate(size)
-            for tensor, before in zip(new, old, strict=True):
-                tensor[:, :n] = before[:, :n]
-            old[:] = new

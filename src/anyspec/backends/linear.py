@@ -116,7 +116,8 @@ KERNELS = {"onednn": OneDNNLinear, "int8-torch": Int8Linear,
            "bf16": lambda linear: RowwiseLinear(linear, "bf16"),
            "int8": lambda linear: RowwiseLinear(linear, "int8")}
 _ROWWISE: list = []  # the built extension, or the reason it could not be built
-SOURCE = Path(__file__).parent / "csrc" / "rowwise_linear.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "rowwise_linear.cpp", CSRC / "quant.cpp"]
 
 
 def rowwise_kernel():
@@ -137,7 +138,10 @@ def _build_rowwise():
         return "turned off with ANYSPEC_KERNELS=0"
     if not rowwise_possible():
         return f"this CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
-    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in [*SOURCES, CSRC / "quant.h"]:
+        digest.update(path.read_bytes())
+    tag = digest.hexdigest()[:16]
     build = cache_dir() / "kernels" / f"rowwise-{tag}"
     build.mkdir(parents=True, exist_ok=True)
     if not list(build.glob("*.so")):
@@ -145,8 +149,11 @@ def _build_rowwise():
     try:
         from torch.utils.cpp_extension import load
 
-        return load("anyspec_rowwise", [str(SOURCE)], build_directory=str(build),
-                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], verbose=False)
+        # -ffp-contract=off: every multiply-add is written out, so each instruction-set path (and
+        # the plain C++ reference) rounds the same way
+        return load("anyspec_rowwise", [str(s) for s in SOURCES], build_directory=str(build),
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"],
+                    extra_include_paths=[str(CSRC)], verbose=False)
     except Exception as exc:  # no compiler, no ninja, ...: say why, the caller picks another kernel
         reason = f"anyspec's CPU kernel could not be built ({type(exc).__name__}: {str(exc).splitlines()[0]})"
         print(f"anyspec: warning: {reason}", file=sys.stderr)

@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "quant.h"
+
 namespace {
 
 constexpr int64_t CHUNK = 8;  // weight rows per parallel task
@@ -42,6 +44,10 @@ inline float scalar(uint16_t v) {
 }
 
 inline float scalar(int8_t v) { return static_cast<float>(v); }
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+inline float scalar(float v) { return v; }
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -120,7 +126,7 @@ void split(int64_t n, int64_t grain, const F& fn) {
 
 template <typename T>
 void matmul(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const float* scale,
-            const float* bias, float* y) {
+            const float* bias, float* y, int64_t ldy) {
   int64_t chunks = (N + CHUNK - 1) / CHUNK;
   split(chunks, 8, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
@@ -129,14 +135,14 @@ void matmul(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const f
         const float* xm = x + m * K;
         const float* sn = scale ? scale + n : nullptr;
         const float* bn = bias ? bias + n : nullptr;
-        float* ym = y + m * N + n;
+        float* ym = y + m * ldy + n;
         switch (std::min(MAX_RX, M - m)) {
-          case 6: chunk<T, 6>(xm, w + n * K, rows, K, sn, bn, ym, N); break;
-          case 5: chunk<T, 5>(xm, w + n * K, rows, K, sn, bn, ym, N); break;
-          case 4: chunk<T, 4>(xm, w + n * K, rows, K, sn, bn, ym, N); break;
-          case 3: chunk<T, 3>(xm, w + n * K, rows, K, sn, bn, ym, N); break;
-          case 2: chunk<T, 2>(xm, w + n * K, rows, K, sn, bn, ym, N); break;
-          default: chunk<T, 1>(xm, w + n * K, rows, K, sn, bn, ym, N); break;
+          case 6: chunk<T, 6>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
+          case 5: chunk<T, 5>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
+          case 4: chunk<T, 4>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
+          case 3: chunk<T, 3>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
+          case 2: chunk<T, 2>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
+          default: chunk<T, 1>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
         }
       }
     }
@@ -158,10 +164,10 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
   auto y = torch::empty({M, N}, x.options());
   if (weight.scalar_type() == torch::kBFloat16) {
     matmul(x.data_ptr<float>(), M, reinterpret_cast<const uint16_t*>(weight.data_ptr()), N, K, sp, bp,
-           y.data_ptr<float>());
+           y.data_ptr<float>(), N);
   } else {
     TORCH_CHECK(weight.scalar_type() == torch::kInt8 && sp, "weights must be bf16, or int8 with a scale");
-    matmul(x.data_ptr<float>(), M, weight.data_ptr<int8_t>(), N, K, sp, bp, y.data_ptr<float>());
+    matmul(x.data_ptr<float>(), M, weight.data_ptr<int8_t>(), N, K, sp, bp, y.data_ptr<float>(), N);
   }
   return y;
 }
@@ -172,16 +178,64 @@ using Tensors = std::vector<torch::Tensor>;
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.numel() ? t.data_ptr<float>() : nullptr; }
 
-// y[M, N] = x[M, K] . W^T (+ scale, bias) with W bf16 or int8 as stored by RowwiseLinear.
-void apply(const float* x, int64_t M, const torch::Tensor& w, const torch::Tensor& scale,
-           const torch::Tensor& bias, float* y) {
-  int64_t N = w.size(0), K = w.size(1);
-  const float* sp = ptr_or_null(scale);
-  const float* bp = ptr_or_null(bias);
-  if (w.scalar_type() == torch::kBFloat16)
-    matmul(x, M, reinterpret_cast<const uint16_t*>(w.data_ptr()), N, K, sp, bp, y);
-  else
-    matmul(x, M, w.data_ptr<int8_t>(), N, K, sp, bp, y);
+// A matrix of the stack: a GGUF block type (quant.h) or BF16 / I8S / F32 row-wise weights [N, K].
+struct Mat {
+  int64_t type = anyspec::F32, N = 0, K = 0;
+  const void* w = nullptr;
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+};
+
+Mat mat(const torch::Tensor& w, const torch::Tensor& scale, const torch::Tensor& bias, int64_t type, int64_t K) {
+  Mat m;
+  m.type = type, m.K = K, m.N = w.numel() ? w.size(0) : 0;
+  m.w = w.numel() ? w.data_ptr() : nullptr;
+  m.scale = ptr_or_null(scale);
+  m.bias = ptr_or_null(bias);
+  return m;
+}
+
+// The activation rows quantized once per product, for the block size each quantized type needs.
+struct Acts {
+  anyspec::Act by32, by256;
+  const anyspec::Act& of(int64_t type) const { return anyspec::block_size(type) == 32 ? by32 : by256; }
+};
+
+// y[M, sum of N] = x[M, K] . [W_0; W_1; ...]^T: the outputs of `mats` side by side (row stride ldy).
+// Inside the stack's parallel region every thread calls it; the quantization runs on one of them.
+void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts) {
+  bool need32 = false, need256 = false;
+  for (int i = 0; i < count; ++i) {
+    need32 |= mats[i].N && anyspec::block_size(mats[i].type) == 32;
+    need256 |= mats[i].N && anyspec::block_size(mats[i].type) == 256;
+  }
+#pragma omp single
+  {
+    if (need32) anyspec::quantize(x, M, mats[0].K, 32, acts.by32);
+    if (need256) anyspec::quantize(x, M, mats[0].K, 256, acts.by256);
+  }
+  int64_t offset = 0;
+  for (int i = 0; i < count; ++i) {
+    const Mat& m = mats[i];
+    if (!m.N) continue;
+    float* out = y + offset;
+    if (anyspec::is_quantized(m.type)) {
+      const int64_t row_bytes = m.K / anyspec::block_size(m.type) * anyspec::block_bytes(m.type);
+      const uint8_t* w = static_cast<const uint8_t*>(m.w);
+      const anyspec::Act& act = acts.of(m.type);
+      split((m.N + CHUNK - 1) / CHUNK, 8, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c)
+          anyspec::qmatmul_rows(m.type, w, m.K, act, m.bias, out, ldy, c * CHUNK, std::min(m.N, (c + 1) * CHUNK));
+      });
+    } else if (m.type == anyspec::BF16) {
+      matmul(x, M, static_cast<const uint16_t*>(m.w), m.N, m.K, m.scale, m.bias, out, ldy);
+    } else if (m.type == anyspec::I8S) {
+      matmul(x, M, static_cast<const int8_t*>(m.w), m.N, m.K, m.scale, m.bias, out, ldy);
+    } else {
+      matmul(x, M, static_cast<const float*>(m.w), m.N, m.K, m.scale, m.bias, out, ldy);
+    }
+    offset += m.N;
+  }
 }
 
 void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* y) {
@@ -200,6 +254,15 @@ void rotate(float* v, const float* cos, const float* sin, int64_t D) {
     float a = v[d], b = v[d + half];
     v[d] = a * cos[d] - b * sin[d];
     v[d + half] = b * cos[d + half] + a * sin[d + half];
+  }
+}
+
+// ggml's "normal" rotary layout (GGUF llama models): adjacent pairs rotate together.
+void rotate_pairs(float* v, const float* cos, const float* sin, int64_t D) {
+  for (int64_t i = 0; i < D / 2; ++i) {
+    float a = v[2 * i], b = v[2 * i + 1];
+    v[2 * i] = a * cos[i] - b * sin[i];
+    v[2 * i + 1] = b * cos[i] + a * sin[i];
   }
 }
 
@@ -329,68 +392,112 @@ torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor va
   return out;
 }
 
-// Each layer: 14 tensors (attn_norm, qkv w/scale/bias, o w/scale/bias, mlp_norm, gate_up w/scale/bias,
-// down w/scale/bias; an empty tensor for a missing scale or bias). x: [M, H] embeddings of the new
-// tokens at positions start..start+M-1; returns the hidden states after the last layer.
-torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, Tensors keys, Tensors values,
-                              torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
-                              int64_t head_dim, double eps_d) {
+// Each layer: attn_norm, mlp_norm, then 7 matrices q, k, v, o, gate, up, down as (weight, scale, bias)
+// (an empty tensor for a missing one; q may hold q, k and v fused, and gate may hold gate and up);
+// types and Ks: 7 per layer. x: [M, H] embeddings of the new tokens at positions start..start+M-1;
+// returns the hidden states after the last layer.
+torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, std::vector<int64_t> types,
+                              std::vector<int64_t> ks, Tensors keys, Tensors values, torch::Tensor cos,
+                              torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps_d,
+                              bool rope_pairs) {
   x = x.to(torch::kFloat32).contiguous().clone();
-  const int64_t M = x.size(0), H = x.size(1), D = head_dim;
-  const int64_t q_size = heads * D, kv_size = kv_heads * D;
+  const int64_t M = x.size(0), H = x.size(1), D = head_dim, L = keys.size();
+  const int64_t q_size = heads * D, kv_size = kv_heads * D, qkv_size = q_size + 2 * kv_size;
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == 23 * L && static_cast<int64_t>(types.size()) == 7 * L &&
+              static_cast<int64_t>(ks.size()) == 7 * L, "decoder_forward: 23 tensors and 7 types per layer");
   const float eps = static_cast<float>(eps_d), inv_sqrt = 1.0f / std::sqrt(static_cast<float>(D));
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   float* xp = x.data_ptr<float>();
-  const int64_t inter = layers[8].size(0) / 2;  // the same in every layer
-  std::vector<float> h(M * H), qkv(M * (q_size + 2 * kv_size)), attn(M * q_size), out(M * H);
+  std::vector<Mat> mats(7 * L);
+  for (int64_t i = 0; i < 7 * L; ++i) {
+    const torch::Tensor* t = &layers[23 * (i / 7) + 2 + 3 * (i % 7)];
+    mats[i] = mat(t[0], t[1], t[2], types[i], ks[i]);
+  }
+  const int64_t inter = (mats[4].N + mats[5].N) / 2;  // the same in every layer
+  std::vector<float> h(M * H), qkv(M * qkv_size), attn(M * q_size), out(M * H);
   std::vector<float> gate_up(M * 2 * inter), act(M * inter);
+  Acts acts;
   // One parallel region for the whole stack: the products and attention split across its
   // threads (split), the small serial steps run on one thread between barriers.
   in_stack = true;
 #pragma omp parallel
-  for (size_t l = 0; l < keys.size(); ++l) {
-    const torch::Tensor* t = &layers[14 * l];
+  for (int64_t l = 0; l < L; ++l) {
+    const Mat* m = &mats[7 * l];
     float* kc = keys[l].data_ptr<float>();
     float* vc = values[l].data_ptr<float>();
     const int64_t cap = keys[l].size(1);
 #pragma omp single
-    rms_norm(xp, M, H, t[0].data_ptr<float>(), eps, h.data());
-    apply(h.data(), M, t[1], t[2], t[3], qkv.data());
+    rms_norm(xp, M, H, layers[23 * l].data_ptr<float>(), eps, h.data());
+    apply(h.data(), M, m, 3, qkv.data(), qkv_size, acts);
 #pragma omp single
-    for (int64_t m = 0; m < M; ++m) {
-      float* row = qkv.data() + m * (q_size + 2 * kv_size);
-      for (int64_t hd = 0; hd < heads; ++hd) rotate(row + hd * D, cp + m * D, sp + m * D, D);
+    for (int64_t r = 0; r < M; ++r) {
+      float* row = qkv.data() + r * qkv_size;
+      auto turn = [&](float* v) {
+        if (rope_pairs) rotate_pairs(v, cp + r * D, sp + r * D, D);
+        else rotate(v, cp + r * D, sp + r * D, D);
+      };
+      for (int64_t hd = 0; hd < heads; ++hd) turn(row + hd * D);
       for (int64_t g = 0; g < kv_heads; ++g) {
         float* k = row + q_size + g * D;
-        rotate(k, cp + m * D, sp + m * D, D);
-        std::memcpy(kc + (g * cap + start + m) * D, k, D * sizeof(float));
-        std::memcpy(vc + (g * cap + start + m) * D, row + q_size + kv_size + g * D, D * sizeof(float));
+        turn(k);
+        std::memcpy(kc + (g * cap + start + r) * D, k, D * sizeof(float));
+        std::memcpy(vc + (g * cap + start + r) * D, row + q_size + kv_size + g * D, D * sizeof(float));
       }
     }
-    attend(qkv.data(), q_size + 2 * kv_size, M, heads, kv_heads, D, kc, vc, cap, start, inv_sqrt,
-           attn.data());
-    apply(attn.data(), M, t[4], t[5], t[6], out.data());
+    attend(qkv.data(), qkv_size, M, heads, kv_heads, D, kc, vc, cap, start, inv_sqrt, attn.data());
+    apply(attn.data(), M, m + 3, 1, out.data(), H, acts);
 #pragma omp single
     {
       for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
-      rms_norm(xp, M, H, t[7].data_ptr<float>(), eps, h.data());
+      rms_norm(xp, M, H, layers[23 * l + 1].data_ptr<float>(), eps, h.data());
     }
-    apply(h.data(), M, t[8], t[9], t[10], gate_up.data());
+    apply(h.data(), M, m + 4, 2, gate_up.data(), 2 * inter, acts);
     const int64_t blocks = (inter + 63) / 64;  // SiLU(gate) * up, 64 values a task
     split(M * blocks, 4, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
-        const int64_t m = b / blocks, i = b % blocks * 64;
-        silu_times(&gate_up[m * 2 * inter + i], &gate_up[m * 2 * inter + inter + i], &act[m * inter + i],
+        const int64_t r = b / blocks, i = b % blocks * 64;
+        silu_times(&gate_up[r * 2 * inter + i], &gate_up[r * 2 * inter + inter + i], &act[r * inter + i],
                    std::min<int64_t>(64, inter - i));
       }
     });
-    apply(act.data(), M, t[11], t[12], t[13], out.data());
+    apply(act.data(), M, m + 6, 1, out.data(), H, acts);
 #pragma omp single
     for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
   }
   in_stack = false;
   return x;
+}
+
+// y[M, N] = x[M, K] . W^T for one matrix of any type (the lm_head, tests).
+torch::Tensor typed_linear(torch::Tensor x, torch::Tensor weight, int64_t type, int64_t K,
+                           c10::optional<torch::Tensor> scale, c10::optional<torch::Tensor> bias) {
+  x = x.to(torch::kFloat32).contiguous();
+  weight = weight.contiguous();
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K && weight.dim() == 2, "typed_linear: shape mismatch");
+  torch::Tensor s = scale.has_value() ? scale->to(torch::kFloat32).contiguous() : torch::Tensor();
+  torch::Tensor b = bias.has_value() ? bias->to(torch::kFloat32).contiguous() : torch::Tensor();
+  const torch::Tensor none = torch::empty(0);
+  Mat m = mat(weight, s.defined() ? s : none, b.defined() ? b : none, type, K);
+  auto y = torch::empty({x.size(0), m.N}, x.options());
+  Acts acts;
+  apply(x.data_ptr<float>(), x.size(0), &m, 1, y.data_ptr<float>(), m.N, acts);
+  return y;
+}
+
+// The fp32 rows `ids` of a matrix of any type (embedding lookups, tests).
+torch::Tensor dequant_rows(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor ids) {
+  weight = weight.contiguous();
+  ids = ids.to(torch::kLong).contiguous();
+  const int64_t n = ids.numel(), row_bytes = weight.numel() * weight.element_size() / weight.size(0);
+  auto out = torch::empty({n, K}, torch::kFloat32);
+  const uint8_t* base = static_cast<const uint8_t*>(weight.data_ptr());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = ids.data_ptr<int64_t>()[i];
+    TORCH_CHECK(row >= 0 && row < weight.size(0), "dequant_rows: row out of range");
+    anyspec::dequant_row(type, base + row * row_bytes, K, out.data_ptr<float>() + i * K);
+  }
+  return out;
 }
 
 }  // namespace
@@ -399,4 +506,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "few-row linear, AVX2");
   m.def("attention", &attention, "causal attention, each query row alone");
   m.def("decoder_forward", &decoder_forward, "a Llama-family decoder stack for a few new tokens");
+  m.def("typed_linear", &typed_linear, "few-row linear over weights of any supported type");
+  m.def("dequant_rows", &dequant_rows, "fp32 rows of a matrix of any supported type");
+  m.def("isa", &anyspec::isa, "the instruction-set level in use: 0 plain C++, 1 AVX2, 2 AVX-512 VNNI");
+  m.def("best_isa", &anyspec::best_isa, "the best instruction-set level this CPU has");
+  m.def("set_isa", &anyspec::set_isa, "use an instruction-set level (at most the best one)");
 }

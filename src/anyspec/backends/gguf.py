@@ -1,0 +1,191 @@
+"""GGUF models run in their own block formats on anyspec's CPU kernel (``csrc/quant.cpp``).
+
+The file is memory-mapped with the ``gguf`` package and every matrix stays in the quantization
+type it was stored in (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; F16, BF16 and F32 for small tensors), so
+the model that runs is the file the user has, and loading it takes seconds. Each activation row
+is quantized to int8 by itself and multiplied with integer dot products, so a row's logits are
+the same bits whatever number of rows is computed with it: verifying k draft tokens scores each
+one exactly as decoding it alone would.
+
+Llama-family decoders only (llama, mistral, qwen2). ``gguf_problem`` says why another file
+cannot run here, before any heavy work.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from anyspec.backends.linear import rowwise_kernel, rowwise_problem
+from anyspec.backends.stack import KVCache
+from anyspec.errors import ConfigError
+
+# architecture -> rotary layout: GGUF llama files store q and k rotated in adjacent pairs, qwen2 in halves
+ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False}
+F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 14, 30
+MATRIX_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K", F32: "F32",
+                F16: "F16", BF16: "BF16"}
+PRODUCTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>")
+
+
+def read_gguf(path: Path):
+    """The file's ``GGUFReader`` (memory-mapped); a one-line ConfigError for a truncated or foreign file."""
+    import gguf
+
+    try:
+        size = path.stat().st_size
+        reader = gguf.GGUFReader(path, "r")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except Exception as exc:  # the reader raises ValueError, struct and numpy errors on bad bytes
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic == b"GGUF":
+            raise ConfigError(f"{path} is truncated or damaged ({reason}); fetch it again") from None
+        raise ConfigError(f"{path} is not a readable GGUF file (it does not start with GGUF); "
+                          "give a .gguf model file") from None
+    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    if end > size:
+        raise ConfigError(f"{path} is truncated ({size:,} bytes, its tensors need {end:,}); fetch it again")
+    return reader
+
+
+def _field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.contents()
+    return value if value is not None else default
+
+
+def gguf_problem(path: Path, reader=None) -> str | None:
+    """Why this GGUF file cannot run on anyspec's GGUF kernels (None: it can)."""
+    reader = reader or read_gguf(path)
+    arch = _field(reader, "general.architecture", "?")
+    if arch not in ARCHITECTURES:
+        return f"architecture {arch} (GGUF kernels: {', '.join(ARCHITECTURES)})"
+    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+    factor = _field(reader, f"{arch}.rope.scaling.factor", 1.0)
+    if scaling not in ("none", "linear") or (scaling == "linear" and factor != 1.0):
+        return f"rope scaling {scaling}"
+    heads = _field(reader, f"{arch}.attention.head_count")
+    dim = _field(reader, f"{arch}.embedding_length")
+    rope_dim = _field(reader, f"{arch}.rope.dimension_count", dim // heads if heads and dim else None)
+    head_dim = _field(reader, f"{arch}.attention.key_length", dim // heads if heads and dim else None)
+    if not heads or not dim or rope_dim != head_dim:
+        return "partial rotary embeddings or missing attention metadata"
+    for t in reader.tensors:
+        kind = int(t.tensor_type)
+        if kind not in MATRIX_TYPES:
+            kinds = ", ".join(MATRIX_TYPES.values())
+            return f"tensor {t.name} is {t.tensor_type.name} (GGUF kernels: {kinds})"
+    if rowwise_problem() is not None:
+        return rowwise_problem()
+    return None
+
+
+class GGUFModel:
+    """A GGUF decoder and its KV cache: ``extend`` appends tokens and returns their logits."""
+
+    row_invariant = True  # every product and the attention compute each row alone (tested)
+
+    def __init__(self, path: str | os.PathLike, name: str = "model", reader=None):
+        from anyspec.vocab import load_tokenizer
+
+        self.path = Path(path)
+        reader = reader or read_gguf(self.path)
+        problem = gguf_problem(self.path, reader)
+        if problem:
+            raise ConfigError(f"{self.path.name} cannot run on anyspec's GGUF kernels: {problem}")
+        self.name, self.dtype, self.device = name, "gguf", torch.device("cpu")
+        arch = _field(reader, "general.architecture")
+        meta = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+        self.heads, self.kv_heads = meta("attention.head_count"), meta("attention.head_count_kv")
+        hidden = meta("embedding_length")
+        self.kv_heads = self.kv_heads or self.heads
+        self.head_dim = meta("attention.key_length", hidden // self.heads)
+        self.eps = float(meta("attention.layer_norm_rms_epsilon", 1e-6))
+        self.context_length = int(meta("context_length", 4096))
+        self.rope_pairs = ARCHITECTURES[arch]
+        self.kernel = rowwise_kernel()
+        tensors = {t.name: t for t in reader.tensors}
+        self.embed = _matrix(tensors["token_embd.weight"])
+        self.vocab_size = self.embed[0].shape[0]
+        self.lm_head = _matrix(tensors.get("output.weight") or tensors["token_embd.weight"])
+        self.final_norm = _vector(tensors["output_norm.weight"])
+        n_layers = meta("block_count")
+        layers, types, ks = [], [], []
+        for i in range(n_layers):
+            norms = f"blk.{i}.attn_norm.weight", f"blk.{i}.ffn_norm.weight"
+            layers += [_vector(tensors[norms[0]]), _vector(tensors[norms[1]])]
+            for product in PRODUCTS:
+                weight, kind, k = _matrix(tensors[f"blk.{i}.{product}.weight"])
+                bias = tensors.get(f"blk.{i}.{product}.bias")
+                layers += [weight, torch.empty(0), _vector(bias) if bias is not None else torch.empty(0)]
+                types.append(kind)
+                ks.append(k)
+        self.native = (layers, types, ks)
+        self.cache = KVCache(n_layers, self.kv_heads, self.head_dim,
+                             float(meta("rope.freq_base", 10000.0)))
+        self.tokenizer = load_tokenizer(self.path)
+        self._eos = {int(v) for v in [_field(reader, "tokenizer.ggml.eos_token_id")] if v is not None}
+        self.cached_ids: list[int] = []
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached_ids)
+
+    def reset(self) -> None:
+        self.cached_ids = []
+
+    def crop(self, n: int) -> None:
+        del self.cached_ids[n:]
+
+    def eos_ids(self) -> set[int]:
+        """The file's end-of-sequence id and the chat turn's end tokens its vocabulary has."""
+        ids = set(self._eos)
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[t] for t in EOS_NAMES if t in vocab and vocab[t] < self.vocab_size)
+        return ids
+
+    @torch.inference_mode()
+    def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
+        """Append ``ids`` to the cache; fp32 logits ``[len(ids), V]`` (or of the ``last`` rows)."""
+        start, m = self.num_cached, len(ids)
+        cos, sin = self.cache.prepare(start, m)
+        weight, kind, k = self.embed
+        x = self.kernel.dequant_rows(weight, kind, k, torch.tensor(ids))
+        x = self.kernel.decoder_forward(x, start, *self.native, self.cache.keys, self.cache.values, cos, sin,
+                                        self.heads, self.kv_heads, self.head_dim, self.eps, self.rope_pairs)
+        keep = m if last is None else last
+        h = x[m - keep:]
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * self.final_norm
+        weight, kind, k = self.lm_head
+        logits = self.kernel.typed_linear(h, weight, kind, k, None, None)
+        self.cached_ids.extend(ids)
+        return logits
+
+
+def _matrix(t) -> tuple[torch.Tensor, int, int]:
+    """(weight, type, K) of a 2-D GGUF tensor; quantized rows stay bytes of the memory-mapped file."""
+    kind, k = int(t.tensor_type), int(t.shape[0])
+    data = np.asarray(t.data)
+    if kind == F16:  # widened once; exact
+        return torch.from_numpy(data.astype(np.float32)).reshape(-1, k), F32, k
+    with warnings.catch_warnings():  # the map is read-only; the kernels never write to it
+        warnings.simplefilter("ignore", UserWarning)
+        if kind == F32:
+            return torch.from_numpy(data).reshape(-1, k), F32, k
+        if kind == BF16:
+            return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16).reshape(-1, k), BF16, k
+        return torch.from_numpy(data.reshape(data.shape[0], -1)), kind, k
+
+
+def _vector(t) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(t.data, dtype=np.float32).copy()).reshape(-1)

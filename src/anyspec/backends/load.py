@@ -1,0 +1,209 @@
+"""One way to load a model: resolve its dtype, check its path, then build the right backend.
+
+A spec is a built-in name, a model folder, a ``.gguf`` file or (with ``allow_download``) a hub id.
+On the CPU, ``--dtype auto`` runs GGUF models in their own block formats (``backends/gguf.py``),
+draft and target; other models run through transformers with anyspec's row-wise kernels in their
+linear layers and, for the Llama family, the lean forward (``backends/lean.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from anyspec.backends.linear import (
+    onednn_available,
+    rowwise_available,
+    rowwise_possible,
+    rowwise_problem,
+    swap_linears,
+)
+from anyspec.backends.transformers import CANONICAL, DTYPES, TransformersModel, cpu_has_bf16
+from anyspec.errors import ConfigError
+
+NAMES = "auto, gguf, bf16, fp16, fp32, int8"
+
+
+def builtin_names() -> tuple[str, ...]:
+    from anyspec.models import MODELS
+
+    return tuple(MODELS)
+
+
+def native_builtin(spec: str) -> bool:
+    from anyspec.models import MODELS
+
+    return spec in MODELS and MODELS[spec].native
+
+
+def gguf_source(spec: str) -> Path | None:
+    """The GGUF file a spec names (a built-in name gives None: it is fetched on load), else None."""
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").is_file():
+        found = sorted(path.glob("*.gguf"))
+        return found[0] if found else None
+    return None
+
+
+def is_gguf(spec: str) -> bool:
+    return spec in builtin_names() or gguf_source(spec) is not None
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: str | None = None) -> str:
+    """The dtype's canonical name: ``gguf``, ``bf16``, ``fp16``, ``fp32`` or ``int8``.
+
+    ``auto`` (or None) on the CPU is ``gguf`` for a GGUF model (the file's own formats) when anyspec's
+    kernel can run it. Otherwise it is bf16 where the hardware has it or anyspec's AVX2 kernel can run
+    it, else fp32; for a *draft* on the CPU it is int8, since the draft's numbers only change how much
+    is accepted, never the output.
+    """
+    from anyspec.backends.gguf import gguf_problem, read_gguf
+
+    if dtype is None or dtype == "auto":
+        if spec is not None and is_gguf(spec) and not torch.cuda.is_available() and rowwise_possible():
+            source = gguf_source(spec)
+            if source is None and native_builtin(spec):
+                return "gguf"
+            problem = gguf_problem(source, read_gguf(source)) if source is not None else "its block types"
+            print(f"anyspec: {source.name if source else spec} cannot run on the GGUF kernels ({problem}); "
+                  "loading it de-quantized through transformers instead", file=sys.stderr)
+        if draft and not torch.cuda.is_available():
+            return "int8"
+        return "bf16" if cpu_has_bf16() or rowwise_possible() else "fp32"
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).split(".")[-1]
+    if dtype == "gguf":
+        if spec is not None and (not is_gguf(spec) or spec in builtin_names() and not native_builtin(spec)):
+            raise ConfigError(f"dtype gguf runs a GGUF file's own formats, and {spec} is not a GGUF model; "
+                              "give a .gguf file or a built-in name, or another dtype")
+        if spec is not None and (source := gguf_source(spec)) is not None:
+            problem = gguf_problem(source, read_gguf(source))
+            if problem:
+                raise ConfigError(f"{source.name} cannot run on anyspec's GGUF kernels: {problem}; "
+                                  "use --dtype bf16 to run it de-quantized")
+        return "gguf"
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of {NAMES}")
+    return CANONICAL.get(dtype, dtype)
+
+
+def check_model_path(spec: str, allow_download: bool = False) -> None:
+    """Fail before loading unless ``spec`` is an existing model path, a built-in name or an allowed hub id."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file() and not list(path.glob("*.gguf")):
+            raise ConfigError(f"{spec} is a folder without config.json or a .gguf file; "
+                              "point at a model folder")
+        if (source := gguf_source(spec)) is not None:
+            from anyspec.backends.gguf import read_gguf
+
+            read_gguf(source)  # a truncated or foreign file: one line now, not a traceback later
+        return
+    if spec in builtin_names():
+        return
+    looks_like_path = spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or spec.count("/") != 1
+    if looks_like_path or not allow_download:
+        raise ConfigError(f"model {spec} not found: give a model folder, a .gguf file or a built-in name "
+                          f"({', '.join(builtin_names())})")
+
+
+def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
+               trust_remote_code: bool = False, allow_download: bool = False, name: str = "model"):
+    """Load a built-in name, a model folder, a GGUF file or a hub id, with ``dtype`` (see resolve_dtype)."""
+    check_model_path(spec, allow_download)
+    dtype = resolve_dtype(dtype, spec=spec)
+    if dtype == "gguf":
+        if device != "cpu":
+            raise ConfigError("dtype gguf (anyspec's GGUF kernels) runs on the CPU only; use bf16 on a GPU")
+        from anyspec.backends.gguf import GGUFModel
+
+        source = gguf_source(spec)
+        if source is None:
+            from anyspec.models import gguf_path
+
+            source = gguf_path(spec)
+        return GGUFModel(source, name=name)
+    return load_transformers(spec, dtype, device, trust_remote_code, name)
+
+
+def load_transformers(spec: str, dtype: str, device: str, trust_remote_code: bool, name: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(spec).expanduser()
+    if not path.exists() and spec in builtin_names():
+        from anyspec.models import fetch_model
+
+        path = fetch_model(spec)
+    if dtype == "int8" and device != "cpu":
+        raise ConfigError("dtype int8 (weight-only int8 linears) runs on the CPU only; use bf16 on a GPU")
+    kwargs = dict(dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    if device == "cpu" and dtype == "bf16" and rowwise_available():
+        # torch's bf16 CPU attention rounds a query row differently when it comes with others (0.16
+        # logits apart in Qwen2.5-1.5B, enough to flip a tie); anyspec's scores each row alone
+        kwargs["attn_implementation"] = register_rowwise_attention()
+    if path.is_dir() and not (path / "config.json").is_file():
+        path = sorted(path.glob("*.gguf"))[0]
+    try:
+        if path.exists():
+            from anyspec.vocab import load_tokenizer
+
+            tokenizer = load_tokenizer(path)  # GGUF tokenizer conversions are cached
+            if path.suffix == ".gguf":
+                source, kwargs["gguf_file"] = str(path.parent), path.name
+            else:
+                source = str(path)
+            kwargs["local_files_only"] = True
+        else:  # a hub id, only with allow_download
+            source = spec
+            tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device)
+    except OSError as exc:
+        raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}") from None
+    if device == "cpu" and swap_cpu_kernels(model, dtype) in ("int8", "bf16"):
+        from anyspec.backends.lean import LeanModel, lean_unsupported
+
+        if lean_unsupported(model) is None:  # the row-wise kernel's models skip transformers' Python
+            return LeanModel(model, tokenizer, name=name, dtype=dtype)
+    return TransformersModel(model, tokenizer, name=name, dtype=dtype)
+
+
+def register_rowwise_attention() -> str:
+    from transformers import AttentionInterface
+
+    from anyspec.backends.linear import rowwise_attention
+
+    AttentionInterface.register("anyspec_rowwise", rowwise_attention)
+    return "anyspec_rowwise"
+
+
+def cpu_kernel(dtype: str) -> str | None:
+    """The CPU linear kernel for ``dtype`` (None: torch's own).
+
+    bf16 runs anyspec's row-wise kernel on every x86 CPU with AVX2, native-bf16 CPUs included:
+    torch's native bf16 matmul rounds a row differently when other rows come with it.
+    """
+    if dtype == "int8":
+        return "int8" if rowwise_available() else "int8-torch"
+    if dtype == "bf16":
+        problem = rowwise_problem()
+        if problem is None:
+            return "bf16"
+        if not cpu_has_bf16():
+            print(f"anyspec: warning: bf16 is emulated on this CPU and anyspec's kernel is unavailable "
+                  f"({problem}); expect slow multi-token forwards, or use --dtype fp32", file=sys.stderr)
+        return None
+    if dtype == "fp32" and onednn_available():
+        return "onednn"
+    return None
+
+
+def swap_cpu_kernels(model, dtype: str) -> str | None:
+    """Put the CPU linear kernel for ``dtype`` into ``model``; returns its name (None: torch's)."""
+    kernel = cpu_kernel(dtype)
+    if kernel:
+        swap_linears(model, kernel)
+    return kernel

