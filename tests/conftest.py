@@ -100,7 +100,7 @@ def vocab_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading a model is the expensive step that bad input must fail before."""
-    import anyspec.backends.transformers as backend
+    import anyspec.backends.load as backend
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
