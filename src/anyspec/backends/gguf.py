@@ -29,6 +29,8 @@ ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False}
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 14, 30
 MATRIX_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K", F32: "F32",
                 F16: "F16", BF16: "BF16"}
+# csrc/quant.h: the same formats interleaved 16 rows at a time (repack_x16)
+X16 = {Q4_0: 1002, Q4_1: 1003, Q8_0: 1008, Q4_K: 1012, Q6_K: 1014}
 PRODUCTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>")
 
@@ -82,6 +84,8 @@ def gguf_problem(path: Path, reader=None) -> str | None:
         return "partial rotary embeddings or missing attention metadata"
     for t in reader.tensors:
         kind = int(t.tensor_type)
+        if kind in X16 and t.name.startswith("blk.") and len(t.shape) == 2 and int(t.shape[1]) % 16:
+            return f"tensor {t.name} has {int(t.shape[1])} rows (quantized products: a multiple of 16)"
         if kind not in MATRIX_TYPES:
             kinds = ", ".join(MATRIX_TYPES.values())
             return f"tensor {t.name} is {t.tensor_type.name} (GGUF kernels: {kinds})"
@@ -117,7 +121,7 @@ class GGUFModel:
         tensors = {t.name: t for t in reader.tensors}
         self.embed = _matrix(tensors["token_embd.weight"])
         self.vocab_size = self.embed[0].shape[0]
-        self.lm_head = _matrix(tensors.get("output.weight") or tensors["token_embd.weight"])
+        self.lm_head = _product(tensors.get("output.weight") or tensors["token_embd.weight"])
         self.final_norm = _vector(tensors["output_norm.weight"])
         n_layers = meta("block_count")
         layers, types, ks = [], [], []
@@ -125,7 +129,7 @@ class GGUFModel:
             norms = f"blk.{i}.attn_norm.weight", f"blk.{i}.ffn_norm.weight"
             layers += [_vector(tensors[norms[0]]), _vector(tensors[norms[1]])]
             for product in PRODUCTS:
-                weight, kind, k = _matrix(tensors[f"blk.{i}.{product}.weight"])
+                weight, kind, k = _product(tensors[f"blk.{i}.{product}.weight"])
                 bias = tensors.get(f"blk.{i}.{product}.bias")
                 layers += [weight, torch.empty(0), _vector(bias) if bias is not None else torch.empty(0)]
                 types.append(kind)
@@ -167,7 +171,7 @@ class GGUFModel:
         h = x[m - keep:]
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * self.final_norm
         weight, kind, k = self.lm_head
-        logits = self.kernel.typed_linear(h, weight, kind, k, None, None)
+        logits = self.kernel.typed_linear(h, weight, kind, k, None, None)[:, :self.vocab_size]
         self.cached_ids.extend(ids)
         return logits
 
@@ -185,6 +189,14 @@ def _matrix(t) -> tuple[torch.Tensor, int, int]:
         if kind == BF16:
             return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16).reshape(-1, k), BF16, k
         return torch.from_numpy(data.reshape(data.shape[0], -1)), kind, k
+
+
+def _product(t) -> tuple[torch.Tensor, int, int]:
+    """A matrix for products: quantized rows interleaved 16 at a time (the same values, regrouped)."""
+    weight, kind, k = _matrix(t)
+    if kind in X16:
+        return rowwise_kernel().repack_x16(weight, kind, k), X16[kind], k
+    return weight, kind, k
 
 
 def _vector(t) -> torch.Tensor:

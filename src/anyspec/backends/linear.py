@@ -117,7 +117,7 @@ KERNELS = {"onednn": OneDNNLinear, "int8-torch": Int8Linear,
            "int8": lambda linear: RowwiseLinear(linear, "int8")}
 _ROWWISE: list = []  # the built extension, or the reason it could not be built
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "rowwise_linear.cpp", CSRC / "quant.cpp"]
+SOURCES = [CSRC / "rowwise_linear.cpp", CSRC / "quant.cpp", CSRC / "x16.cpp"]
 
 
 def rowwise_kernel():

@@ -8,7 +8,25 @@ namespace anyspec {
 // ggml's type numbers for the formats kept as they are; F32 and BF16 matrices use the row-wise
 // kernel in rowwise_linear.cpp, and I8S is anyspec's int8 with an fp32 scale per row.
 enum Type : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30,
-                      I8S = 1000 };
+                      I8S = 1000, Q4_0_X16 = 1002, Q4_1_X16 = 1003, Q8_0_X16 = 1008, Q4_K_X16 = 1012,
+                      Q6_K_X16 = 1014 };
+
+// ggml's blocks (little-endian; d, m, dmin are fp16), described in quant.cpp.
+struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };
+struct BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };
+struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };
+struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
+struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+
+// A K-quant block's 256 weights (unsigned: 0..15 for Q4_K, 0..63 for Q6_K), its scales and mins.
+struct KBlock {
+  alignas(64) uint8_t q[256];
+  alignas(32) int16_t sc[16];  // per 16 weights
+  alignas(32) int16_t mu[16];  // per 16 weights: Q4_K's mins, Q6_K's scales
+  float d, k;
+};
+void decode(const BlockQ4_K* b, KBlock& o);
+void decode(const BlockQ6_K* b, KBlock& o);
 
 int64_t block_size(int64_t type);   // weights per block
 int64_t block_bytes(int64_t type);  // bytes per block
@@ -19,12 +37,12 @@ bool is_quantized(int64_t type);
 // and the sums of each 16 and each 32 values.
 struct Act {
   int64_t M = 0, K = 0, blk = 0;
-  bool permuted = false;       // K-quants at the AVX-512 level: values reordered within each block
   std::vector<int8_t> q;       // [M, K]
   std::vector<float> d;        // [M, K / blk]
   std::vector<int16_t> bsum;   // [M, K / 16]
   std::vector<int16_t> bsum32; // [M, K / 32]
   std::vector<float> sx;       // 32-blocks: d * (sum of the block's 32 values), [M, K / 32]
+  std::vector<int32_t> b16x32; // 32 * the sums of 16, [M, K / 16] (Q6_K's offset)
 };
 
 void quantize(const float* x, int64_t M, int64_t K, int64_t blk, Act& act);
@@ -42,5 +60,15 @@ void qmatmul_rows(int64_t type, const uint8_t* w, int64_t K, const Act& act, con
 
 // The fp32 values of row n of a quantized (or F16/F32/BF16) matrix.
 void dequant_row(int64_t type, const uint8_t* row, int64_t K, float* out);
+
+// ---- blocks interleaved 16 rows at a time (x16.cpp) ----
+// The same weights, scales and mins, regrouped so that SIMD lanes are 16 output rows: a product
+// then sums each block's integers exactly per row, with no horizontal reductions.
+int64_t x16_type(int64_t type);          // Q4_K -> Q4_K_X16, ..., Q8_0 -> Q8_0_X16; else 0
+int64_t x16_group_bytes(int64_t type);   // bytes of one group of 16 rows x one block
+void repack_x16(int64_t type, const uint8_t* src, int64_t N, int64_t K, uint8_t* dst);
+void x16_rows(int64_t type, const uint8_t* w, int64_t K, const Act& act, const float* bias, float* y,
+              int64_t ldy, int64_t n0, int64_t n1);  // n0 a multiple of 16
+void x16_dequant_row(int64_t type, const uint8_t* w, int64_t K, int64_t n, float* out);
 
 }  // namespace anyspec

@@ -220,12 +220,12 @@ void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int6
     if (!m.N) continue;
     float* out = y + offset;
     if (anyspec::is_quantized(m.type)) {
-      const int64_t row_bytes = m.K / anyspec::block_size(m.type) * anyspec::block_bytes(m.type);
       const uint8_t* w = static_cast<const uint8_t*>(m.w);
       const anyspec::Act& act = acts.of(m.type);
-      split((m.N + CHUNK - 1) / CHUNK, 8, [&](int64_t begin, int64_t end) {
+      const int64_t rows = anyspec::x16_group_bytes(m.type) ? 16 : CHUNK;  // interleaved: whole groups
+      split((m.N + rows - 1) / rows, 4, [&](int64_t begin, int64_t end) {
         for (int64_t c = begin; c < end; ++c)
-          anyspec::qmatmul_rows(m.type, w, m.K, act, m.bias, out, ldy, c * CHUNK, std::min(m.N, (c + 1) * CHUNK));
+          anyspec::qmatmul_rows(m.type, w, m.K, act, m.bias, out, ldy, c * rows, std::min(m.N, (c + 1) * rows));
       });
     } else if (m.type == anyspec::BF16) {
       matmul(x, M, static_cast<const uint16_t*>(m.w), m.N, m.K, m.scale, m.bias, out, ldy);
@@ -495,8 +495,25 @@ torch::Tensor dequant_rows(torch::Tensor weight, int64_t type, int64_t K, torch:
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = ids.data_ptr<int64_t>()[i];
     TORCH_CHECK(row >= 0 && row < weight.size(0), "dequant_rows: row out of range");
-    anyspec::dequant_row(type, base + row * row_bytes, K, out.data_ptr<float>() + i * K);
+    if (anyspec::x16_group_bytes(type))
+      anyspec::x16_dequant_row(type, base, K, row, out.data_ptr<float>() + i * K);
+    else
+      anyspec::dequant_row(type, base + row * row_bytes, K, out.data_ptr<float>() + i * K);
   }
+  return out;
+}
+
+// Quantized rows [N, bytes] interleaved 16 at a time (x16.cpp): [N rounded up to 16, bytes of a
+// group block / 16 * blocks]; the type of the result is x16_type(type).
+torch::Tensor repack_x16(torch::Tensor weight, int64_t type, int64_t K) {
+  TORCH_CHECK(anyspec::x16_type(type) && weight.dim() == 2 && weight.scalar_type() == torch::kUInt8,
+              "repack_x16: rows of bytes of Q4_0, Q4_1, Q8_0, Q4_K or Q6_K");
+  weight = weight.contiguous();
+  const int64_t N = weight.size(0), nb = K / anyspec::block_size(type);
+  const int64_t gbytes = anyspec::x16_group_bytes(anyspec::x16_type(type));
+  TORCH_CHECK(weight.size(1) == nb * anyspec::block_bytes(type), "repack_x16: row bytes do not match K");
+  auto out = torch::empty({(N + 15) / 16 * 16, nb * gbytes / 16}, weight.options());
+  anyspec::repack_x16(type, weight.data_ptr<uint8_t>(), N, K, out.data_ptr<uint8_t>());
   return out;
 }
 
@@ -508,6 +525,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_forward", &decoder_forward, "a Llama-family decoder stack for a few new tokens");
   m.def("typed_linear", &typed_linear, "few-row linear over weights of any supported type");
   m.def("dequant_rows", &dequant_rows, "fp32 rows of a matrix of any supported type");
+  m.def("repack_x16", &repack_x16, "Q4_K / Q6_K rows interleaved 16 at a time");
   m.def("isa", &anyspec::isa, "the instruction-set level in use: 0 plain C++, 1 AVX2, 2 AVX-512 VNNI");
   m.def("best_isa", &anyspec::best_isa, "the best instruction-set level this CPU has");
   m.def("set_isa", &anyspec::set_isa, "use an instruction-set level (at most the best one)");
