@@ -112,9 +112,26 @@ def test_resolve_model_errors_are_cheap_and_one_line(tmp_path, monkeypatch):
         fetch_model("nope")
 
 
-def test_resolve_builtin_name_fetches(monkeypatch, tmp_path):
-    monkeypatch.setattr(models, "fetch_model", lambda name, progress=True: tmp_path / name)
-    assert models.resolve_model("smollm2-135m") == tmp_path / "smollm2-135m"
+def test_resolve_builtin_name_fetches_its_gguf_file(monkeypatch, tmp_path):
+    """A built-in name resolves to its GGUF file, which runs as it is; no bf16 conversion."""
+    monkeypatch.setattr(models, "gguf_path", lambda name, progress=True: tmp_path / f"{name}.gguf")
+    monkeypatch.setattr(models, "fetch_model", lambda name, progress=True: pytest.fail("converted"))
+    assert models.resolve_model("smollm2-135m") == tmp_path / "smollm2-135m.gguf"
+
+
+def test_builtin_gguf_files_run_on_the_gguf_kernels_as_declared():
+    """``native`` in the catalogue matches what gguf_problem finds in each file that is cached."""
+    from anyspec.backends.gguf import gguf_problem
+    from anyspec.fetch import cache_dir
+
+    checked = 0
+    for m in models.MODELS.values():
+        path = cache_dir() / "gguf" / f"{m.name}.gguf"
+        if path.is_file():
+            assert (gguf_problem(path) is None) == m.native, m.name
+            checked += 1
+    if not checked:
+        pytest.skip("no built-in GGUF file is cached here")
 
 
 def test_registry_is_consistent():

@@ -25,6 +25,13 @@ import sys
 import time
 from pathlib import Path
 
+from anyspec.bench_llama import (
+    LlamaCppUnavailable,
+    close_llama_cpp,
+    llama_cpp_problem,
+    run_llama_cpp,
+    target_gguf,
+)
 from anyspec.bench_vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
 from anyspec.config import DRAFT_CONFIDENCE, NUM_SPECULATIVE_TOKENS, SpeculativeConfig
 from anyspec.engine.prompt import encode_prompt, end_ids
@@ -32,12 +39,16 @@ from anyspec.errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().with_name("data") / "prompts"  # package data
 DEFAULT_PROMPTS = [PROMPTS_DIR / "code.jsonl", PROMPTS_DIR / "prose.jsonl"]
-METHODS = ("target", "anyspec-greedy", "anyspec-slem", "anyspec-sampled", "hf-target", "hf-uag",
+METHODS = ("target", "anyspec-greedy", "anyspec-slem", "anyspec-sampled", "llama.cpp", "hf-target", "hf-uag",
            "vllm-target", "vllm")
 DEFAULT_METHODS = [m for m in METHODS if m != "vllm-target"]  # a second vLLM instance: opt-in (memory)
 BASELINE = {"anyspec-greedy": "target", "anyspec-slem": "target", "anyspec-sampled": "target",
-            "hf-uag": "hf-target", "hf-target": "target", "vllm-target": "target", "vllm": "target"}
-SECOND_BASELINE = {"vllm": "vllm-target"}  # vLLM's own speedup, when vllm-target ran too
+            "hf-uag": "hf-target", "hf-target": "target", "vllm-target": "target", "vllm": "target",
+            "llama.cpp": "target"}
+# vLLM's own speedup, when vllm-target ran too; anyspec against llama.cpp's target alone
+SECOND_BASELINE = {"vllm": "vllm-target", "anyspec-greedy": "llama.cpp", "anyspec-slem": "llama.cpp",
+                   "target": "llama.cpp", "hf-uag": "llama.cpp"}
+UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 VLLM_METHODS = ("vllm", "vllm-target")
 
 
@@ -89,20 +100,37 @@ def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True, algorithm:
             "accepted": res.stats.accepted if draft else None}
 
 
+def hf_models(ctx: dict, assisted: bool):
+    """transformers' own models for the hf methods: the pair's, or (GGUF-native pair) bf16 copies."""
+    from anyspec.backends.load import load_model
+
+    if "hf_target" not in ctx:
+        if hasattr(ctx["target"], "model"):
+            ctx["hf_target"] = ctx["target"]
+        else:
+            ctx["hf_target"] = load_model(ctx["target_spec"], dtype="bf16", name="hf-target")
+    if assisted and "hf_draft" not in ctx:
+        if hasattr(ctx["draft"], "model"):
+            ctx["hf_draft"] = ctx["draft"]
+        else:
+            ctx["hf_draft"] = load_model(ctx["draft_spec"], dtype="bf16", name="hf-draft")
+    return ctx["hf_target"], ctx.get("hf_draft")
+
+
 def run_hf(ctx: dict, prompt, assisted: bool) -> dict:
     import torch
 
-    target, tok = ctx["target"].model, ctx["target"].tokenizer
+    target_model, draft_model = hf_models(ctx, assisted)
+    target, tok = target_model.model, target_model.tokenizer
     ids = torch.tensor([prompt_ids(tok, prompt)])
     kw = {"max_new_tokens": ctx["max_new_tokens"], "do_sample": False, "attention_mask": torch.ones_like(ids),
           "top_p": None, "top_k": None, "temperature": None}
     if tok.pad_token_id is not None:
         kw["pad_token_id"] = tok.pad_token_id
     if assisted:
-        kw.update(assistant_model=ctx["draft"].model, tokenizer=tok,
-                  assistant_tokenizer=ctx["draft"].tokenizer)
+        kw.update(assistant_model=draft_model.model, tokenizer=tok, assistant_tokenizer=draft_model.tokenizer)
         if ctx["hf_assistant"] == "k":  # the same fixed k as anyspec instead of HF's adaptive default
-            gc = ctx["draft"].model.generation_config
+            gc = draft_model.model.generation_config
             gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = ctx["k"], "constant"
             gc.assistant_confidence_threshold = 0.0
     t = time.perf_counter()
@@ -127,12 +155,16 @@ RUNNERS = {
     "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
     "vllm-target": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx["target"].tokenizer, p), draft=False),
     "vllm": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx["target"].tokenizer, p)),
+    "llama.cpp": lambda ctx, p: run_llama_cpp(ctx, prompt_ids(ctx["target"].tokenizer, p)),
 }
 
 
-def available(methods: list[str], vllm_python: str | Path | None = None) -> tuple[list[str], dict[str, str]]:
+def available(methods: list[str], vllm_python: str | Path | None = None,
+              target: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The methods that can run here, and a note for each one skipped."""
     notes = {}
+    if "llama.cpp" in methods and (note := llama_cpp_problem(target_gguf(target) or target)):
+        notes["llama.cpp"] = note
     wanted = [m for m in methods if m in VLLM_METHODS]
     note = unavailable(vllm_python) if wanted else None
     if note:
@@ -197,7 +229,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     prompts = [p for f in prompt_files for p in load_prompts(f)[:limit]]
     plan = check_pair(target, draft, dtype, draft_dtype, threads)
-    methods, notes = available(methods, vllm_python)
+    methods, notes = available(methods, vllm_python, target)
     t = time.perf_counter()
     tgt, drf, _ = load_pair(plan)
     dtype, draft_dtype = plan.dtype, plan.draft_dtype
@@ -208,7 +240,9 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
     ctx = {"target": tgt, "draft": drf, "k": k, "temperature": temperature, "seed": seed,
            "engine_options": engine_options, "hf_assistant": hf_assistant,
            "max_new_tokens": max_new_tokens, "eos": end_ids(tgt),
-           "dtype_name": dtype, "draft_dtype": draft_dtype, "threads": threads, "vllm_python": vllm_python,
+           "dtype_name": dtype, "draft_dtype": draft_dtype, "threads": threads or torch.get_num_threads(),
+           "vllm_python": vllm_python, "target_spec": target, "draft_spec": draft,
+           "llama_cpp_gguf": target_gguf(target),
            "target_path": resolve_model(target) if target in MODELS else target,
            "draft_path": resolve_model(draft) if draft in MODELS else draft}
 
@@ -219,6 +253,7 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
         runs = _run_all(ctx, prompts * repeat, methods, notes, log)
     finally:
         close_all(ctx)
+        close_llama_cpp(ctx)
     return {"config": {"target": target, "draft": draft, "dtype": dtype, "draft_dtype": draft_dtype, "k": k,
                        **engine_options, "repeat": repeat,
                        "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
@@ -241,7 +276,7 @@ def _run_all(ctx: dict, prompts: list[dict], methods: list[str], notes: dict, lo
     for m in list(methods):
         try:
             RUNNERS[m](ctx, [{"role": "user", "content": "Say hi."}])
-        except VllmUnavailable as exc:
+        except UNAVAILABLE as exc:
             notes[m] = str(exc)
             methods.remove(m)
             log(f"  {m}: {exc}")
@@ -255,7 +290,7 @@ def _run_all(ctx: dict, prompts: list[dict], methods: list[str], notes: dict, lo
         for m in order:
             try:
                 r = RUNNERS[m](ctx, p["prompt"])
-            except VllmUnavailable as exc:
+            except UNAVAILABLE as exc:
                 notes[m] = str(exc)
                 methods.remove(m)
                 log(f"  {m}: {exc}")
