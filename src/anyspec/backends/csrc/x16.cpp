@@ -5,12 +5,12 @@
 // fp16 scales, their sub-block scales and mins, and their weights arranged so that 4 bytes of one
 // SIMD lane are 4 consecutive weights of one row:
 //
-//   Q4_0, 288 bytes: d[16] fp16 | qs[4][16][4]; low nibble = weight 4c + i, high nibble = 16 + 4c + i
+//   Q4_0, 320 bytes: d[16] fp16 | 32 unused | qs[4][16][4]; low nibble = weight 4c + i, high = 16 + 4c + i
 //   Q4_1, 320 bytes: d[16] fp16 | m[16] fp16 | qs[4][16][4] as Q4_0
-//   Q8_0, 544 bytes: d[16] fp16 | qs[8][16][4] (int8 weight 4c + i)
+//   Q8_0, 576 bytes: d[16] fp16 | 32 unused | qs[8][16][4] (int8 weight 4c + i)
 //   Q4_K, 2368 bytes: d[16] fp16 | dmin[16] fp16 | sc[8][16] | mn pairs[4][16][2] | qs[8][4][16][4]
 //         qs[j][c][n][i]: low nibble = weight 32j + 4c + i of row n, high nibble = weight 32j + 16 + 4c + i
-//   Q6_K, 3360 bytes: d[16] fp16 | sc[16][16] int8 | ql[16][2][16][4] | qh[16][16][4]
+//   Q6_K, 3392 bytes: d[16] fp16 | 32 unused | sc[16][16] int8 | ql[16][2][16][4] | qh[16][16][4]
 //         ql[s][c][n][i]: low nibble = low 4 bits of weight 16s + 4c + i, high nibble = of 16s + 8 + 4c + i;
 //         qh[s][n][i]: bits 2t..2t+1 = the top 2 bits of weight 16s + 4t + i
 //
@@ -35,10 +35,18 @@
 namespace anyspec {
 namespace {
 
-constexpr int64_t GB4 = 2368, GB6 = 3360, GB40 = 288, GB41 = 320, GB80 = 544;
+// Every section starts on a 64-byte line, so no vector load straddles two lines.
+constexpr int64_t GB4 = 2368, GB6 = 3392, GB40 = 320, GB41 = 320, GB80 = 576;
+constexpr int64_t SC6 = 64, QL6 = 320, QH6 = 2368;
+constexpr int64_t PREFETCH_BLOCKS = 4;  // how far ahead the weight stream is fetched, in group blocks
+
+// Every line of the group block at p into L2: the weights stream from memory while the products run.
+inline void fetch_ahead(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T1);
+}
 
 bool small(int64_t type) { return type == Q4_0_X16 || type == Q4_1_X16 || type == Q8_0_X16; }
-int64_t qs_offset(int64_t type) { return type == Q4_1_X16 ? 64 : 32; }
+int64_t qs_offset(int64_t) { return 64; }
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }
@@ -79,9 +87,9 @@ void read_row(int64_t type, const uint8_t* gb, int n, RowBlock& o) {
     return;
   }
   o.dmin = 0;
-  for (int s = 0; s < 16; ++s) o.sc[s] = static_cast<int8_t>(gb[32 + 16 * s + n]);
-  const uint8_t* ql = gb + 288;
-  const uint8_t* qh = gb + 2336;
+  for (int s = 0; s < 16; ++s) o.sc[s] = static_cast<int8_t>(gb[SC6 + 16 * s + n]);
+  const uint8_t* ql = gb + QL6;
+  const uint8_t* qh = gb + QH6;
   for (int s = 0; s < 16; ++s)
     for (int i = 0; i < 4; ++i) {
       const uint8_t h = qh[(16 * s + n) * 4 + i];
@@ -182,14 +190,17 @@ AVX512 void q4k_group512(const uint8_t* group, int64_t nb, const Act& a, int64_t
   for (int r = 0; r < R; ++r) F[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * GB4;
-    _mm_prefetch(reinterpret_cast<const char*>(gb + 2 * GB4), _MM_HINT_T0);
+    if (R == 1)  // memory-bound: the hardware's stream prefetcher does best with a light hint
+      _mm_prefetch(reinterpret_cast<const char*>(gb + 2 * GB4), _MM_HINT_T0);
+    else  // the products take long enough that the stream must be fetched explicitly to overlap them
+      fetch_ahead(gb + PREFETCH_BLOCKS * GB4, GB4);
     __m512i I[R];
     for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       __m512i S[R];
       for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) {
-        const __m512i v = _mm512_loadu_si512(gb + 320 + (4 * j + c) * 64);
+        const __m512i v = _mm512_load_si512(gb + 320 + (4 * j + c) * 64);
         const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 32 * j + 4 * c;
@@ -217,9 +228,10 @@ AVX512 void q4k_group512(const uint8_t* group, int64_t nb, const Act& a, int64_t
   }
 }
 
-// Q6_K's top 2 bits of each byte of h, at bit position `shift`, moved to bits 4-5.
-AVX512 inline __m512i top512(__m512i h, int shift, __m512i two) {
-  return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, shift), two), 4);
+// Q6_K's top 2 bits of each byte of h, at bit position SHIFT, moved to bits 4-5.
+template <int SHIFT>
+AVX512 inline __m512i top512(__m512i h, __m512i two) {
+  return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, SHIFT), two), 4);
 }
 
 template <int R>
@@ -229,18 +241,22 @@ AVX512 void q6k_group512(const uint8_t* group, int64_t nb, const Act& a, int64_t
   for (int r = 0; r < R; ++r) F[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * GB6;
-    _mm_prefetch(reinterpret_cast<const char*>(gb + 2 * GB6), _MM_HINT_T0);
     __m512i I[R];
     for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
     for (int s = 0; s < 16; ++s) {
-      const __m512i v0 = _mm512_loadu_si512(gb + 288 + (2 * s) * 64);
-      const __m512i v1 = _mm512_loadu_si512(gb + 288 + (2 * s + 1) * 64);
-      const __m512i h = _mm512_loadu_si512(gb + 2336 + s * 64);
-      const __m512i w0 = _mm512_or_si512(_mm512_and_si512(v0, low4), top512(h, 0, two));
-      const __m512i w1 = _mm512_or_si512(_mm512_and_si512(v1, low4), top512(h, 2, two));
-      const __m512i w2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low4), top512(h, 4, two));
-      const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low4), top512(h, 6, two));
-      const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * s)));
+      const uint8_t* ahead = gb + PREFETCH_BLOCKS * GB6;  // every line of a group block further on
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + QL6 + 128 * s), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + QL6 + 128 * s + 64), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + QH6 + 64 * s), _MM_HINT_T1);
+      if (s < 5) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * s), _MM_HINT_T1);
+      const __m512i v0 = _mm512_load_si512(gb + QL6 + (2 * s) * 64);
+      const __m512i v1 = _mm512_load_si512(gb + QL6 + (2 * s + 1) * 64);
+      const __m512i h = _mm512_load_si512(gb + QH6 + s * 64);
+      const __m512i w0 = _mm512_or_si512(_mm512_and_si512(v0, low4), top512<0>(h, two));
+      const __m512i w1 = _mm512_or_si512(_mm512_and_si512(v1, low4), top512<2>(h, two));
+      const __m512i w2 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low4), top512<4>(h, two));
+      const __m512i w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low4), top512<6>(h, two));
+      const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + SC6 + 16 * s)));
       for (int r = 0; r < R; ++r) {
         const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 16 * s;
         __m512i S = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, _mm512_set1_epi32(word(x)));
@@ -268,7 +284,7 @@ AVX512 void small_group512(int64_t type, const uint8_t* group, int64_t nb, const
   for (int r = 0; r < R; ++r) F[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * gbytes;
-    _mm_prefetch(reinterpret_cast<const char*>(gb + 4 * gbytes), _MM_HINT_T0);
+    fetch_ahead(gb + 4 * PREFETCH_BLOCKS * gbytes, gbytes);
     __m512i S[R];
     for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
     if (type == Q8_0_X16) {
@@ -377,8 +393,8 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
       }
     } else {
       for (int s = 0; s < 16; ++s) {
-        const __m256i v0 = load(gb + 288 + (2 * s) * 64), v1 = load(gb + 288 + (2 * s + 1) * 64);
-        const __m256i hb = load(gb + 2336 + s * 64);
+        const __m256i v0 = load(gb + QL6 + (2 * s) * 64), v1 = load(gb + QL6 + (2 * s + 1) * 64);
+        const __m256i hb = load(gb + QH6 + s * 64);
         auto top = [&](int shift) {
           return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, shift), two), 4);
         };
@@ -386,7 +402,7 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
         const __m256i w1 = _mm256_or_si256(_mm256_and_si256(v1, low4), top(2));
         const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4), top(4));
         const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4), top(6));
-        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 32 + 16 * s + 8 * h)));
+        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + SC6 + 16 * s + 8 * h)));
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 16 * s;
           __m256i S = dot4(dot4(dot4(dot4(_mm256_setzero_si256(), w0, word(x)), w1, word(x + 4)), w2, word(x + 8)),
@@ -556,14 +572,14 @@ void repack_x16(int64_t type, const uint8_t* src, int64_t N, int64_t K, uint8_t*
         const BlockQ6_K* blk = reinterpret_cast<const BlockQ6_K*>(src) + n * nb + b;
         decode(blk, kb);
         std::memcpy(gb + 2 * r, &blk->d, 2);
-        for (int s = 0; s < 16; ++s) gb[32 + 16 * s + r] = static_cast<uint8_t>(blk->scales[s]);
+        for (int s = 0; s < 16; ++s) gb[SC6 + 16 * s + r] = static_cast<uint8_t>(blk->scales[s]);
         for (int s = 0; s < 16; ++s)
           for (int i = 0; i < 4; ++i) {
             uint8_t h = 0;
             for (int t = 0; t < 4; ++t) h |= (kb.q[16 * s + 4 * t + i] >> 4) << (2 * t);
-            gb[2336 + (16 * s + r) * 4 + i] = h;
+            gb[QH6 + (16 * s + r) * 4 + i] = h;
             for (int c = 0; c < 2; ++c)
-              gb[288 + ((2 * s + c) * 16 + r) * 4 + i] =
+              gb[QL6 + ((2 * s + c) * 16 + r) * 4 + i] =
                   (kb.q[16 * s + 4 * c + i] & 15) | ((kb.q[16 * s + 8 + 4 * c + i] & 15) << 4);
           }
       }
