@@ -246,3 +246,40 @@ def test_real_model_matches_its_dequantized_weights_in_transformers(smollm2):
     assert (got - want).abs().mean() < 0.015 * want.abs().max()
     assert (got - want).abs().max() < 0.1 * want.abs().max()
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.85
+
+
+@pytest.mark.slow
+def test_sampling_with_gguf_models_draws_from_the_targets_distribution(smollm2, tok_qwen2, tmp_path):
+    """TLI sampling with the GGUF target and a draft of another vocabulary: the first two tokens'
+    joint frequencies match the target's own distribution (chi-square)."""
+    from test_tli_sampling import chi_square_pvalue
+    from tiny_models import save_tiny_model
+
+    from anyspec.algorithms.sampling import logits_to_probs
+    from anyspec.backends.load import load_model
+    from anyspec.config import SamplingParams, SpeculativeConfig
+    from anyspec.engine import Engine
+    from anyspec.engine.prompt import encode_prompt
+
+    draft = load_model(str(save_tiny_model(tok_qwen2, tmp_path / "draft", arch="qwen2")), name="draft")
+    prompt, top_k = "My favourite colour is", 4
+    ids, _, _ = encode_prompt(smollm2.tokenizer, prompt)
+    smollm2.reset()
+    first = logits_to_probs(smollm2.extend(ids, last=1)[-1], 1.0, top_k)
+    joint = torch.zeros(smollm2.vocab_size, smollm2.vocab_size, dtype=torch.float64)
+    for a in torch.nonzero(first).flatten().tolist():
+        smollm2.crop(len(ids))
+        joint[a] = first[a].double() * logits_to_probs(smollm2.extend([a])[-1], 1.0, top_k).double()
+    smollm2.reset()
+    cells = torch.nonzero(joint.flatten()).flatten()
+    engine = Engine(smollm2, draft, SpeculativeConfig(num_speculative_tokens=3, algorithm="tli"))
+    counts = torch.zeros(len(cells))
+    n = 1200
+    for seed in range(n):
+        params = SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=2, seed=seed)
+        out = engine.generate(prompt, params)
+        cell = out.token_ids[0] * smollm2.vocab_size + out.token_ids[1]
+        assert cell in cells, "a pair the target gives probability 0"
+        counts[(cells == cell).nonzero()[0, 0]] += 1
+    assert out.stats.drafted > 0
+    assert chi_square_pvalue(counts, joint.flatten()[cells].float()) > 1e-3
