@@ -1,27 +1,26 @@
 """A lean forward pass for Llama-family decoders (llama, qwen2, mistral) on anyspec's CPU kernel.
 
-A draft token of SmolLM2-135M is 30 layers of small matrix products, and transformers' per-layer
-Python (cache objects, masks, hooks, dtype casts) cost more than the products themselves: a
-forward took 26-37 ms through transformers on a 2-core CPU with the same kernel, against 10-12 ms
-here. This is the same computation, written out once:
+A small model's forward is many small matrix products, and transformers' per-layer Python (cache
+objects, masks, hooks, dtype casts) can cost more than the products themselves. This is the same
+computation, written out once:
 
 * q/k/v and gate/up are one matrix product each (the rows of the swapped-in kernels are
   concatenated, scales included, so the numbers are those of the separate products; the
   original modules become views of the fused weights, one copy in memory);
-* the KV cache is one preallocated tensor per layer, grown by doubling; ``crop`` only forgets
-  positions, and the next ``extend`` writes over them;
+* the KV cache (``stack.KVCache``) is one preallocated tensor per layer, grown by doubling;
+  ``crop`` only forgets positions, and the next ``extend`` writes over them;
 * norms, rotary embeddings and attention run in fp32.
 
 With anyspec's row-wise kernel in every product (int8 and bf16 models) the whole stack is one C++ call
 (``decoder_forward`` in ``csrc/rowwise_linear.cpp``); otherwise ``extend`` runs the same steps in
 Python below, the readable reference that the tests compare with transformers.
 
-Used for int8 models and for bf16 models on anyspec's row-wise kernel: a Qwen2.5-Coder-1.5B bf16
-target forward takes about 146 ms here against 177 ms through transformers (the same kernel).
-The numbers differ from transformers' in rounding only (activations stay fp32 here, transformers
-rounds them to bf16 between steps), so a near-tie can go the other way than in transformers' own
-forward. For a draft that changes nothing but the acceptance; a target runs this same forward
-alone and in speculation, so speculation stays lossless against it.
+Used for int8 and bf16 model folders on anyspec's row-wise kernel (GGUF files run the same C++
+stack from ``backends/gguf.py``). The numbers differ from transformers' in rounding only
+(activations stay fp32 here, transformers rounds them to bf16 between steps), so a near-tie can
+go the other way than in transformers' own forward. For a draft that changes nothing but the
+acceptance; a target runs this same forward alone and in speculation, so speculation stays
+lossless against it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Faster CPU matrix products for the transformers backend, swapped in for ``nn.Linear``.
 
 Speculative decoding pays off only when scoring k+1 tokens costs little more than scoring one.
-On CPUs without native bf16 (AVX2 only), MKL's fp32 GEMM behind ``nn.Linear`` grows almost
-linearly with the number of rows at small M, and torch's bf16 matmul is emulated (5 rows cost 4x
-one). These kernels keep it nearly flat:
+MKL's fp32 GEMM behind ``nn.Linear`` grows almost linearly with the number of rows at small M,
+torch's bf16 matmul is emulated on CPUs without native bf16, and where bf16 is native it rounds a
+row differently when other rows come with it. These kernels keep the cost nearly flat and each
+row's numbers fixed:
 
 * ``bf16`` and ``int8`` (``RowwiseLinear``): anyspec's own AVX2 kernel (``csrc/rowwise_linear.cpp``,
   built once with the system's C++ compiler into the cache). The weights stay bf16 (or int8 with a
   scale per output channel) in memory and are widened to fp32 in registers; every input row is
-  accumulated in fp32 in a fixed order. Reading the weights once per call is the cost, so 5 rows
-  cost about 1.3x one row for bf16. Used for bf16 models on CPUs without native bf16, and for
-  int8.
+  accumulated in fp32 in a fixed order. Reading the weights once per call is the cost. Used for
+  bf16 and int8 models on every CPU with AVX2.
 * ``onednn``: fp32 weights prepacked once for oneDNN (``torch.ops.mkldnn``), exactly the model's
   numbers (fp32 rounding differences only). Used for fp32 models on the CPU.
 * ``int8-torch``: the same int8 weights through ``torch._weight_int8pack_mm``, where anyspec's
@@ -121,7 +121,8 @@ SOURCES = [CSRC / "rowwise_linear.cpp", CSRC / "quant.cpp", CSRC / "x16.cpp"]
 
 
 def rowwise_kernel():
-    """anyspec's AVX2 kernel, compiled on first use into ``cache_dir()/kernels`` (about a minute)."""
+    """anyspec's CPU kernel (row-wise and GGUF products, the decoder stack), compiled on first use
+    into ``cache_dir()/kernels`` (about a minute)."""
     if not _ROWWISE:
         _ROWWISE.append(_build_rowwise())
     if isinstance(_ROWWISE[0], str):
