@@ -281,3 +281,15 @@ def test_convert_tiny_gguf_keeps_weights_template_and_eos(tmp_path):
     with torch.no_grad():
         a, b = ref(ids).logits, model.float()(ids).logits
     assert torch.isfinite(b).all() and (a - b).abs().max() < 0.1 * a.abs().max()  # bf16 rounding only
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line(monkeypatch, tmp_path):
+    from anyspec.errors import ConfigError
+    from anyspec.fetch import cache_dir
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(ConfigError, match="cannot use .* as anyspec's cache .* writable folder") as err:
+        cache_dir()
+    assert "\n" not in str(err.value)

@@ -7,7 +7,7 @@ from test_vocab_properties import wrap
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from anyspec.vocab import VocabMapping, detect_family, token_bytes
-from anyspec.vocab.bytes import BYTE_LEVEL, METASPACE, PLAIN, WORDPIECE
+from anyspec.vocab.family import BYTE_LEVEL, METASPACE, PLAIN, WORDPIECE
 
 
 def test_unigram_with_metaspace():

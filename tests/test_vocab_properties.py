@@ -14,7 +14,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 from transformers import PreTrainedTokenizerFast
 
 from anyspec.vocab import VocabMapping, detect_family, token_table
-from anyspec.vocab.bytes import BYTE_LEVEL, METASPACE, TokenTable, bytes_to_unicode, strings_to_bytes
+from anyspec.vocab.bytes import TokenTable, bytes_to_unicode, strings_to_bytes
+from anyspec.vocab.family import BYTE_LEVEL, METASPACE
 from anyspec.vocab.mapping import _eligible, _match_exact, match_tables
 
 SPECIALS = ["<s>", "</s>", "<unk>"]
@@ -162,7 +163,8 @@ def test_match_tables_against_brute_force(target_pieces, draft_pieces, sbits, fb
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.text(min_size=0, max_size=6), max_size=40))
 def test_array_path_equals_reference_for_any_strings(strings):
-    from anyspec.vocab.bytes import Family, _array_bytes
+    from anyspec.vocab.bytes import _array_bytes
+    from anyspec.vocab.family import Family
 
     for family in (Family(BYTE_LEVEL), Family(METASPACE, space="\u2581", byte_fallback=True)):
         pieces = {i: 65 for i, s in enumerate(strings) if s == "A"} if family.byte_fallback else {}

@@ -9,7 +9,8 @@ from tokenizer_files import reference_tokenizations
 
 from anyspec.vocab import VocabMapping, detect_family
 from anyspec.vocab.analyze import string_match
-from anyspec.vocab.bytes import BYTE_LEVEL, METASPACE, WORDPIECE, token_table
+from anyspec.vocab.bytes import token_table
+from anyspec.vocab.family import BYTE_LEVEL, METASPACE, WORDPIECE
 
 REFERENCE_FAMILIES = [("gpt-2", "tok_gpt2", BYTE_LEVEL), ("qwen2", "tok_qwen2", BYTE_LEVEL),
                       ("llama-bpe", "tok_llama3", BYTE_LEVEL), ("llama-spm", "tok_llama2", METASPACE),
@@ -36,7 +37,7 @@ def test_reference_tokenizations_concatenate_to_the_input(name, fixture, family,
 
 
 def _prepends_space(tok) -> bool:
-    from anyspec.vocab.bytes import _components
+    from anyspec.vocab.family import _components
 
     backend = tok.backend_tokenizer
     parts = _components(backend.normalizer) + _components(backend.pre_tokenizer)

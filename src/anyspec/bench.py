@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from anyspec.bench_hf import run_hf
 from anyspec.bench_llama import (
     LlamaCppUnavailable,
     close_llama_cpp,
@@ -98,52 +99,6 @@ def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True, algorithm:
     return {"ids": list(res.token_ids), "text": res.text, "seconds": dt,
             "drafted": res.stats.drafted if draft else None,
             "accepted": res.stats.accepted if draft else None}
-
-
-def hf_models(ctx: dict, assisted: bool):
-    """transformers' own models for the hf methods: the pair's, or (GGUF-native pair) bf16 copies."""
-    from anyspec.backends.load import load_model
-
-    if "hf_target" not in ctx:
-        if hasattr(ctx["target"], "model"):
-            ctx["hf_target"] = ctx["target"]
-        else:
-            ctx["hf_target"] = load_model(ctx["target_spec"], dtype="bf16", name="hf-target")
-    if assisted and "hf_draft" not in ctx:
-        if hasattr(ctx["draft"], "model"):
-            ctx["hf_draft"] = ctx["draft"]
-        else:
-            ctx["hf_draft"] = load_model(ctx["draft_spec"], dtype="bf16", name="hf-draft")
-    return ctx["hf_target"], ctx.get("hf_draft")
-
-
-def run_hf(ctx: dict, prompt, assisted: bool) -> dict:
-    import torch
-
-    target_model, draft_model = hf_models(ctx, assisted)
-    target, tok = target_model.model, target_model.tokenizer
-    ids = torch.tensor([prompt_ids(tok, prompt)])
-    kw = {"max_new_tokens": ctx["max_new_tokens"], "do_sample": False, "attention_mask": torch.ones_like(ids),
-          "top_p": None, "top_k": None, "temperature": None}
-    if tok.pad_token_id is not None:
-        kw["pad_token_id"] = tok.pad_token_id
-    if assisted:
-        kw.update(assistant_model=draft_model.model, tokenizer=tok, assistant_tokenizer=draft_model.tokenizer)
-        if ctx["hf_assistant"] == "k":  # the same fixed k as anyspec instead of HF's adaptive default
-            gc = draft_model.model.generation_config
-            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = ctx["k"], "constant"
-            gc.assistant_confidence_threshold = 0.0
-    t = time.perf_counter()
-    with torch.inference_mode():
-        out = target.generate(ids, **kw)
-    dt = time.perf_counter() - t
-    new = out[0, ids.shape[1]:].tolist()
-    eos = ctx["eos"]
-    for i, token in enumerate(new):
-        if token in eos:
-            new = new[:i]
-            break
-    return {"ids": new, "text": tok.decode(new), "seconds": dt, "drafted": None, "accepted": None}
 
 
 RUNNERS = {

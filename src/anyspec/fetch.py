@@ -19,7 +19,7 @@ from pathlib import Path
 
 import platformdirs
 
-from anyspec.errors import AnyspecError
+from anyspec.errors import AnyspecError, ConfigError
 
 
 class FetchError(AnyspecError):
@@ -30,7 +30,11 @@ def cache_dir() -> Path:
     """Root of anyspec's on-disk cache: ``$ANYSPEC_CACHE_DIR`` or the per-user cache folder."""
     root = os.environ.get("ANYSPEC_CACHE_DIR") or platformdirs.user_cache_dir("anyspec")
     path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot use {path} as anyspec's cache ({exc.strerror or exc}); "
+                          "set ANYSPEC_CACHE_DIR to a writable folder") from None
     return path
 
 

@@ -12,8 +12,8 @@ _EXPORTS = {
     "match_tables": "anyspec.vocab.mapping",
     "token_bytes": "anyspec.vocab.bytes",
     "token_table": "anyspec.vocab.bytes",
-    "detect_family": "anyspec.vocab.bytes",
-    "detect_space_prefix": "anyspec.vocab.bytes",
+    "detect_family": "anyspec.vocab.family",
+    "detect_space_prefix": "anyspec.vocab.family",
     "TokenTable": "anyspec.vocab.bytes",
     "load_tokenizer": "anyspec.vocab.loading",
 }

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from anyspec.errors import ConfigError
-from anyspec.vocab.bytes import TokenTable, detect_family, detect_space_prefix, token_strings
+from anyspec.vocab.bytes import TokenTable, token_strings
+from anyspec.vocab.family import detect_family, detect_space_prefix
 from anyspec.vocab.loading import load_tokenizer
 from anyspec.vocab.mapping import VocabMapping
 

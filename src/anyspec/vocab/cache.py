@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from anyspec.fetch import cache_dir
-from anyspec.vocab.bytes import TokenTable, backend_of, byte_piece_ids, detect_family, strings_to_bytes
+from anyspec.vocab.bytes import TokenTable, byte_piece_ids, strings_to_bytes
+from anyspec.vocab.family import backend_of, detect_family
 
 MAPPING_VERSION = "tli-bytes-1"
 _STRIDE = 64
