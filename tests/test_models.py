@@ -303,4 +303,7 @@ def test_models_path_and_fetch_give_the_gguf_file_that_runs(monkeypatch, tmp_pat
     assert main(["models", "path", "smollm2-135m"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "smollm2-135m.gguf")
     assert main(["models", "fetch", "smollm2-135m", "--bf16", "--quiet"]) == 0
-    assert capsys.readouterr().out.split() == [str(tmp_path / "smollm2-135m.gguf"), str(tmp_path / "smollm2-135m")]
+    gguf, folder = str(tmp_path / "smollm2-135m.gguf"), str(tmp_path / "smollm2-135m")
+    assert capsys.readouterr().out.split() == [gguf, folder]
+    assert main(["models", "path", "--bf16", "smollm2-135m"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "smollm2-135m")

@@ -255,6 +255,7 @@ def add_parser(sub) -> None:
     f.add_argument("--bf16", action="store_true", help="also convert it to the folder --dtype bf16 runs")
     pa = msub.add_parser("path", help="print a built-in model's GGUF file, fetching it if needed")
     pa.add_argument("name", choices=list(MODELS))
+    pa.add_argument("--bf16", action="store_true", help="the bf16 folder instead (for vLLM, transformers)")
     p.set_defaults(func=run)
 
 
@@ -279,5 +280,5 @@ def run(args) -> int:
             if args.bf16:
                 print(fetch_model(name, progress=not args.quiet))
         return 0
-    print(gguf_path(args.name))
+    print(fetch_model(args.name) if args.bf16 else gguf_path(args.name))
     return 0
