@@ -76,9 +76,11 @@ def markdown(result: dict) -> str:
             cells += [f"{ms:.1f}" if ms else "-", f"{ms / one:.2f}" if ms and one else "-"]
         a, b = (llama or {}).get("forward_ms", {}).get(n), (mine or {}).get("forward_ms", {}).get(n)
         lines.append(f"| {n} | {' | '.join(cells)} | {f'{b / a:.2f}' if a and b else '-'} |")
-    if llama and llama.get("token_ms"):
-        lines.append(f"\nllama.cpp: {llama['token_ms']:.1f} ms per generated token (tg{c['n_gen']}, "
-                     f"{1000 / llama['token_ms']:.1f} tok/s), build {llama.get('build')}")
+    for name, side in (("llama.cpp", llama), ("anyspec", mine)):
+        if side and side.get("token_ms"):
+            build = f", build {side['build']}" if side.get("build") else ""
+            lines.append(f"\n{name}: {side['token_ms']:.1f} ms per generated token (tg{c['n_gen']}, "
+                         f"{1000 / side['token_ms']:.1f} tok/s){build}")
     lines += [f"- {k}: {v}" for k, v in result["notes"].items()]
     return "\n".join(lines) + "\n"
 
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
         notes["anyspec"] = note
     engines = [e for e in ("llama.cpp", "anyspec") if e not in notes]
     samples = {e: [] for e in engines}
-    token_ms, build = [], None
+    token_ms, build, anyspec_token_ms = [], None, []
     for i in range(args.rounds if engines else 0):
         for engine in engines[i % len(engines):] + engines[:i % len(engines)]:
             if engine in notes:
@@ -123,6 +125,10 @@ def main(argv=None) -> int:
                 else:
                     samples[engine].append(measure_anyspec(forward_cost, args.model, args.rows, args.repeats,
                                                            args.threads, args.depth))
+                    if args.n_gen:
+                        from anyspec.backends import decode_cost
+
+                        anyspec_token_ms.append(decode_cost(args.model, args.n_gen, args.threads))
             except Exception as exc:  # one engine failing (LlamaCppUnavailable or worse) leaves the other's
                 notes[engine] = f"failed in round {i + 1}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
                 continue
@@ -139,7 +145,8 @@ def main(argv=None) -> int:
                                "rounds": samples["llama.cpp"],
                                "token_ms": statistics.median(token_ms) if token_ms else None, "build": build}
     if samples.get("anyspec"):
-        result["anyspec"] = {"forward_ms": median_by_rows(samples["anyspec"]), "rounds": samples["anyspec"]}
+        result["anyspec"] = {"forward_ms": median_by_rows(samples["anyspec"]), "rounds": samples["anyspec"],
+                             "token_ms": statistics.median(anyspec_token_ms) if anyspec_token_ms else None}
     table = markdown(result)
     print(table)
     if args.json:

@@ -3,6 +3,26 @@
 from __future__ import annotations
 
 
+def decode_cost(spec: str, n_gen: int = 64, threads: int | None = None) -> float:
+    """Milliseconds per token of ``n_gen`` tokens decoded one at a time after a one-token prompt, as
+    llama.cpp's ``llama-bench -n`` measures it (the model on anyspec's GGUF kernels)."""
+    import time
+
+    import torch
+
+    from anyspec.backends.load import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = load_model(spec, dtype="gguf", name="target")
+    token = int(model.extend([1000])[-1].argmax())
+    start = time.perf_counter()
+    for _ in range(n_gen):
+        token = int(model.extend([token])[-1].argmax())
+    model.reset()
+    return 1000 * (time.perf_counter() - start) / n_gen
+
+
 def forward_cost(spec: str, rows, repeats: int = 3, threads: int | None = None,
                  cache_len: int = 0) -> dict[int, float]:
     """Milliseconds of one forward of N rows on a cache of ``cache_len`` tokens, for each N in ``rows``.

@@ -122,36 +122,61 @@ int isa() {
 
 void set_isa(int wanted) { level = std::min(std::max(wanted, 0), best_isa()); }
 
-void quantize(const float* x, int64_t M, int64_t K, int64_t blk, Act& a) {
-  const int64_t nb = K / blk;
+void prepare(Act& a, int64_t M, int64_t K, int64_t blk) {
   a.M = M, a.K = K, a.blk = blk;
   a.q.resize(M * K);
-  a.d.resize(M * nb);
+  a.d.resize(M * K / blk);
   a.bsum.resize(M * K / 16);
-  for (int64_t r = 0; r < M; ++r)
+  a.bsum32.resize(M * K / 32);
+  a.b16x32.resize(M * K / 16);
+  a.sx.resize(blk == 32 ? M * K / 32 : 0);
+}
+
+namespace {
+
+inline float hmax8(__m256 v) {  // exact in any order
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t hsum8(__m256i v) {  // exact
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+}  // namespace
+
+// Each value is nearbyint(x * 127 / amax) (round half to even, as cvtps2dq does), which is within
+// [-127, 127] since |x| <= amax, so the saturating packs never clip.
+void quantize_rows(const float* x, Act& a, int64_t r0, int64_t r1) {
+  const int64_t K = a.K, blk = a.blk, nb = K / blk;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const float* v = x + r * K + b * blk;
-      float amax = 0;
-      for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float id = amax > 0 ? 127.0f / amax : 0.0f;
-      int8_t* q = a.q.data() + r * K + b * blk;
-      for (int64_t i = 0; i < blk; ++i)
-        q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(v[i] * id))));
+      __m256 mx = _mm256_setzero_ps();
+      for (int64_t i = 0; i < blk; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+      const float amax = hmax8(mx);
+      const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
       a.d[r * nb + b] = amax / 127.0f;
+      for (int64_t i = 0; i < blk; i += 32) {
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * k), id));
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + r * K + b * blk + i),
+                            _mm256_permutevar8x32_epi32(packed, order));
+        const int64_t j = (r * K + b * blk + i) / 16;  // the two sums of 16 in these 32 values
+        a.bsum[j] = static_cast<int16_t>(hsum8(_mm256_add_epi32(q[0], q[1])));
+        a.bsum[j + 1] = static_cast<int16_t>(hsum8(_mm256_add_epi32(q[2], q[3])));
+        a.bsum32[j / 2] = static_cast<int16_t>(a.bsum[j] + a.bsum[j + 1]);
+        a.b16x32[j] = 32 * a.bsum[j];
+        a.b16x32[j + 1] = 32 * a.bsum[j + 1];
+      }
+      if (blk == 32) a.sx[r * nb + b] = a.d[r * nb + b] * static_cast<float>(a.bsum32[r * nb + b]);
     }
-  for (int64_t i = 0; i < M * K / 16; ++i) {
-    int32_t s = 0;
-    for (int j = 0; j < 16; ++j) s += a.q[16 * i + j];
-    a.bsum[i] = static_cast<int16_t>(s);
-  }
-  a.bsum32.resize(M * K / 32);
-  for (int64_t i = 0; i < M * K / 32; ++i) a.bsum32[i] = static_cast<int16_t>(a.bsum[2 * i] + a.bsum[2 * i + 1]);
-  a.b16x32.resize(M * K / 16);
-  for (int64_t i = 0; i < M * K / 16; ++i) a.b16x32[i] = 32 * a.bsum[i];
-  if (blk == 32) {
-    a.sx.resize(M * nb);
-    for (int64_t i = 0; i < M * nb; ++i) a.sx[i] = a.d[i] * static_cast<float>(a.bsum32[i]);
-  }
 }
 
 void qmatmul_rows(int64_t type, const uint8_t* w, int64_t K, const Act& a, const float* bias, float* y,

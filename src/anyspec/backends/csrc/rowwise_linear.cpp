@@ -211,9 +211,13 @@ void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int6
   }
 #pragma omp single
   {
-    if (need32) anyspec::quantize(x, M, mats[0].K, 32, acts.by32);
-    if (need256) anyspec::quantize(x, M, mats[0].K, 256, acts.by256);
+    if (need32) anyspec::prepare(acts.by32, M, mats[0].K, 32);
+    if (need256) anyspec::prepare(acts.by256, M, mats[0].K, 256);
   }
+  split(M, 1, [&](int64_t r0, int64_t r1) {  // each row quantized by itself, rows across the threads
+    if (need32) anyspec::quantize_rows(x, acts.by32, r0, r1);
+    if (need256) anyspec::quantize_rows(x, acts.by256, r0, r1);
+  });
   int64_t offset = 0;
   for (int i = 0; i < count; ++i) {
     const Mat& m = mats[i];

@@ -190,10 +190,7 @@ AVX512 void q4k_group512(const uint8_t* group, int64_t nb, const Act& a, int64_t
   for (int r = 0; r < R; ++r) F[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * GB4;
-    if (R == 1)  // memory-bound: the hardware's stream prefetcher does best with a light hint
-      _mm_prefetch(reinterpret_cast<const char*>(gb + 2 * GB4), _MM_HINT_T0);
-    else  // the products take long enough that the stream must be fetched explicitly to overlap them
-      fetch_ahead(gb + PREFETCH_BLOCKS * GB4, GB4);
+    fetch_ahead(gb + PREFETCH_BLOCKS * GB4, GB4);
     __m512i I[R];
     for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
