@@ -105,8 +105,6 @@ int64_t block_bytes(int64_t type) {
 
 bool is_quantized(int64_t type) { return block_size(type) > 1; }
 
-int64_t act_block(int64_t type) { return block_size(type); }
-
 int best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -47,7 +47,6 @@ struct Act {
 
 void prepare(Act& act, int64_t M, int64_t K, int64_t blk);           // sizes the buffers
 void quantize_rows(const float* x, Act& act, int64_t r0, int64_t r1);  // rows r0..r1-1 of x [M, K]
-int64_t act_block(int64_t type);  // the activation block that weights of `type` are multiplied with
 
 // Instruction sets: 0 plain C++ (the reference), 1 AVX2, 2 AVX-512 VNNI. The best one this CPU has is
 // chosen at first use; every level computes the same bits.

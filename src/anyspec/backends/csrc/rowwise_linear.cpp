@@ -149,29 +149,6 @@ void matmul(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const f
   });
 }
 
-torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> scale,
-                     c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "shape mismatch");
-  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "CPU tensors only");
-  x = x.to(torch::kFloat32).contiguous();
-  weight = weight.contiguous();
-  int64_t M = x.size(0), N = weight.size(0), K = weight.size(1);
-  torch::Tensor s, b;
-  if (scale.has_value()) s = scale->to(torch::kFloat32).contiguous();
-  if (bias.has_value()) b = bias->to(torch::kFloat32).contiguous();
-  const float* sp = s.defined() ? s.data_ptr<float>() : nullptr;
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  auto y = torch::empty({M, N}, x.options());
-  if (weight.scalar_type() == torch::kBFloat16) {
-    matmul(x.data_ptr<float>(), M, reinterpret_cast<const uint16_t*>(weight.data_ptr()), N, K, sp, bp,
-           y.data_ptr<float>(), N);
-  } else {
-    TORCH_CHECK(weight.scalar_type() == torch::kInt8 && sp, "weights must be bf16, or int8 with a scale");
-    matmul(x.data_ptr<float>(), M, weight.data_ptr<int8_t>(), N, K, sp, bp, y.data_ptr<float>(), N);
-  }
-  return y;
-}
-
 // ---- a whole Llama-family decoder stack for a few new tokens (the lean forward's hot loop) ----
 
 using Tensors = std::vector<torch::Tensor>;
@@ -202,22 +179,26 @@ struct Acts {
 };
 
 // y[M, sum of N] = x[M, K] . [W_0; W_1; ...]^T: the outputs of `mats` side by side (row stride ldy).
-// Inside the stack's parallel region every thread calls it; the quantization runs on one of them.
+// Inside the stack's parallel region every thread calls it. Quantized weights first need the
+// activation rows quantized (each row by itself, the rows split across the threads); row-wise
+// weights (bf16, int8, fp32) take x as it is, with no barrier.
 void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts) {
   bool need32 = false, need256 = false;
   for (int i = 0; i < count; ++i) {
     need32 |= mats[i].N && anyspec::block_size(mats[i].type) == 32;
     need256 |= mats[i].N && anyspec::block_size(mats[i].type) == 256;
   }
+  if (need32 || need256) {  // the same on every thread, so every thread meets the same barriers
 #pragma omp single
-  {
-    if (need32) anyspec::prepare(acts.by32, M, mats[0].K, 32);
-    if (need256) anyspec::prepare(acts.by256, M, mats[0].K, 256);
+    {
+      if (need32) anyspec::prepare(acts.by32, M, mats[0].K, 32);
+      if (need256) anyspec::prepare(acts.by256, M, mats[0].K, 256);
+    }
+    split(M, 1, [&](int64_t r0, int64_t r1) {
+      if (need32) anyspec::quantize_rows(x, acts.by32, r0, r1);
+      if (need256) anyspec::quantize_rows(x, acts.by256, r0, r1);
+    });
   }
-  split(M, 1, [&](int64_t r0, int64_t r1) {  // each row quantized by itself, rows across the threads
-    if (need32) anyspec::quantize_rows(x, acts.by32, r0, r1);
-    if (need256) anyspec::quantize_rows(x, acts.by256, r0, r1);
-  });
   int64_t offset = 0;
   for (int i = 0; i < count; ++i) {
     const Mat& m = mats[i];
@@ -489,6 +470,17 @@ torch::Tensor typed_linear(torch::Tensor x, torch::Tensor weight, int64_t type, 
   return y;
 }
 
+// RowwiseLinear's product: bf16 weights, or int8 weights with a scale per row.
+torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> scale,
+                     c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1), "shape mismatch");
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "CPU tensors only");
+  const bool bf16 = weight.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(bf16 || (weight.scalar_type() == torch::kInt8 && scale.has_value()),
+              "weights must be bf16, or int8 with a scale");
+  return typed_linear(x, weight, bf16 ? anyspec::BF16 : anyspec::I8S, weight.size(1), scale, bias);
+}
+
 // The fp32 rows `ids` of a matrix of any type (embedding lookups, tests).
 torch::Tensor dequant_rows(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor ids) {
   weight = weight.contiguous();
@@ -529,7 +521,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_forward", &decoder_forward, "a Llama-family decoder stack for a few new tokens");
   m.def("typed_linear", &typed_linear, "few-row linear over weights of any supported type");
   m.def("dequant_rows", &dequant_rows, "fp32 rows of a matrix of any supported type");
-  m.def("repack_x16", &repack_x16, "Q4_K / Q6_K rows interleaved 16 at a time");
+  m.def("repack_x16", &repack_x16, "quantized rows interleaved 16 at a time");
   m.def("isa", &anyspec::isa, "the instruction-set level in use: 0 plain C++, 1 AVX2, 2 AVX-512 VNNI");
   m.def("best_isa", &anyspec::best_isa, "the best instruction-set level this CPU has");
   m.def("set_isa", &anyspec::set_isa, "use an instruction-set level (at most the best one)");
