@@ -170,6 +170,17 @@ def test_an_unsupported_file_falls_back_with_a_line_or_refuses_gguf(tmp_path, ca
         resolve_dtype("gguf", spec=str(path))
 
 
+def test_auto_runs_a_supported_gguf_file_on_the_gguf_kernels(tmp_path, capsys):
+    from anyspec.backends.gguf import gguf_problem
+    from anyspec.backends.load import resolve_dtype
+
+    path = write_gguf(tmp_path / "m.gguf", arch="llama", kind=T.Q8_0)
+    assert gguf_problem(path) is None
+    assert resolve_dtype("auto", spec=str(path)) == "gguf"
+    assert resolve_dtype("auto", draft=True, spec=str(tmp_path)) == "gguf"  # a folder holding it
+    assert "cannot run" not in capsys.readouterr().err
+
+
 def test_dtype_gguf_needs_a_gguf_model(tok_qwen2, tmp_path):
     from tiny_models import save_tiny_model
 

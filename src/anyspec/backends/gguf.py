@@ -13,6 +13,7 @@ cannot run here, before any heavy work.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from pathlib import Path
@@ -36,11 +37,25 @@ EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>")
 
 
 def read_gguf(path: Path):
-    """The file's ``GGUFReader`` (memory-mapped); a one-line ConfigError for a truncated or foreign file."""
+    """The file's ``GGUFReader`` (memory-mapped); a one-line ConfigError for a truncated or foreign file.
+
+    Parsing a header reads every metadata array (a large vocabulary takes seconds), and checking a
+    spec, resolving its dtype and loading it all need it: a file is parsed once while its size and
+    modification time stay the same.
+    """
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return _read(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _read(path: str, size: int, mtime_ns: int):
     import gguf
 
     try:
-        size = path.stat().st_size
         reader = gguf.GGUFReader(path, "r")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -89,9 +104,7 @@ def gguf_problem(path: Path, reader=None) -> str | None:
         if kind not in MATRIX_TYPES:
             kinds = ", ".join(MATRIX_TYPES.values())
             return f"tensor {t.name} is {t.tensor_type.name} (GGUF kernels: {kinds})"
-    if rowwise_problem() is not None:
-        return rowwise_problem()
-    return None
+    return rowwise_problem()
 
 
 class GGUFModel:

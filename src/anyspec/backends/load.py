@@ -69,6 +69,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
             if source is None and native_builtin(spec):
                 return "gguf"
             problem = gguf_problem(source, read_gguf(source)) if source is not None else "its block types"
+            if problem is None:
+                return "gguf"
             print(f"anyspec: {source.name if source else spec} cannot run on the GGUF kernels ({problem}); "
                   "loading it de-quantized through transformers instead", file=sys.stderr)
         if draft and not torch.cuda.is_available():
