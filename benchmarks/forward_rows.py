@@ -5,44 +5,70 @@
 
 A forward of N rows is what verifying N - 1 draft tokens costs. llama.cpp's side is ``llama-bench``
 (``-p 1,..,8``: N prompt tokens on a cache of ``--depth`` tokens, plus ``-n 64`` for the time per
-generated token); anyspec's side is ``anyspec.backends.forward_cost`` (the GGUF loaded with
-anyspec's kernels, ``extend`` of N tokens at a fixed cache length), reported as not available
-where this install has none. The two engines alternate round by round, each round starting with
-the other one, so drift of a noisy machine falls on both; every figure is the median over rounds.
+generated token); anyspec's side loads the GGUF with anyspec's kernels and times ``extend`` of N
+tokens at a fixed cache length, and 64 tokens decoded one at a time. The two engines alternate
+round by round, each round starting with the other one, so drift of a noisy machine falls on both;
+every figure is the median over rounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
+import functools
 import json
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
+
+import torch
 
 from anyspec.bench_llama import forward_cost_by_rows, llama_cpp_problem, target_gguf
 
 
-def anyspec_forward_cost():
-    """anyspec's ``forward_cost(model_spec, rows, repeats) -> {rows: ms}``, or a note saying why not."""
-    try:
-        from anyspec.backends import forward_cost
-    except ImportError as exc:
-        if "forward_cost" in str(exc):
-            return None, "not available (this anyspec has no anyspec.backends.forward_cost)"
-        return None, f"not available (anyspec.backends does not import: {exc})"
-    return forward_cost, None
+@functools.cache
+def load_target(spec: str):
+    """The model on anyspec's GGUF kernels, loaded once for every round."""
+    from anyspec.backends.load import load_model
+
+    return load_model(spec, dtype="gguf", name="target")
 
 
-def measure_anyspec(forward_cost, spec: str, rows: list[int], repeats: int, threads: int, depth: int) -> dict:
-    params = inspect.signature(forward_cost).parameters
-    kw = {k: v for k, v in (("threads", threads), ("cache_len", depth)) if k in params}
-    if "threads" not in params:
-        import torch
+def decode_cost(spec: str, n_gen: int, threads: int) -> float:
+    """Milliseconds per token of ``n_gen`` tokens decoded one at a time after a one-token prompt, as
+    llama.cpp's ``llama-bench -n`` measures it."""
+    torch.set_num_threads(threads)
+    model = load_target(spec)
+    token = int(model.extend([1000])[-1].argmax())
+    start = time.perf_counter()
+    for _ in range(n_gen):
+        token = int(model.extend([token])[-1].argmax())
+    model.reset()
+    return 1000 * (time.perf_counter() - start) / n_gen
 
-        torch.set_num_threads(threads)
-    return {int(n): float(ms) for n, ms in forward_cost(spec, rows, repeats, **kw).items()}
+
+def forward_cost(spec: str, rows, repeats: int, threads: int, cache_len: int) -> dict[int, float]:
+    """Milliseconds of one forward of N rows on a cache of ``cache_len`` tokens, for each N in ``rows``:
+    the median of ``repeats`` forwards."""
+    torch.set_num_threads(threads)
+    model = load_target(spec)
+    ids = [int(i) for i in torch.randint(100, min(model.vocab_size, 20000), (cache_len + max(rows),),
+                                         generator=torch.Generator().manual_seed(0))]
+    model.extend(ids[:max(1, cache_len)])  # page the weights in
+    out = {}
+    for n in rows:
+        times = []
+        for _ in range(repeats):
+            model.reset()
+            if cache_len:
+                model.extend(ids[:cache_len], last=1)
+            start = time.perf_counter()
+            model.extend(ids[cache_len:cache_len + n])
+            times.append(time.perf_counter() - start)
+        out[n] = 1000 * statistics.median(times)
+    model.reset()
+    return out
 
 
 def cpu() -> str:
@@ -104,9 +130,6 @@ def main(argv=None) -> int:
     problem = llama_cpp_problem(gguf if gguf else args.model)
     if problem:
         notes["llama.cpp"] = problem
-    forward_cost, note = anyspec_forward_cost()
-    if note:
-        notes["anyspec"] = note
     engines = [e for e in ("llama.cpp", "anyspec") if e not in notes]
     samples = {e: [] for e in engines}
     token_ms, build, anyspec_token_ms = [], None, []
@@ -123,11 +146,9 @@ def main(argv=None) -> int:
                     if r["token_ms"]:
                         token_ms.append(r["token_ms"])
                 else:
-                    samples[engine].append(measure_anyspec(forward_cost, args.model, args.rows, args.repeats,
-                                                           args.threads, args.depth))
+                    samples[engine].append(forward_cost(args.model, args.rows, args.repeats, args.threads,
+                                                        args.depth))
                     if args.n_gen:
-                        from anyspec.backends import decode_cost
-
                         anyspec_token_ms.append(decode_cost(args.model, args.n_gen, args.threads))
             except Exception as exc:  # one engine failing (LlamaCppUnavailable or worse) leaves the other's
                 notes[engine] = f"failed in round {i + 1}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
