@@ -25,8 +25,6 @@
 namespace anyspec {
 namespace {
 
-inline float half(uint16_t h) { return _cvtsh_ss(h); }
-
 inline float bf16(uint16_t v) {
   uint32_t u = static_cast<uint32_t>(v) << 16;
   float f;

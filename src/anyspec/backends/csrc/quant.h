@@ -1,5 +1,7 @@
 // GGUF block formats and row-invariant quantized matrix products (quant.cpp).
 #pragma once
+#include <immintrin.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +19,8 @@ struct BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };
 struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };
 struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
 struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+
+inline float half(uint16_t h) { return _cvtsh_ss(h); }  // fp16 -> fp32, exact (F16C)
 
 // A K-quant block's 256 weights (unsigned: 0..15 for Q4_K, 0..63 for Q6_K), its scales and mins.
 struct KBlock {

@@ -46,10 +46,8 @@ inline void fetch_ahead(const uint8_t* p, int64_t bytes) {
 }
 
 bool small(int64_t type) { return type == Q4_0_X16 || type == Q4_1_X16 || type == Q8_0_X16; }
-int64_t qs_offset(int64_t) { return 64; }
+constexpr int64_t QS = 64;  // where a 32-weight group block's weights start
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-
-inline float half(uint16_t h) { return _cvtsh_ss(h); }
 
 inline int32_t word(const int8_t* p) {
   int32_t v;
@@ -111,7 +109,7 @@ void read_small(int64_t type, const uint8_t* gb, int n, int32_t* q, float& d, fl
     std::memcpy(&h, gb + 32 + 2 * n, 2);
     m = half(h);
   }
-  const uint8_t* qs = gb + qs_offset(type);
+  const uint8_t* qs = gb + QS;
   for (int c = 0; c < (type == Q8_0_X16 ? 8 : 4); ++c)
     for (int i = 0; i < 4; ++i) {
       const uint8_t byte = qs[(16 * c + n) * 4 + i];
@@ -238,14 +236,10 @@ AVX512 void q6k_group512(const uint8_t* group, int64_t nb, const Act& a, int64_t
   for (int r = 0; r < R; ++r) F[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * GB6;
+    fetch_ahead(gb + PREFETCH_BLOCKS * GB6, GB6);
     __m512i I[R];
     for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
     for (int s = 0; s < 16; ++s) {
-      const uint8_t* ahead = gb + PREFETCH_BLOCKS * GB6;  // every line of a group block further on
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + QL6 + 128 * s), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + QL6 + 128 * s + 64), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + QH6 + 64 * s), _MM_HINT_T1);
-      if (s < 5) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64 * s), _MM_HINT_T1);
       const __m512i v0 = _mm512_load_si512(gb + QL6 + (2 * s) * 64);
       const __m512i v1 = _mm512_load_si512(gb + QL6 + (2 * s + 1) * 64);
       const __m512i h = _mm512_load_si512(gb + QH6 + s * 64);
@@ -275,7 +269,7 @@ AVX512 void q6k_group512(const uint8_t* group, int64_t nb, const Act& a, int64_t
 // Q8_0's weights enter vpdpbusd as unsigned w + 128; 128 times the activations' sum comes off again.
 template <int R>
 AVX512 void small_group512(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, __m512* F) {
-  const int64_t K = a.K, gbytes = x16_group_bytes(type), off = qs_offset(type);
+  const int64_t K = a.K, gbytes = x16_group_bytes(type), off = QS;
   const __m512i low4 = _mm512_set1_epi8(15), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const int32_t offset = type == Q4_0_X16 ? 8 : type == Q8_0_X16 ? 128 : 0;
   for (int r = 0; r < R; ++r) F[r] = _mm512_setzero_ps();
@@ -423,7 +417,7 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
 // Rows 8h..8h+7 of a 32-weight group against R (at most 4) activation rows; Q8_0 through |w| and sign.
 template <int R>
 void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h, __m256* F) {
-  const int64_t K = a.K, gbytes = x16_group_bytes(type), off = qs_offset(type);
+  const int64_t K = a.K, gbytes = x16_group_bytes(type), off = QS;
   const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const int32_t offset = type == Q4_0_X16 ? 8 : 0;
   for (int r = 0; r < R; ++r) F[r] = _mm256_setzero_ps();
@@ -523,10 +517,9 @@ namespace {
 
 // One 32-weight block of row r into its group block.
 void repack_small(int64_t type, const uint8_t* src, uint8_t* gb, int r) {
-  const int64_t x = x16_type(type);
   std::memcpy(gb + 2 * r, src, 2);  // d is the first field of all three
   if (type == Q4_1) std::memcpy(gb + 32 + 2 * r, src + 2, 2);
-  uint8_t* qs = gb + qs_offset(x);
+  uint8_t* qs = gb + QS;
   if (type == Q8_0) {
     for (int c = 0; c < 8; ++c) std::memcpy(qs + (16 * c + r) * 4, src + 2 + 4 * c, 4);
     return;
