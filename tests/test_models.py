@@ -122,12 +122,11 @@ def test_resolve_builtin_name_fetches_its_gguf_file(monkeypatch, tmp_path):
 def test_builtin_gguf_files_run_on_the_gguf_kernels_as_declared():
     """``native`` in the catalogue matches what gguf_problem finds in each file that is cached."""
     from anyspec.backends.gguf import gguf_problem
-    from anyspec.fetch import cache_dir
 
     checked = 0
     for m in models.MODELS.values():
-        path = cache_dir() / "gguf" / f"{m.name}.gguf"
-        if path.is_file():
+        path = models.gguf_cached(m.name)
+        if path is not None:
             assert (gguf_problem(path) is None) == m.native, m.name
             checked += 1
     if not checked:

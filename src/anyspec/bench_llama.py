@@ -201,13 +201,12 @@ def close_llama_cpp(ctx: dict) -> None:
 
 def target_gguf(spec: str | Path) -> Path | None:
     """The GGUF file of a bench target: the path itself, or a built-in model's joined GGUF in the cache."""
-    from anyspec.fetch import cache_dir
+    from anyspec.models import MODELS, gguf_cached
 
     path = Path(spec).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return path
-    cached = cache_dir() / "gguf" / f"{spec}.gguf"
-    return cached if cached.is_file() else None
+    return gguf_cached(str(spec)) if str(spec) in MODELS else None
 
 
 # ---- llama-bench: forward cost by rows ----------------------------------------------------------

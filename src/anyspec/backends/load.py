@@ -20,7 +20,7 @@ from anyspec.backends.linear import (
     rowwise_problem,
     swap_linears,
 )
-from anyspec.backends.transformers import CANONICAL, DTYPES, TransformersModel, cpu_has_bf16
+from anyspec.backends.transformers import CANONICAL, DTYPES, TransformersModel, cpu_has_bf16, dtype_name
 from anyspec.errors import ConfigError
 
 NAMES = "auto, gguf, bf16, fp16, fp32, int8"
@@ -77,7 +77,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
             return "int8"
         return "bf16" if cpu_has_bf16() or rowwise_possible() else "fp32"
     if isinstance(dtype, torch.dtype):
-        dtype = str(dtype).split(".")[-1]
+        dtype = dtype_name(dtype)
     if dtype == "gguf":
         if spec is not None and (not is_gguf(spec) or spec in builtin_names() and not native_builtin(spec)):
             raise ConfigError(f"dtype gguf runs a GGUF file's own formats, and {spec} is not a GGUF model; "

