@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from anyspec.backends.linear import rowwise_kernel, rowwise_problem
-from anyspec.backends.stack import KVCache
+from anyspec.backends.stack import KVCache, Sequence
 from anyspec.errors import ConfigError
 
 # architecture -> rotary layout: GGUF llama files store q and k rotated in adjacent pairs, qwen2 in halves
@@ -108,7 +108,12 @@ def gguf_problem(path: Path, reader=None) -> str | None:
 
 
 class GGUFModel:
-    """A GGUF decoder and its KV cache: ``extend`` appends tokens and returns their logits."""
+    """A GGUF decoder and its KV cache: ``extend`` appends tokens and returns their logits.
+
+    It can hold more sequences than its own (``new_sequence``), each with its own cache, and
+    ``forward`` extends several of them in one pass over the weights; a row's logits are the same
+    bits whatever else is in the pass.
+    """
 
     row_invariant = True  # every product and the attention compute each row alone (tested)
 
@@ -148,21 +153,32 @@ class GGUFModel:
                 types.append(kind)
                 ks.append(k)
         self.native = (layers, types, ks)
-        self.cache = KVCache(n_layers, self.kv_heads, self.head_dim,
-                             float(meta("rope.freq_base", 10000.0)))
+        self.n_layers, self.theta = n_layers, float(meta("rope.freq_base", 10000.0))
         self.tokenizer = load_tokenizer(self.path)
         self._eos = {int(v) for v in [_field(reader, "tokenizer.ggml.eos_token_id")] if v is not None}
-        self.cached_ids: list[int] = []
+        self.own = self.new_sequence()
+
+    def new_sequence(self) -> Sequence:
+        """Another sequence with its own (empty) KV cache."""
+        return Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim, self.theta))
+
+    @property
+    def cache(self) -> KVCache:
+        return self.own.cache
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return self.own.cached_ids
 
     @property
     def num_cached(self) -> int:
-        return len(self.cached_ids)
+        return self.own.num_cached
 
     def reset(self) -> None:
-        self.cached_ids = []
+        self.own.reset()
 
     def crop(self, n: int) -> None:
-        del self.cached_ids[n:]
+        self.own.crop(n)
 
     def eos_ids(self) -> set[int]:
         """The file's end-of-sequence id and the chat turn's end tokens its vocabulary has."""
@@ -171,22 +187,44 @@ class GGUFModel:
         ids.update(vocab[t] for t in EOS_NAMES if t in vocab and vocab[t] < self.vocab_size)
         return ids
 
-    @torch.inference_mode()
     def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
         """Append ``ids`` to the cache; fp32 logits ``[len(ids), V]`` (or of the ``last`` rows)."""
-        start, m = self.num_cached, len(ids)
-        cos, sin = self.cache.prepare(start, m)
+        return self.forward([(self.own, ids, last)])[0]
+
+    @torch.inference_mode()
+    def forward(self, batch: list[tuple[Sequence, list[int], int | None]]) -> list[torch.Tensor]:
+        """Append each ``(sequence, ids, last)``'s ids to its sequence in one pass; for each, the fp32
+        logits of its ids (or of its ``last`` rows), ``[rows, V]``."""
+        if len({id(seq) for seq, _, _ in batch}) != len(batch):
+            raise ValueError("forward: a sequence appears twice in one batch")
+        positions, owners, ids, picked = [], [], [], []
+        for i, (seq, new, last) in enumerate(batch):
+            start, m = seq.num_cached, len(new)
+            seq.cache.reserve(start, start + m)
+            positions += range(start, start + m)
+            owners += [i] * m
+            keep = m if last is None else min(last, m)
+            picked += range(len(ids) + m - keep, len(ids) + m)
+            ids += new
+        positions = torch.tensor(positions)
+        cos, sin = batch[0][0].cache.rotary(positions)
+        keys = [t for seq, _, _ in batch for t in seq.cache.keys]
+        values = [t for seq, _, _ in batch for t in seq.cache.values]
         weight, kind, k = self.embed
         x = self.kernel.dequant_rows(weight, kind, k, torch.tensor(ids))
-        x = self.kernel.decoder_forward(x, start, *self.native, self.cache.keys, self.cache.values, cos, sin,
-                                        self.heads, self.kv_heads, self.head_dim, self.eps, self.rope_pairs)
-        keep = m if last is None else last
-        h = x[m - keep:]
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * self.final_norm
+        x = self.kernel.decoder_forward(x, positions, torch.tensor(owners), *self.native, keys, values,
+                                        cos, sin, self.heads, self.kv_heads, self.head_dim, self.eps,
+                                        self.rope_pairs)
+        h = self.kernel.rms_norm_rows(x[picked], self.final_norm, self.eps)
         weight, kind, k = self.lm_head
         logits = self.kernel.typed_linear(h, weight, kind, k, None, None)[:, :self.vocab_size]
-        self.cached_ids.extend(ids)
-        return logits
+        out, at = [], 0
+        for seq, new, last in batch:
+            keep = len(new) if last is None else min(last, len(new))
+            out.append(logits[at:at + keep])
+            at += keep
+            seq.cached_ids.extend(new)
+        return out
 
 
 def _matrix(t) -> tuple[torch.Tensor, int, int]:

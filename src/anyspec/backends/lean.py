@@ -185,7 +185,9 @@ class LeanModel(TransformersModel):
         x = self.embed[torch.tensor(ids)].float()
         if self.native is not None:
             cache = self.cache
-            x = rowwise_kernel().decoder_forward(x, start, *self.native, cache.keys, cache.values, cos, sin,
+            rows = torch.arange(start, end)
+            x = rowwise_kernel().decoder_forward(x, rows, torch.zeros_like(rows), *self.native, cache.keys,
+                                                 cache.values, cos, sin,
                                                  self.heads, self.kv_heads, self.head_dim, self.eps, False)
             return self._logits(x, m if last is None else last, ids)
         for layer, keys, values in zip(self.layers, self.cache.keys, self.cache.values, strict=True):

@@ -1,4 +1,9 @@
-"""The KV cache and rotary angles of anyspec's C++ decoder stack (lean and GGUF models)."""
+"""The KV caches and rotary angles of anyspec's C++ decoder stack (lean and GGUF models).
+
+A model that holds several sequences at once (``GGUFModel.new_sequence``) gives each its own
+``KVCache``; one ``decoder_forward`` then computes new rows of any of them together, each row over
+its own sequence's cache.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import torch
 class KVCache:
     """One preallocated fp32 tensor per layer for keys and one for values, ``[kv_heads, capacity, head_dim]``.
 
-    It grows by doubling; positions past the model's ``num_cached`` are simply overwritten by the
+    It grows by doubling; positions past the sequence's ``num_cached`` are simply overwritten by the
     next forward, so cropping costs nothing.
     """
 
@@ -25,9 +30,12 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys[0].shape[1]
 
-    def prepare(self, start: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Room for positions up to ``start + m``, and their rotary cos and sin ``[m, head_dim]``."""
-        end = start + m
+    @property
+    def nbytes(self) -> int:
+        return 2 * sum(t.numel() * t.element_size() for t in self.keys)
+
+    def reserve(self, start: int, end: int) -> None:
+        """Room for positions up to ``end``; the first ``start`` are kept."""
         if end > self.capacity:
             size = max(end, 2 * self.capacity)
             for old in (self.keys, self.values):
@@ -35,7 +43,43 @@ class KVCache:
                 for tensor, before in zip(new, old, strict=True):
                     tensor[:, :start] = before[:, :start]
                 old[:] = new
-        positions = torch.arange(start, end, dtype=torch.float32)
-        freqs = positions[:, None] * self.inv_freq[None, :]
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[len(positions), head_dim]`` of the rotary angles at ``positions``."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat([freqs, freqs], dim=-1)
         return angles.cos(), angles.sin()
+
+    def prepare(self, start: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Room for positions up to ``start + m``, and their rotary cos and sin ``[m, head_dim]``."""
+        self.reserve(start, start + m)
+        return self.rotary(torch.arange(start, start + m))
+
+
+class Sequence:
+    """One sequence of a model that holds several: its own KV cache and the ids in it.
+
+    ``extend``, ``crop`` and ``reset`` work as on a model with one cache; ``model.forward`` takes
+    the new ids of several sequences at once.
+    """
+
+    def __init__(self, model, cache: KVCache):
+        self.model, self.cache = model, cache
+        self.cached_ids: list[int] = []
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached_ids)
+
+    @property
+    def row_invariant(self) -> bool:
+        return self.model.row_invariant
+
+    def reset(self) -> None:
+        self.cached_ids = []
+
+    def crop(self, n: int) -> None:
+        del self.cached_ids[n:]
+
+    def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
+        return self.model.forward([(self, ids, last)])[0]

@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the target)")
+    p.add_argument("--max-batch", type=int, default=4,
+                   help="generations run together (each keeps a KV cache of the target and the draft)")
     p.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more answer 429")
     p.add_argument("--queue-timeout", type=float, default=60.0, help="seconds a request may wait; then 503")
     p.add_argument("--generation-timeout", type=float, default=300.0, help="seconds a generation may run")
@@ -43,7 +45,7 @@ def check_args(args):
                                 draft_sample_method=args.draft_sample_method,
                                 draft_context=args.draft_context, prefix_cache=not args.no_prefix_cache)
     plan = pair_plan(args)
-    for name in ("queue_size", "max_body_bytes", "default_max_tokens", "port"):
+    for name in ("max_batch", "queue_size", "max_body_bytes", "default_max_tokens", "port"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.port > 65535:
@@ -67,7 +69,7 @@ def check_args(args):
             raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
     settings = Settings(name, args.queue_size, args.queue_timeout, args.generation_timeout,
-                        args.max_body_bytes, args.default_max_tokens)
+                        args.max_body_bytes, args.default_max_tokens, args.max_batch)
     return settings, config, plan
 
 

@@ -2,7 +2,9 @@
 
 ``Engine(target, draft, config).generate(prompt, params)``; ``draft=None`` runs the target alone on
 the same loop (k = 0 every round), which is the honest baseline. ``speculative_generate`` is the
-whole method top to bottom: propose, verify, accept, commit.
+whole method top to bottom: propose, verify, accept, commit. It yields its model forwards
+(``batch.Forward``) as well as its text, so that ``batch.Batch`` can run the forwards of many
+generations together; ``Engine.stream`` runs them one by one (``batch.alone``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import torch
 from anyspec.algorithms import tli
 from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.engine.batch import Batch, Forward, Steps, alone
 from anyspec.engine.bridge import build_bridge, token_bytes_table
-from anyspec.engine.context import DraftContext, DraftReader, common_prefix
+from anyspec.engine.context import DraftReader, common_prefix
 from anyspec.engine.output import Output
 from anyspec.engine.prompt import check_room, context_length, encode_prompt, end_ids
 from anyspec.engine.proposers import SLEM, TLI, Proposal, Proposer, algorithm_for, propose
+from anyspec.errors import ConfigError
 
 
 @dataclass
@@ -103,10 +107,52 @@ class Engine:
 
     def stream(self, prompt: str | list[dict], params: SamplingParams | None = None) -> Iterator[str]:
         """Yield committed text; the generator's return value is the ``GenerationResult``."""
-        return speculative_generate(self, prompt, params or SamplingParams())
+        return alone(speculative_generate(self, prompt, params or SamplingParams()))
+
+    def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft) -> Steps:
+        """The generation on the given sequences of the target and the draft, for a ``Batch``."""
+        return speculative_generate(self, prompt, params, target, draft)
+
+    def new_slot(self) -> tuple:
+        """A sequence of the target and one of the draft (None without a draft), each with its own
+        KV cache, for one generation of a batch."""
+        if not all(hasattr(m, "new_sequence") for m in (self.target, self.draft) if m is not None):
+            raise ConfigError("batched generation needs models that hold several KV caches (GGUF models "
+                              "on anyspec's kernels); run these requests one at a time")
+        return self.target.new_sequence(), self.draft.new_sequence() if self.draft is not None else None
+
+    def generate_batch(self, requests: list[tuple[str | list[dict], SamplingParams]], max_batch: int = 4
+                       ) -> list[GenerationResult]:
+        """Every ``(prompt, params)``, up to ``max_batch`` at a time; a request joins as soon as
+        another one ends. Each result is the same as ``generate`` gives the request alone."""
+        results: dict[int, GenerationResult] = {}
+        errors: dict[int, Exception] = {}
+        batch = Batch(lambda i, text: None, results.__setitem__, errors.__setitem__, drafts=(self.draft,))
+        slots, waiting, owner = [], list(enumerate(requests))[::-1], {}
+        while waiting or len(batch):
+            while waiting and len(batch) < max_batch:
+                i, (prompt, params) = waiting.pop()
+                free = [s for s in slots if s not in owner.values()]
+                slot = free[0] if free else self.new_slot()
+                if not free:
+                    slots.append(slot)
+                owner[i] = slot
+                batch.add(i, self.steps(prompt, params, *slot))
+            for i in [i for i in owner if i not in batch]:
+                del owner[i]
+            if errors:
+                for i in list(owner):
+                    batch.remove(i)
+                raise next(iter(errors.values()))
+            batch.step()
+        return [results[i] for i in range(len(requests))]
 
 
-def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams) -> Iterator[str]:
+def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams,
+                         target=None, draft=None) -> Steps:
+    """``target`` and ``draft``: the sequences it runs on (the engine's models by default)."""
+    target = target if target is not None else engine.target
+    draft = draft if draft is not None else engine.draft
     proposer = engine.proposer_for(params)
     k = engine.config.num_speculative_tokens if proposer is not None else 0
     generator = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
@@ -115,7 +161,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     stats = Stats(algorithm=proposer.algorithm if proposer else "none", accepted_hist=[0] * (k + 1))
     schedule = AdaptiveK(k) if proposer is not None and engine.config.adaptive_k else None
     t_start = time.perf_counter()
-    pending, ctx = prefill(engine, prompt, params, stats)
+    pending, ctx = yield from prefill(engine, target, draft, prompt, params, stats)
     output = Output(engine.target_bytes, engine.eos_ids, params)
 
     while output.finish is None:
@@ -126,13 +172,13 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         t0 = time.perf_counter()
         proposal = Proposal([])
         if k_round > 0:
-            proposal = propose(proposer, engine.draft, ctx, k_round, params, generator, engine.config)
+            proposal = yield from propose(proposer, draft, ctx, k_round, params, generator, engine.config)
         draft_time = time.perf_counter() - t0
         stats.draft_seconds += draft_time
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
         t0 = time.perf_counter()
-        n, pending = verify(engine.target, pending, proposal, proposer, params, generator)
+        n, pending = yield from verify(target, pending, proposal, proposer, params, generator)
         stats.target_seconds += time.perf_counter() - t0
         if schedule:  # a draft pass that also read the prompt or a long tail is no measure of k
             schedule.update(proposal.drafted, n, draft_time if proposal.catch_up <= 3 else None,
@@ -159,32 +205,31 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats)
 
 
-def prefill(engine: Engine, prompt: str | list[dict], params: SamplingParams, stats: Stats
-            ) -> tuple[int, DraftContext | None]:
+def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats
+            ) -> Steps:
     """The prompt into the target's cache but for its last token (returned: committed, not yet
-    cached), and the draft's context; a prefix the previous request left may be kept."""
-    target = engine.target
-    ids, text, _ = encode_prompt(target.tokenizer, prompt)
-    check_room(len(ids), params.max_new_tokens, context_length(target))
+    cached), and the draft's context; a prefix the sequence's previous request left may be kept."""
+    ids, text, _ = encode_prompt(engine.target.tokenizer, prompt)
+    check_room(len(ids), params.max_new_tokens, context_length(engine.target))
     stats.prompt_tokens = len(ids)
     reuse = engine.config.prefix_cache
     stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
     t0 = time.perf_counter()
     if len(ids) - 1 > stats.prompt_cached:
-        target.extend(ids[stats.prompt_cached:-1], last=1)
+        yield Forward(target, ids[stats.prompt_cached:-1], 1)
     stats.target_seconds += time.perf_counter() - t0
-    if engine.draft is None:
+    if draft is None:
         return ids[-1], None
-    if not reusable(engine.draft, reuse):
-        engine.draft.reset()  # else the first round's catch-up keeps what the draft's prompt shares
+    if not reusable(draft, reuse):
+        draft.reset()  # else the first round's catch-up keeps what the draft's prompt shares
     return ids[-1], engine.reader.start(prompt, text, ids)
 
 
 def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, params: SamplingParams,
-           generator: torch.Generator) -> tuple[int, int]:
+           generator: torch.Generator) -> Steps:
     """How many proposed tokens the target accepts, and the token it adds; its cache keeps those."""
     proposed = proposal.ids
-    logits = target.extend([pending] + proposed)
+    logits = yield Forward(target, [pending] + proposed)
     if params.temperature == 0:
         n, token = tli.verify_greedy(logits, proposed)
     else:

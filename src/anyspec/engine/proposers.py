@@ -18,6 +18,7 @@ import torch
 from anyspec.algorithms import slem, tli
 from anyspec.algorithms.adaptive_k import confidence
 from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.engine.batch import Forward, Steps
 from anyspec.engine.bridge import Bridge
 from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
 
@@ -117,10 +118,11 @@ def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:
 
 
 def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: SamplingParams,
-            generator: torch.Generator, config: SpeculativeConfig) -> Proposal:
+            generator: torch.Generator, config: SpeculativeConfig) -> Steps:
+    """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on."""
     keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
     draft.crop(keep)
-    logits = draft.extend(ctx.ids[keep:], last=1)[-1]
+    logits = (yield Forward(draft, ctx.ids[keep:], 1))[-1]
     temperature = 0.0 if config.draft_sample_method == "greedy" else params.temperature
     stop_below = config.draft_confidence
     draft_ids, qs = [], []
@@ -133,5 +135,5 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
         if stop_below and i + 1 < k and confidence(logits, d, q, proposer.mask) < stop_below:
             break  # the draft doubts this token: the next ones are unlikely to be accepted
         if i + 1 < k:
-            logits = draft.extend([d])[-1]
+            logits = (yield Forward(draft, [d]))[-1]
     return Proposal(proposer.to_target(ctx, draft_ids, k), qs, len(draft_ids), len(ctx.ids) - keep)

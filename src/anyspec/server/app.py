@@ -4,12 +4,16 @@
 ``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text). The official ``openai``
 client works against it unchanged.
 
-Scheduling: the engine is batch size 1 and not thread-safe, so one worker thread runs one generation
-at a time and requests wait in a bounded FIFO queue (``--queue-size``; a full queue answers 429 with
-Retry-After, a request that waited longer than ``--queue-timeout`` answers 503). A client that
-disconnects cancels its generation: a waiting request leaves the queue at once, a running one stops
-before its next round. ``--generation-timeout`` cuts a generation short (``finish_reason: "length"``,
-``anyspec.timed_out: true``). Requests are not batched: the engine runs one sequence at a time.
+Scheduling: one worker thread runs up to ``--max-batch`` generations together (``scheduler.py``):
+their draft forwards go through the draft in one pass, then their verifications through the target
+in one pass, and requests join and leave between passes. Each answer is the same as the request
+alone (the kernels compute every row by itself). More requests wait in a bounded FIFO queue
+(``--queue-size``; a full queue answers 429 with Retry-After, a request that waited longer than
+``--queue-timeout`` answers 503). A client that disconnects cancels its generation: a waiting
+request leaves the queue at once, a running one before the worker's next pass.
+``--generation-timeout`` cuts a generation short (``finish_reason: "length"``,
+``anyspec.timed_out: true``). Models that hold one KV cache (transformers models) run one request
+at a time.
 
 Request extensions: ``top_k``, ``speculative: false`` (target only, for comparison). Responses carry
 ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Unknown fields are ignored.
@@ -54,6 +58,7 @@ class Settings:
     generation_timeout: float = 300.0
     max_body_bytes: int = 1_000_000
     default_max_tokens: int = 256
+    max_batch: int = 4
 
 
 async def next_event(job: Job, request, deadline: float | None = None):
@@ -106,10 +111,11 @@ def create_app(engine: Engine, settings: Settings):
 
     metrics = Metrics()
     target_only = Engine(engine.target, None, engine.config) if engine.draft is not None else None
-    scheduler = Scheduler(engine, target_only, settings.queue_size, settings.generation_timeout, metrics)
+    scheduler = Scheduler(engine, target_only, settings.queue_size, settings.generation_timeout, metrics,
+                          settings.max_batch)
     tokenizer = copy.deepcopy(engine.target.tokenizer)  # the worker uses the original
     context = context_length(engine.target)
-    metrics.queue_state = lambda: (scheduler.depth, scheduler.running is not None)
+    metrics.queue_state = lambda: (scheduler.depth, len(scheduler.running))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -239,7 +245,7 @@ def create_app(engine: Engine, settings: Settings):
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "queue_depth": scheduler.depth, "running": scheduler.running is not None}
+        return {"status": "ok", "queue_depth": scheduler.depth, "running": len(scheduler.running)}
 
     @app.get("/metrics")
     async def prometheus():

@@ -12,9 +12,11 @@ import threading
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from anyspec.engine import Stats
+
+ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, float("inf"))
 
 
 class Metrics:
@@ -24,9 +26,13 @@ class Metrics:
         self.tokens = 0
         self.gen_seconds = 0.0
         self.drafted = self.accepted = self.rounds = 0
+        self.passes = self.pass_generations = self.pass_rows = 0
+        self.last_batch = 0
+        self.acceptance = [0] * len(ACCEPTANCE_BUCKETS)  # requests by acceptance rate, cumulative buckets
+        self.acceptance_sum = 0.0
         self.lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.queue_state: Callable[[], tuple[int, bool]] = lambda: (0, False)  # (waiting, running)
+        self.queue_state: Callable[[], tuple[int, int]] = lambda: (0, 0)  # (waiting, running)
         self.registry.register(self)
 
     def add_generation(self, outcome: str, tokens: int, seconds: float, stats: Stats | None) -> None:
@@ -38,6 +44,19 @@ class Metrics:
                 self.drafted += stats.drafted
                 self.accepted += stats.accepted
                 self.rounds += stats.rounds
+                rate = stats.acceptance_rate
+                self.acceptance_sum += rate
+                for i, bound in enumerate(ACCEPTANCE_BUCKETS):
+                    self.acceptance[i] += rate <= bound
+
+    def add_pass(self, generations: int, rows: int) -> None:
+        """One model pass of the worker over ``generations`` generations, ``rows`` new tokens in all."""
+        with self.lock:
+            self.last_batch = generations
+            if rows:
+                self.passes += 1
+                self.pass_generations += generations
+                self.pass_rows += rows
 
     def add_request(self, path: str, status: int) -> None:
         with self.lock:
@@ -63,19 +82,37 @@ class Metrics:
             counters = [("generated_tokens", "Tokens generated (target vocabulary).", self.tokens),
                         ("generation_seconds", "Wall time spent generating.", self.gen_seconds),
                         ("draft_tokens", "Draft tokens proposed.", self.drafted),
-                        ("accepted_tokens", "Draft tokens accepted by the target.", self.accepted)]
+                        ("accepted_tokens", "Draft tokens accepted by the target.", self.accepted),
+                        ("model_passes", "Model passes of the worker (a draft or a target forward over "
+                                         "the batch).", self.passes),
+                        ("pass_generations", "Generations in each model pass, summed over passes.",
+                         self.pass_generations),
+                        ("pass_rows", "New tokens computed in each model pass, summed over passes.",
+                         self.pass_rows)]
             gauges = [("acceptance_rate", "Accepted / proposed draft tokens, since start.",
                        self.accepted / self.drafted if self.drafted else 0.0),
                       ("mean_accepted_length", "Draft tokens accepted per speculative round, since start.",
                        self.accepted / self.rounds if self.rounds else 0.0),
                       ("tokens_per_second", "Generated tokens / generation wall time, since start.",
-                       self.tokens / self.gen_seconds if self.gen_seconds else 0.0)]
+                       self.tokens / self.gen_seconds if self.gen_seconds else 0.0),
+                      ("batch_size", "Generations in the worker's last model pass.", self.last_batch),
+                      ("mean_batch_size", "Generations per model pass, since start.",
+                       self.pass_generations / self.passes if self.passes else 0.0)]
+            acceptance = HistogramMetricFamily(
+                "anyspec_request_acceptance_rate", "Each completed speculative request's accepted / proposed "
+                "draft tokens.", buckets=[(_bound(b), n) for b, n in zip(ACCEPTANCE_BUCKETS, self.acceptance,
+                                                                          strict=True)],
+                sum_value=self.acceptance_sum)
         gauges += [("queue_depth", "Requests waiting for the worker.", waiting),
-                   ("running", "Generations running now (0 or 1).", int(running))]
-        return ([requests, generations]
+                   ("running", "Generations running now (at most --max-batch).", int(running))]
+        return ([requests, generations, acceptance]
                 + [CounterMetricFamily(f"anyspec_{name}", text, value=v) for name, text, v in counters]
                 + [GaugeMetricFamily(f"anyspec_{name}", text, value=v) for name, text, v in gauges])
 
     def render(self) -> bytes:
         """The Prometheus text exposition format."""
         return generate_latest(self.registry)
+
+
+def _bound(b: float) -> str:
+    return "+Inf" if b == float("inf") else f"{b:g}"

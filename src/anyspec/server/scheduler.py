@@ -1,9 +1,14 @@
-"""One worker thread runs the engine, one generation at a time; requests wait in a bounded FIFO queue.
+"""One worker thread runs the engine over a batch of generations; requests wait in a bounded FIFO queue.
 
-The engine is batch size 1 and not thread-safe, so the worker owns it: a request handler (on the
-event loop) submits a ``Job`` and reads ``("start" | "text" | "done" | "error", value)`` events from
-the job's asyncio queue. Cancelling a job takes it out of the queue at once, or, once it runs,
-closes the engine's generator before its next round.
+The engine is not thread-safe, so the worker owns it: a request handler (on the event loop) submits
+a ``Job`` and reads ``("start" | "text" | "done" | "error", value)`` events from the job's asyncio
+queue. Up to ``max_batch`` jobs run together (``engine.batch.Batch``): each pass of the worker runs
+one model over the forwards of every job that waits on it, and jobs join and leave between passes
+(continuous batching). Each running job owns a slot: a sequence of the target and one of the draft,
+each with its own KV cache, kept for the next job in that slot (its prompt prefix may be reused), so
+memory stays bounded by ``max_batch`` times the context. A job that finds no free slot waits in
+the queue. Cancelling a job takes it out of the queue at once, or, once it runs, ends it before
+the worker's next pass. Models that hold one cache only run one job at a time.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 
 from anyspec.config import SamplingParams
 from anyspec.engine import Engine, Stats
+from anyspec.engine.batch import Batch
 from anyspec.server.metrics import Metrics
 
 
@@ -34,7 +40,7 @@ class Outcome:
     timed_out: bool = False
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: it keys the batch
 class Job:
     prompt: str | list[dict]
     params: SamplingParams
@@ -53,15 +59,32 @@ class Job:
             self.cancelled.set()
 
 
+@dataclass
+class Running:
+    engine: Engine
+    slot: tuple
+    started: float = field(default_factory=time.monotonic)
+    pieces: list[str] = field(default_factory=list)
+
+
+def holds_sequences(model) -> bool:
+    return model is None or hasattr(model, "new_sequence")
+
+
 class Scheduler:
     def __init__(self, engine: Engine, target_only: Engine | None, max_queue: int, generation_timeout: float,
-                 metrics: Metrics):
+                 metrics: Metrics, max_batch: int = 1):
         self.engines = {True: engine, False: target_only or engine}
+        self.batched = holds_sequences(engine.target) and holds_sequences(engine.draft)
+        self.max_batch = max_batch if self.batched else 1
         self.max_queue = max_queue
         self.generation_timeout = generation_timeout
         self.metrics = metrics
         self.pending: collections.deque[Job] = collections.deque()
-        self.running: Job | None = None
+        self.running: dict[Job, Running] = {}
+        self.free: list[tuple] = []  # slots whose job ended; at most max_batch slots exist
+        self.slots = 0
+        self.batch = Batch(self._on_text, self._on_done, self._on_error, drafts=(engine.draft,))
         self.cond = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self._loop, name="anyspec-worker", daemon=True)
@@ -76,9 +99,8 @@ class Scheduler:
     def stop(self) -> None:
         with self.cond:
             self.stopping = True
-            for job in [*self.pending, self.running]:
-                if job is not None:
-                    job.cancelled.set()
+            for job in [*self.pending, *self.running]:
+                job.cancelled.set()
             self.cond.notify_all()
         self.thread.join(timeout=30)
 
@@ -95,52 +117,78 @@ class Scheduler:
             if job in self.pending:
                 self.pending.remove(job)
                 self.metrics.add_generation("cancelled", 0, 0.0, None)
+            self.cond.notify()
+
+    def _slot(self) -> tuple:
+        if self.free:
+            return self.free.pop()
+        self.slots += 1
+        engine = self.engines[True]
+        return engine.new_slot() if self.batched else (engine.target, engine.draft)
 
     def _loop(self) -> None:
         while True:
             with self.cond:
-                while not self.pending and not self.stopping:
+                while not self.pending and not self.running and not self.stopping:
                     self.cond.wait()
                 if self.stopping:
                     return
-                job = self.running = self.pending.popleft()
+                joining = []
+                while self.pending and len(self.running) + len(joining) < self.max_batch:
+                    joining.append(self.pending.popleft())
+            for job in joining:
+                self._start(job)
+            self._retire_cancelled()
             try:
-                self._run(job)
-            except Exception as exc:  # reported to the request; the worker keeps serving
-                self.metrics.add_generation("error", 0, 0.0, None)
-                job.emit("error", exc)
-            finally:
-                with self.cond:
-                    self.running = None
+                self.metrics.add_pass(len(self.batch), self.batch.step())
+            except Exception as exc:  # a failed model pass: every job in the batch gets the error
+                for job in list(self.running):
+                    self.batch.remove(job)
+                    self._on_error(job, exc)
 
-    def _run(self, job: Job) -> None:
+    def _start(self, job: Job) -> None:
         engine = self.engines[job.speculative]
+        slot = self._slot()
+        self.running[job] = Running(engine, slot)
         job.emit("start")
-        t0 = time.monotonic()
-        stream = engine.stream(job.prompt, job.params)
-        pieces: list[str] = []
-        try:
-            while True:
-                if job.cancelled.is_set():
-                    self.metrics.add_generation("cancelled", 0, time.monotonic() - t0, None)
-                    return
-                if time.monotonic() - t0 > self.generation_timeout:
-                    text = "".join(pieces)
-                    n = len(engine.target.tokenizer.encode(text, add_special_tokens=False)) if text else 0
-                    self.metrics.add_generation("timed_out", n, time.monotonic() - t0, None)
-                    job.emit("done", Outcome(text, "length", n, job.prompt_tokens, None,
-                                             job.speculative and engine.draft is not None, timed_out=True))
-                    return
-                try:
-                    piece = next(stream)
-                except StopIteration as stop:
-                    result = stop.value
-                    break
-                pieces.append(piece)
-                job.emit("text", piece)
-        finally:
-            stream.close()
+        draft = slot[1] if engine.draft is not None else None
+        self.batch.add(job, engine.steps(job.prompt, job.params, slot[0], draft))
+
+    def _finish(self, job: Job) -> Running:
+        run = self.running.pop(job)
+        self.free.append(run.slot)
+        return run
+
+    def _retire_cancelled(self) -> None:
+        for job, run in list(self.running.items()):
+            elapsed = time.monotonic() - run.started
+            if job.cancelled.is_set():
+                self.batch.remove(job)
+                self._finish(job)
+                self.metrics.add_generation("cancelled", 0, elapsed, None)
+            elif elapsed > self.generation_timeout:
+                self.batch.remove(job)
+                self._finish(job)
+                text = "".join(run.pieces)
+                tokenizer = run.engine.target.tokenizer
+                n = len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
+                self.metrics.add_generation("timed_out", n, elapsed, None)
+                job.emit("done", Outcome(text, "length", n, job.prompt_tokens, None,
+                                         job.speculative and run.engine.draft is not None, timed_out=True))
+
+    def _on_text(self, job: Job, piece: str) -> None:
+        self.running[job].pieces.append(piece)
+        job.emit("text", piece)
+
+    def _on_done(self, job: Job, result) -> None:
+        run = self._finish(job)
         stats = result.stats
         self.metrics.add_generation("completed", len(result.token_ids), stats.total_seconds, stats)
         job.emit("done", Outcome(result.text, result.finish_reason, len(result.token_ids),
-                                 stats.prompt_tokens, stats, engine.draft is not None))
+                                 stats.prompt_tokens, stats, run.engine.draft is not None))
+
+    def _on_error(self, job: Job, exc: Exception) -> None:
+        if job in self.running:
+            self._finish(job)
+        self.metrics.add_generation("error", 0, 0.0, None)
+        job.emit("error", exc)

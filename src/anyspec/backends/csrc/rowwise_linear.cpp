@@ -343,22 +343,33 @@ void silu_times(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
-// Causal attention for M query rows at positions start..start+M-1 over a cache of keys and values
-// [kv_heads, cap, D]; query row m, head h at q + m * q_stride + h * D; out is [M, heads * D]. Each
-// (row, head) is computed alone in a fixed order, so a row's result never depends on M.
+// Where one query row attends: its sequence's cache of keys and values [kv_heads, cap, D] and its
+// position there (the row attends to positions 0..pos, its own key and value already written).
+struct RowCache {
+  const float* k;
+  const float* v;
+  int64_t cap, pos;
+};
+
+// Causal attention for M query rows, row m over rows[m]'s cache; query row m, head h at
+// q + m * q_stride + h * D; out is [M, heads * D]. Each (row, head) is computed alone in a fixed
+// order, so a row's result depends neither on M nor on the other rows' sequences.
 void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int64_t kv_heads, int64_t D,
-            const float* kc, const float* vc, int64_t cap, int64_t start, float scaling, float* out) {
+            const RowCache* rows, float scaling, float* out) {
   const int64_t group = heads / kv_heads;
+  int64_t longest = 0;
+  for (int64_t m = 0; m < M; ++m) longest = std::max(longest, rows[m].pos + 1);
   split(heads * M, 1, [&](int64_t begin, int64_t stop) {
-    std::vector<float> p(start + M);
+    std::vector<float> p(longest);
     for (int64_t task = begin; task < stop; ++task) {
-      const int64_t hd = task / M, m = task % M, g = hd / group, len = start + m + 1;
-      scores(q_all + m * q_stride + hd * D, kc + g * cap * D, len, D, scaling, p.data());
+      const int64_t hd = task / M, m = task % M, g = hd / group, len = rows[m].pos + 1;
+      const int64_t offset = g * rows[m].cap * D;
+      scores(q_all + m * q_stride + hd * D, rows[m].k + offset, len, D, scaling, p.data());
       exp_shifted(p.data(), len, *std::max_element(p.data(), p.data() + len));
       float total = 0;
       for (int64_t j = 0; j < len; ++j) total += p[j];
       for (int64_t j = 0; j < len; ++j) p[j] /= total;
-      weighted_sum(p.data(), vc + g * cap * D, len, D, out + m * heads * D + hd * D);
+      weighted_sum(p.data(), rows[m].v + offset, len, D, out + m * heads * D + hd * D);
     }
   });
 }
@@ -372,24 +383,41 @@ torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor va
   const int64_t M = q.size(0), heads = q.size(1), D = q.size(2), kv_heads = k.size(0), L = k.size(1);
   TORCH_CHECK(L >= M && heads % kv_heads == 0 && k.size(2) == D, "attention: shape mismatch");
   auto out = torch::empty({M, heads, D}, q.options());
-  attend(q.data_ptr<float>(), heads * D, M, heads, kv_heads, D, k.data_ptr<float>(), v.data_ptr<float>(), L,
-         L - M, static_cast<float>(scaling), out.data_ptr<float>());
+  std::vector<RowCache> rows(M);
+  for (int64_t m = 0; m < M; ++m) rows[m] = {k.data_ptr<float>(), v.data_ptr<float>(), L, L - M + m};
+  attend(q.data_ptr<float>(), heads * D, M, heads, kv_heads, D, rows.data(), static_cast<float>(scaling),
+         out.data_ptr<float>());
   return out;
 }
 
 // Each layer: attn_norm, mlp_norm, then 7 matrices q, k, v, o, gate, up, down as (weight, scale, bias)
 // (an empty tensor for a missing one; q may hold q, k and v fused, and gate may hold gate and up);
-// types and Ks: 7 per layer. x: [M, H] embeddings of the new tokens at positions start..start+M-1;
-// returns the hidden states after the last layer.
-torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, std::vector<int64_t> types,
-                              std::vector<int64_t> ks, Tensors keys, Tensors values, torch::Tensor cos,
-                              torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, double eps_d,
-                              bool rope_pairs) {
+// types and Ks: 7 per layer. x: [M, H] embeddings of new tokens of one or more sequences: row m
+// belongs to sequence seqs[m] at position positions[m], and keys / values hold each sequence's
+// cache, one tensor [kv_heads, capacity, head_dim] per layer, sequence after sequence. cos and sin
+// are the rows' rotary angles [M, head_dim]. A sequence's rows come in order of position. Returns
+// the hidden states after the last layer.
+torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::Tensor seqs, Tensors layers,
+                              std::vector<int64_t> types, std::vector<int64_t> ks, Tensors keys, Tensors values,
+                              torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t kv_heads,
+                              int64_t head_dim, double eps_d, bool rope_pairs) {
   x = x.to(torch::kFloat32).contiguous().clone();
-  const int64_t M = x.size(0), H = x.size(1), D = head_dim, L = keys.size();
+  const int64_t M = x.size(0), H = x.size(1), D = head_dim, L = layers.size() / 23;
   const int64_t q_size = heads * D, kv_size = kv_heads * D, qkv_size = q_size + 2 * kv_size;
   TORCH_CHECK(static_cast<int64_t>(layers.size()) == 23 * L && static_cast<int64_t>(types.size()) == 7 * L &&
               static_cast<int64_t>(ks.size()) == 7 * L, "decoder_forward: 23 tensors and 7 types per layer");
+  const int64_t S = L ? keys.size() / L : 0;
+  TORCH_CHECK(L && S && static_cast<int64_t>(keys.size()) == S * L && keys.size() == values.size(),
+              "decoder_forward: a key and a value tensor per layer and sequence");
+  positions = positions.to(torch::kLong).contiguous();
+  seqs = seqs.to(torch::kLong).contiguous();
+  TORCH_CHECK(positions.numel() == M && seqs.numel() == M && cos.size(0) == M && sin.size(0) == M,
+              "decoder_forward: a position, a sequence and rotary angles per row");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* seq = seqs.data_ptr<int64_t>();
+  for (int64_t r = 0; r < M; ++r)
+    TORCH_CHECK(seq[r] >= 0 && seq[r] < S && pos[r] >= 0 && pos[r] < keys[seq[r] * L].size(1),
+                "decoder_forward: row ", r, " is outside its sequence's cache");
   const float eps = static_cast<float>(eps_d), inv_sqrt = 1.0f / std::sqrt(static_cast<float>(D));
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
@@ -409,9 +437,11 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, st
 #pragma omp parallel
   for (int64_t l = 0; l < L; ++l) {
     const Mat* m = &mats[7 * l];
-    float* kc = keys[l].data_ptr<float>();
-    float* vc = values[l].data_ptr<float>();
-    const int64_t cap = keys[l].size(1);
+    std::vector<RowCache> rows(M);
+    for (int64_t r = 0; r < M; ++r) {
+      const torch::Tensor& k = keys[seq[r] * L + l];
+      rows[r] = {k.data_ptr<float>(), values[seq[r] * L + l].data_ptr<float>(), k.size(1), pos[r]};
+    }
 #pragma omp single
     rms_norm(xp, M, H, layers[23 * l].data_ptr<float>(), eps, h.data());
     apply(h.data(), M, m, 3, qkv.data(), qkv_size, acts);
@@ -426,11 +456,12 @@ torch::Tensor decoder_forward(torch::Tensor x, int64_t start, Tensors layers, st
       for (int64_t g = 0; g < kv_heads; ++g) {
         float* k = row + q_size + g * D;
         turn(k);
-        std::memcpy(kc + (g * cap + start + r) * D, k, D * sizeof(float));
-        std::memcpy(vc + (g * cap + start + r) * D, row + q_size + kv_size + g * D, D * sizeof(float));
+        const int64_t at = (g * rows[r].cap + pos[r]) * D;
+        std::memcpy(const_cast<float*>(rows[r].k) + at, k, D * sizeof(float));
+        std::memcpy(const_cast<float*>(rows[r].v) + at, row + q_size + kv_size + g * D, D * sizeof(float));
       }
     }
-    attend(qkv.data(), qkv_size, M, heads, kv_heads, D, kc, vc, cap, start, inv_sqrt, attn.data());
+    attend(qkv.data(), qkv_size, M, heads, kv_heads, D, rows.data(), inv_sqrt, attn.data());
     apply(attn.data(), M, m + 3, 1, out.data(), H, acts);
 #pragma omp single
     {
@@ -481,6 +512,17 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
   return typed_linear(x, weight, bf16 ? anyspec::BF16 : anyspec::I8S, weight.size(1), scale, bias);
 }
 
+// RMS norm of each row of x [M, H] by itself (the sum of squares in double, in order), times weight.
+torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor weight, double eps) {
+  x = x.to(torch::kFloat32).contiguous();
+  weight = weight.to(torch::kFloat32).contiguous();
+  TORCH_CHECK(x.dim() == 2 && weight.numel() == x.size(1), "rms_norm_rows: shape mismatch");
+  auto y = torch::empty_like(x);
+  rms_norm(x.data_ptr<float>(), x.size(0), x.size(1), weight.data_ptr<float>(), static_cast<float>(eps),
+           y.data_ptr<float>());
+  return y;
+}
+
 // The fp32 rows `ids` of a matrix of any type (embedding lookups, tests).
 torch::Tensor dequant_rows(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor ids) {
   weight = weight.contiguous();
@@ -520,6 +562,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "causal attention, each query row alone");
   m.def("decoder_forward", &decoder_forward, "a Llama-family decoder stack for a few new tokens");
   m.def("typed_linear", &typed_linear, "few-row linear over weights of any supported type");
+  m.def("rms_norm_rows", &rms_norm_rows, "RMS norm of each row by itself");
   m.def("dequant_rows", &dequant_rows, "fp32 rows of a matrix of any supported type");
   m.def("repack_x16", &repack_x16, "quantized rows interleaved 16 at a time");
   m.def("isa", &anyspec::isa, "the instruction-set level in use: 0 plain C++, 1 AVX2, 2 AVX-512 VNNI");

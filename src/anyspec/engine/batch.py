@@ -1,0 +1,115 @@
+"""Several generations at once: their forwards go through the models together.
+
+A generation (``loop.speculative_generate``) is a generator. It yields committed text (``str``) and
+the model forwards it needs (``Forward``), and each ``Forward`` is answered with its logits.
+``alone`` answers every forward at once, for one generation. A ``Batch`` steps many: each step
+runs the pending forwards of one model in a single pass, draft forwards first, so that the
+generations draft together and then verify together in one target pass.
+
+Why this is lossless: every row of anyspec's kernels is computed alone, its attention over its
+own sequence's cache only, so a row's logits are the same bits whatever else shares the pass.
+Greedy answers are token-identical to the request alone; sampled ones draw from the target's
+distribution with the request's own generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from typing import NamedTuple
+
+import torch
+
+from anyspec.backends.stack import Sequence
+
+
+class Forward(NamedTuple):
+    seq: object  # a model with one cache, or a ``stack.Sequence`` of a model that holds several
+    ids: list[int]
+    last: int | None = None  # logits of only the last rows
+
+
+Steps = Generator["str | Forward", "torch.Tensor | None", object]
+
+
+def alone(steps: Steps) -> Iterator[str]:
+    """One generation's text, each forward run as it comes; returns the generation's return value."""
+    reply = None
+    while True:
+        try:
+            step = steps.send(reply)
+        except StopIteration as done:
+            return done.value
+        if isinstance(step, Forward):
+            reply = step.seq.extend(step.ids, step.last)
+        else:
+            reply = None
+            yield step
+
+
+def model_of(seq) -> object:
+    return seq.model if isinstance(seq, Sequence) else seq
+
+
+class Batch:
+    """Generations in flight, each under a key; ``step`` advances all of them by one model pass.
+
+    ``on_text(key, text)`` receives text as it is committed, ``on_done(key, result)`` the
+    generation's return value and ``on_error(key, exc)`` an exception it raised; after either, the
+    key has left the batch. ``drafts``: the models whose forwards go first.
+    """
+
+    def __init__(self, on_text: Callable, on_done: Callable, on_error: Callable, drafts=()):
+        self.on_text, self.on_done, self.on_error = on_text, on_done, on_error
+        self.drafts = [d for d in drafts if d is not None]
+        self.waiting: dict[object, tuple[Steps, Forward]] = {}  # key -> (generation, its next forward)
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def __contains__(self, key) -> bool:
+        return key in self.waiting
+
+    def add(self, key, steps: Steps) -> None:
+        """Start a generation; it runs up to its first forward now."""
+        self._advance(key, steps, None)
+
+    def remove(self, key) -> None:
+        """Stop a generation (a cancelled or timed-out request); its sequences are free after this."""
+        steps, _ = self.waiting.pop(key)
+        steps.close()
+
+    def next_model(self) -> object | None:
+        """The model the next step runs: a draft while any generation waits on one, else a target."""
+        models = [model_of(forward.seq) for _, forward in self.waiting.values()]
+        drafts = [m for m in models if any(m is d for d in self.drafts)]
+        return (drafts or models or [None])[0]
+
+    def step(self) -> int:
+        """One pass of one model over every forward waiting on it; returns the rows it computed."""
+        model = self.next_model()
+        if model is None:
+            return 0
+        keys = [key for key, (_, f) in self.waiting.items() if model_of(f.seq) is model]
+        forwards = [self.waiting[key][1] for key in keys]
+        if all(isinstance(f.seq, Sequence) for f in forwards):
+            logits = model.forward([(f.seq, f.ids, f.last) for f in forwards])
+        else:  # a model with one cache: its forwards one by one
+            logits = [f.seq.extend(f.ids, f.last) for f in forwards]
+        for key, reply in zip(keys, logits, strict=True):
+            self._advance(key, self.waiting[key][0], reply)
+        return sum(len(f.ids) for f in forwards)
+
+    def _advance(self, key, steps: Steps, reply) -> None:
+        self.waiting.pop(key, None)
+        try:
+            while True:
+                step = steps.send(reply)
+                if isinstance(step, Forward):
+                    self.waiting[key] = (steps, step)
+                    return
+                reply = None
+                self.on_text(key, step)
+        except StopIteration as done:
+            self.on_done(key, done.value)
+        except Exception as exc:  # reported for this generation; the others go on
+            self.on_error(key, exc)

@@ -1,0 +1,163 @@
+"""Batched generation on the default pair's GGUF files: each request gets what it gets alone.
+
+The target (Qwen2.5-Coder-1.5B, Q4_K_M) and the draft (SmolLM2-135M, Q4_1) each hold one KV cache
+per request; a ``Batch`` runs the forwards of all requests together. Greedy answers must be
+token-identical to the same request alone, with prompts of different lengths, requests joining
+while others are mid-stream and requests cancelled mid-stream; sampled answers must draw from the
+target's own distribution.
+"""
+
+import pytest
+import torch
+
+from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.engine import Engine
+from anyspec.engine.batch import Batch, Forward
+
+PROMPTS = [
+    "def fibonacci(n):",
+    [{"role": "user", "content": "Explain in two sentences why the sky is blue."}],
+    "Write a Python function that reverses a linked list, with a docstring and type hints:\n\n",
+    "1, 2, 3, 4,",
+    [{"role": "user", "content": "What is the difference between TCP and UDP?"}],
+    "The quick brown fox",
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from anyspec.backends.gguf import GGUFModel
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_path
+
+    target = GGUFModel(gguf_path(DEFAULT_TARGET), name="target")
+    draft = GGUFModel(gguf_path(DEFAULT_DRAFT), name="draft")
+    return Engine(target, draft, SpeculativeConfig(num_speculative_tokens=5))
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0, max_new_tokens=n)
+
+
+def test_forward_of_several_sequences_equals_each_alone(engine):
+    """The model pass itself: rows of three sequences at other positions, in one forward, are the same
+    bits as each sequence's rows alone."""
+    target = engine.target
+    prompts = [target.tokenizer.encode(t) for t in ("def f(x):", "Hello there, my friend", "1 2 3")]
+    alone = []
+    for ids in prompts:
+        target.reset()
+        alone.append((target.extend(ids), target.extend([11, 12, 13])))
+    seqs = [target.new_sequence() for _ in prompts]
+    first = target.forward([(s, ids, None) for s, ids in zip(seqs, prompts, strict=True)])
+    second = target.forward([(s, [11, 12, 13], None) for s in seqs[::-1]])[::-1]
+    for (a, b), x, y in zip(alone, first, second, strict=True):
+        assert torch.equal(a, x) and torch.equal(b, y)
+    with pytest.raises(ValueError, match="twice"):
+        target.forward([(seqs[0], [1], None), (seqs[0], [2], None)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["slem", "tli"])
+def test_batched_greedy_answers_equal_each_request_alone(engine, algorithm):
+    config = SpeculativeConfig(num_speculative_tokens=5, algorithm=algorithm)
+    engine = Engine(engine.target, engine.draft, config)
+    requests = [(p, greedy(12 + 7 * (i % 3))) for i, p in enumerate(PROMPTS)]
+    alone = [engine.generate(p, params) for p, params in requests]
+    # max_batch 3 for 6 requests: the later ones join as the first ones end, mid-stream for the others
+    together = engine.generate_batch(requests, max_batch=3)
+    for (prompt, _), a, b in zip(requests, alone, together, strict=True):
+        assert b.token_ids == a.token_ids, f"{prompt!r}: batched answer differs from the request alone"
+        assert b.text == a.text and b.finish_reason == a.finish_reason
+    assert sum(r.stats.accepted for r in together) > 0
+    assert len({tuple(r.token_ids) for r in alone}) == len(alone)
+
+
+@pytest.mark.slow
+def test_cancelling_and_joining_mid_stream_leave_the_others_unchanged(engine):
+    """Requests start at different passes and two are cancelled mid-stream; the passes really hold
+    several requests; every finished answer equals the request alone."""
+    requests = [(p, greedy(24)) for p in PROMPTS]
+    alone = [engine.generate(p, params).token_ids for p, params in requests]
+    texts, done = {}, {}
+    batch = Batch(lambda i, t: texts.setdefault(i, []).append(t), done.__setitem__,
+                  lambda i, exc: pytest.fail(f"request {i} failed: {exc}"), drafts=(engine.draft,))
+    slots = [engine.new_slot() for _ in requests]
+    widest, passes = 0, 0
+    joins = {0: [0, 1, 2], 3: [3], 7: [4], 11: [5]}  # pass number -> requests that join then
+    cancels = {5: 1, 9: 3}  # pass number -> the request cancelled then
+    while len(batch) or passes <= max(joins):
+        for i in joins.get(passes, []):
+            batch.add(i, engine.steps(*requests[i], *slots[i]))
+        if passes in cancels and cancels[passes] in batch:
+            batch.remove(cancels[passes])
+        widest = max(widest, len(batch))
+        batch.step()
+        passes += 1
+    assert widest >= 4
+    cancelled = {cancels[p] for p in cancels}
+    assert set(done) == set(range(len(requests))) - cancelled
+    for i, result in done.items():
+        assert result.token_ids == alone[i], f"request {i} differs from alone"
+        assert "".join(texts[i]) == result.text
+    # a cancelled request's slot serves a new request exactly as a fresh one would
+    again = Batch(lambda *a: None, done.__setitem__, lambda i, exc: pytest.fail(str(exc)),
+                  drafts=(engine.draft,))
+    again.add("again", engine.steps(*requests[0], *slots[1]))
+    while len(again):
+        again.step()
+    assert done["again"].token_ids == alone[0]
+
+
+def test_a_model_with_one_cache_cannot_batch(tok_qwen2, tmp_path):
+    from tiny_models import save_tiny_model
+
+    from anyspec.backends.load import load_model
+    from anyspec.errors import ConfigError
+
+    target = load_model(str(save_tiny_model(tok_qwen2, tmp_path / "t", arch="qwen2")), name="target")
+    with pytest.raises(ConfigError, match="one at a time"):
+        Engine(target).new_slot()
+
+
+def test_a_forward_is_what_a_generation_yields(engine):
+    steps = engine.steps("def f(x):", greedy(3), *engine.new_slot())
+    first = next(steps)
+    assert isinstance(first, Forward) and first.last == 1 and len(first.ids) > 1
+    steps.close()
+
+
+@pytest.mark.slow
+def test_sampling_inside_a_batch_draws_from_the_targets_distribution(engine):
+    """TLI sampling, eight requests per batch beside two greedy requests of other prompts: the first
+    two tokens' joint frequencies over 960 seeds match the target's own distribution (chi-square)."""
+    from test_tli_sampling import chi_square_pvalue
+
+    from anyspec.algorithms.sampling import logits_to_probs
+    from anyspec.engine.prompt import encode_prompt
+
+    target = engine.target
+    prompt, top_k = "My favourite colour is", 4
+    ids, _, _ = encode_prompt(target.tokenizer, prompt)
+    target.reset()
+    first = logits_to_probs(target.extend(ids, last=1)[-1], 1.0, top_k)
+    joint = {}
+    for a in torch.nonzero(first).flatten().tolist():
+        target.crop(len(ids))
+        second = logits_to_probs(target.extend([a])[-1], 1.0, top_k)
+        for b in torch.nonzero(second).flatten().tolist():
+            joint[(a, b)] = first[a].item() * second[b].item()
+    cells = list(joint)
+    tli = Engine(target, engine.draft, SpeculativeConfig(num_speculative_tokens=3, algorithm="tli"))
+    counts = torch.zeros(len(cells))
+    n, per_batch, drafted = 960, 8, 0
+    for start in range(0, n, per_batch):
+        requests = [(prompt, SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=2, seed=s))
+                    for s in range(start, start + per_batch)]
+        others = [(PROMPTS[(start // per_batch + j) % len(PROMPTS)], greedy(3)) for j in range(2)]
+        results = tli.generate_batch(requests + others, max_batch=per_batch + 2)[:per_batch]
+        for r in results:
+            assert (r.token_ids[0], r.token_ids[1]) in joint, "a pair the target gives probability 0"
+            counts[cells.index((r.token_ids[0], r.token_ids[1]))] += 1
+            drafted += r.stats.drafted
+    assert drafted > 0
+    assert chi_square_pvalue(counts, torch.tensor([joint[c] for c in cells])) > 1e-3
