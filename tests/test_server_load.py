@@ -1,8 +1,11 @@
-"""Bounded load: 20 concurrent streaming clients, 4 of which hang up midway, against one live server.
+"""Bounded load against one live server: 20 concurrent streaming clients on the tiny transformers
+pair (one generation at a time), and 32 on the default pair's GGUF files with ``max_batch=4``; every
+fifth client hangs up midway.
 
 No request may be lost or mixed up: every completed answer equals what the same request gives alone
-(greedy, from a separate in-process engine), every hung-up generation is cancelled, and ``/health``
-answers OK throughout. p50/p95 latencies are printed (run with ``-s``), never asserted.
+(greedy, from an in-process engine), every hung-up generation is cancelled, ``/health`` answers OK
+throughout, and the batched server never holds more than ``max_batch`` slots of KV caches. p50/p95
+latencies are printed (run with ``-s``), never asserted.
 """
 
 import asyncio
@@ -20,14 +23,12 @@ from live_server import MODEL_NAME, live_server, load_engine, one_thread, tiny_p
 
 from anyspec.engine import SamplingParams  # noqa: E402
 
-CLIENTS = 20
 
-
-def plan():
+def plan(clients):
     """(prompt or messages, max_tokens, hangs_up) per client; chat and plain completions alternate."""
     out = []
-    for i in range(CLIENTS):
-        text = f"Request {i}: the number {i * 7} is"
+    for i in range(clients):
+        text = f"Request {i}: the number {i * 7} is" + " and then" * (i % 4)
         prompt = [{"role": "user", "content": text}] if i % 2 else text
         hangs_up = i % 5 == 4
         out.append((prompt, 60 if hangs_up else 4 + i % 6, hangs_up))
@@ -82,26 +83,58 @@ def generations(url, outcome):
     return int(float(match.group(1))) if match else 0
 
 
+@pytest.fixture(scope="module")
+def gguf_engine():
+    from anyspec.backends.gguf import GGUFModel
+    from anyspec.engine import Engine, SpeculativeConfig
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_path
+
+    target = GGUFModel(gguf_path(DEFAULT_TARGET), name="target")
+    draft = GGUFModel(gguf_path(DEFAULT_DRAFT), name="draft")
+    return Engine(target, draft, SpeculativeConfig(num_speculative_tokens=5))
+
+
 def test_concurrent_streams_with_hang_ups(tok_qwen2, tok_llama2, tmp_path_factory):
     folders = tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
-    requests = plan()
-    with live_server(load_engine(*folders), queue_size=CLIENTS + 4) as (url, _):
+    check_load(load_engine(*folders), lambda: load_engine(*folders), clients=20, max_batch=4, batched=False)
+
+
+@pytest.mark.slow
+def test_32_clients_on_the_batched_server(gguf_engine):
+    check_load(gguf_engine, lambda: gguf_engine, clients=32, max_batch=4, batched=True)
+
+
+def check_load(engine, reference_engine, clients, max_batch, batched):
+    requests = plan(clients)
+    with live_server(engine, queue_size=clients + 4, max_batch=max_batch) as (url, app):
+        scheduler = app.state.scheduler
         results, seen = asyncio.run(load(url, requests))
-        deadline = time.monotonic() + 30
-        while generations(url, "completed") + generations(url, "cancelled") < CLIENTS:
+        deadline = time.monotonic() + 60
+        while generations(url, "completed") + generations(url, "cancelled") < clients:
             assert time.monotonic() < deadline, "some request was never finished nor cancelled"
             time.sleep(0.05)
         after = httpx.get(url + "/health").json()
         completed, cancelled = generations(url, "completed"), generations(url, "cancelled")
+        metrics = httpx.get(url + "/metrics").text
+        slots = scheduler.slots
 
     hung_up = sum(r[2] for r in requests)
-    assert completed + cancelled == CLIENTS
+    assert completed + cancelled == clients
     assert cancelled == hung_up, "each hang-up should cancel its 60-token generation"
     assert len(seen) >= 5 and all(status == 200 and body["status"] == "ok" for status, body in seen)
     assert max(body["queue_depth"] for _, body in seen) > 1, "the load never queued requests"
-    assert after == {"status": "ok", "queue_depth": 0, "running": False}
+    assert after == {"status": "ok", "queue_depth": 0, "running": 0}
+    assert slots <= max_batch, "more KV cache slots than --max-batch"
+    widest = max(body["running"] for _, body in seen)
+    if batched:
+        assert widest >= 2, "the batched server never ran two requests together"
+        assert float(re.search(r"^anyspec_mean_batch_size (\S+)$", metrics, re.M).group(1)) > 1
+        free = [seq for slot in scheduler.free for seq in slot]
+        assert len(free) == 2 * slots and all(seq.cache.capacity <= 4096 for seq in free)
+    else:
+        assert widest <= 1 and slots == 1, "a model with one KV cache runs one request at a time"
 
-    reference = load_engine(*folders)
+    reference = reference_engine()
     texts = []
     for (prompt, max_tokens, hangs_up), result in zip(requests, results, strict=True):
         assert result["hung_up"] == hangs_up
@@ -116,6 +149,7 @@ def test_concurrent_streams_with_hang_ups(tok_qwen2, tok_llama2, tmp_path_factor
     latencies = sorted(r["latency"] for r in results if not r["hung_up"])
     ttfts = sorted(r["ttft"] for r in results if not r["hung_up"] and r["ttft"] is not None)
     q = lambda xs: statistics.quantiles(xs, n=20, method="inclusive")  # noqa: E731
-    print(f"\nload: {CLIENTS} streaming clients ({hung_up} hang up), {len(latencies)} completed; "
-          f"latency p50 {statistics.median(latencies):.2f} s, p95 {q(latencies)[18]:.2f} s; "
-          f"time to first token p50 {statistics.median(ttfts):.2f} s, p95 {q(ttfts)[18]:.2f} s")
+    print(f"\nload: {clients} streaming clients ({hung_up} hang up), {len(latencies)} completed, "
+          f"{widest} at most together; latency p50 {statistics.median(latencies):.2f} s, "
+          f"p95 {q(latencies)[18]:.2f} s; time to first token p50 {statistics.median(ttfts):.2f} s, "
+          f"p95 {q(ttfts)[18]:.2f} s")

@@ -45,6 +45,7 @@ class SpeculativeConfig:
     #                                             less probability (0 = off)
     prefix_cache: bool = True  # start from the KV cache of the prompt prefix a request shares with
     #                            the one before (row-invariant models only: reuse_prefix)
+    batch_k: bool = True  # several generations in a batch: k per round from the batch's pass costs
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -63,8 +64,9 @@ class SpeculativeConfig:
         if not _is_number(self.draft_confidence) or not 0 <= self.draft_confidence < 1:
             raise ConfigError(f"draft_confidence must be a probability in [0, 1) (0 = off), got "
                               f"{self.draft_confidence!r}")
-        if not isinstance(self.prefix_cache, bool):
-            raise ConfigError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
+        for name in ("prefix_cache", "batch_k"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.algorithm == "slem" and self.draft_context != "retokenize":
             raise ConfigError("algorithm='slem' needs draft_context='retokenize' (the draft writes its own "
                               "tokens, so it must read its own tokenization)")

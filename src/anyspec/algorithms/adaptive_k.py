@@ -114,3 +114,73 @@ class AdaptiveK:
 
 def _mix(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+def batch_k(k_max: int, acceptance: float, n: int, target_seconds, draft_seconds) -> int:
+    """The k for n generations that draft and verify together: the one that commits the most tokens
+    per second, ``n * E(k) / (k * draft_seconds(n) + target_seconds(n * (k + 1)))``, where the costs
+    are of one pass over that many rows. On a CPU a pass of many rows costs compute as well as the
+    one read of the weights, so the more generations share a pass, the fewer draft tokens pay."""
+    best_k, best_rate = 0, 0.0
+    for k in range(k_max + 1):
+        rate = n * expected_tokens(acceptance, k) / (k * draft_seconds(n) + target_seconds(n * (k + 1)))
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
+
+
+class PassCosts:
+    """Seconds of one pass by the rows it computed: a decayed mean per row count, linear in between
+    and beyond the measured counts."""
+
+    def __init__(self):
+        self.mean: dict[int, float] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        self.mean[rows] = _mix(self.mean.get(rows), seconds)
+
+    def known(self) -> bool:
+        return len(self.mean) >= 2
+
+    def __call__(self, rows: int) -> float:
+        if rows in self.mean:
+            return self.mean[rows]
+        known = sorted(self.mean)
+        lo = [m for m in known if m < rows][-2:]
+        hi = [m for m in known if m > rows][:2]
+        a, b = (lo[-1], hi[0]) if lo and hi else tuple(lo or hi)
+        slope = max(0.0, (self.mean[b] - self.mean[a]) / (b - a))
+        return max(1e-6, self.mean[a] + slope * (rows - a))
+
+
+@dataclass
+class BatchSchedule:
+    """AdaptiveK's interface, shared by the generations of one batch: ``choose`` gives ``batch_k``
+    for the generations now in the batch, from the batch's measured pass costs and the acceptance
+    of all of them. One generation alone keeps ``k_max`` (and the draft's own confidence stop),
+    which also keeps the acceptance estimate current whenever the batch runs at k = 0."""
+
+    k_max: int
+    size: object  # () -> generations in the batch now
+    target: PassCosts
+    draft: PassCosts
+    accepted: float = 1.0
+    rejected: float = 1.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def choose(self) -> int:
+        n = self.size()
+        if n < 2 or not (self.target.known() and self.draft.known()):
+            return self.k_max
+        return batch_k(self.k_max, self.acceptance, n, self.target, self.draft)
+
+    def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
+               proposed: int | None = None) -> None:
+        proposed = k if proposed is None else proposed
+        if proposed:
+            decay = DECAY ** (1 / max(1, self.size()))  # a batch of n reports n rounds per pass
+            self.accepted = decay * self.accepted + accepted
+            self.rejected = decay * self.rejected + (1 if accepted < proposed else 0)

@@ -14,11 +14,13 @@ distribution with the request's own generator.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator, Iterator
 from typing import NamedTuple
 
 import torch
 
+from anyspec.algorithms.adaptive_k import BatchSchedule, PassCosts
 from anyspec.backends.stack import Sequence
 
 
@@ -62,20 +64,33 @@ class Batch:
         self.on_text, self.on_done, self.on_error = on_text, on_done, on_error
         self.drafts = [d for d in drafts if d is not None]
         self.waiting: dict[object, tuple[Steps, Forward]] = {}  # key -> (generation, its next forward)
+        self.members: set = set()
+        self.costs: dict[int, PassCosts] = {}  # id(model) -> its passes' measured seconds
+        self.schedules: dict[tuple, BatchSchedule] = {}
 
     def __len__(self) -> int:
-        return len(self.waiting)
+        return len(self.members)
 
     def __contains__(self, key) -> bool:
-        return key in self.waiting
+        return key in self.members
+
+    def schedule(self, k_max: int, target, draft) -> BatchSchedule:
+        """How many tokens the generations of this batch draft each round (``adaptive_k.batch_k``)."""
+        key = (id(target), id(draft), k_max)
+        if key not in self.schedules:
+            costs = [self.costs.setdefault(id(m), PassCosts()) for m in (target, draft)]
+            self.schedules[key] = BatchSchedule(k_max, self.__len__, *costs)
+        return self.schedules[key]
 
     def add(self, key, steps: Steps) -> None:
         """Start a generation; it runs up to its first forward now."""
+        self.members.add(key)
         self._advance(key, steps, None)
 
     def remove(self, key) -> None:
         """Stop a generation (a cancelled or timed-out request); its sequences are free after this."""
         steps, _ = self.waiting.pop(key)
+        self.members.discard(key)
         steps.close()
 
     def next_model(self) -> object | None:
@@ -91,13 +106,16 @@ class Batch:
             return 0
         keys = [key for key, (_, f) in self.waiting.items() if model_of(f.seq) is model]
         forwards = [self.waiting[key][1] for key in keys]
+        rows = sum(len(f.ids) for f in forwards)
+        t0 = time.perf_counter()
         if all(isinstance(f.seq, Sequence) for f in forwards):
             logits = model.forward([(f.seq, f.ids, f.last) for f in forwards])
         else:  # a model with one cache: its forwards one by one
             logits = [f.seq.extend(f.ids, f.last) for f in forwards]
+        self.costs.setdefault(id(model), PassCosts()).record(rows, time.perf_counter() - t0)
         for key, reply in zip(keys, logits, strict=True):
             self._advance(key, self.waiting[key][0], reply)
-        return sum(len(f.ids) for f in forwards)
+        return rows
 
     def _advance(self, key, steps: Steps, reply) -> None:
         self.waiting.pop(key, None)
@@ -110,6 +128,8 @@ class Batch:
                 reply = None
                 self.on_text(key, step)
         except StopIteration as done:
+            self.members.discard(key)
             self.on_done(key, done.value)
         except Exception as exc:  # reported for this generation; the others go on
+            self.members.discard(key)
             self.on_error(key, exc)

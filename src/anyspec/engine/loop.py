@@ -109,9 +109,14 @@ class Engine:
         """Yield committed text; the generator's return value is the ``GenerationResult``."""
         return alone(speculative_generate(self, prompt, params or SamplingParams()))
 
-    def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft) -> Steps:
-        """The generation on the given sequences of the target and the draft, for a ``Batch``."""
-        return speculative_generate(self, prompt, params, target, draft)
+    def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft,
+              batch: Batch | None = None) -> Steps:
+        """The generation on the given sequences of the target and the draft, for ``batch``: its k
+        per round follows the batch (``adaptive_k.batch_k``) unless ``batch_k`` is off."""
+        schedule = None
+        if batch is not None and self.draft is not None and self.config.batch_k:
+            schedule = batch.schedule(self.config.num_speculative_tokens, self.target, self.draft)
+        return speculative_generate(self, prompt, params, target, draft, schedule)
 
     def new_slot(self) -> tuple:
         """A sequence of the target and one of the draft (None without a draft), each with its own
@@ -137,7 +142,7 @@ class Engine:
                 if not free:
                     slots.append(slot)
                 owner[i] = slot
-                batch.add(i, self.steps(prompt, params, *slot))
+                batch.add(i, self.steps(prompt, params, *slot, batch=batch))
             for i in [i for i in owner if i not in batch]:
                 del owner[i]
             if errors:
@@ -149,8 +154,9 @@ class Engine:
 
 
 def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams,
-                         target=None, draft=None) -> Steps:
-    """``target`` and ``draft``: the sequences it runs on (the engine's models by default)."""
+                         target=None, draft=None, schedule=None) -> Steps:
+    """``target`` and ``draft``: the sequences it runs on (the engine's models by default);
+    ``schedule``: what chooses k each round (``AdaptiveK``'s interface; default: the config's)."""
     target = target if target is not None else engine.target
     draft = draft if draft is not None else engine.draft
     proposer = engine.proposer_for(params)
@@ -159,7 +165,10 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     if params.seed is None:
         generator.seed()
     stats = Stats(algorithm=proposer.algorithm if proposer else "none", accepted_hist=[0] * (k + 1))
-    schedule = AdaptiveK(k) if proposer is not None and engine.config.adaptive_k else None
+    if proposer is None:
+        schedule = None
+    elif schedule is None and engine.config.adaptive_k:
+        schedule = AdaptiveK(k)
     t_start = time.perf_counter()
     pending, ctx = yield from prefill(engine, target, draft, prompt, params, stats)
     output = Output(engine.target_bytes, engine.eos_ids, params)
