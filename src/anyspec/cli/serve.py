@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 from anyspec.cli.options import add_engine_options, add_model_options, pair_plan, speculative_config
@@ -74,6 +76,10 @@ def check_args(args):
 
 
 def run(args) -> int:
+    """The models' worker runs in this (the main) thread and the HTTP server in another. The kernels'
+    OpenMP threads belong to the thread that starts them: a second thread starting them too would
+    leave more OpenMP threads than cores, and then every barrier of a forward sleeps instead of
+    spinning (a forward runs hundreds of them)."""
     import uvicorn
 
     from anyspec.engine import Engine
@@ -81,8 +87,19 @@ def run(args) -> int:
     from anyspec.server.app import create_app
 
     settings, config, plan = check_args(args)
+    settings.worker_thread = False
     pair = load_pair(plan, names=(args.target, args.draft))
     app = create_app(Engine(pair.target, pair.draft, config), settings)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                           timeout_graceful_shutdown=5))
+    http = threading.Thread(target=server.run, name="anyspec-http", daemon=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn handles signals only in the main thread
+        signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+    http.start()
     print(f"anyspec serve: '{settings.model_name}' on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
+    try:
+        app.state.scheduler.run(http.is_alive)  # until the server shuts down (its lifespan stops it)
+    finally:
+        server.should_exit = True
+        http.join(timeout=30)
     return 0

@@ -59,6 +59,7 @@ class Settings:
     max_body_bytes: int = 1_000_000
     default_max_tokens: int = 256
     max_batch: int = 4
+    worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
 
 
 async def next_event(job: Job, request, deadline: float | None = None):
@@ -103,7 +104,8 @@ def count_requests(app, metrics: Metrics):
 
 
 def create_app(engine: Engine, settings: Settings):
-    """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan."""
+    """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan
+    (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST
@@ -119,7 +121,8 @@ def create_app(engine: Engine, settings: Settings):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        scheduler.start()
+        if settings.worker_thread:
+            scheduler.start()
         yield
         scheduler.stop()
 

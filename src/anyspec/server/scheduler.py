@@ -87,13 +87,14 @@ class Scheduler:
         self.batch = Batch(self._on_text, self._on_done, self._on_error, drafts=(engine.draft,))
         self.cond = threading.Condition()
         self.stopping = False
-        self.thread = threading.Thread(target=self._loop, name="anyspec-worker", daemon=True)
+        self.thread = threading.Thread(target=self.run, name="anyspec-worker", daemon=True)
 
     @property
     def depth(self) -> int:
         return len(self.pending)
 
     def start(self) -> None:
+        """Run the worker in a thread of its own (else the caller runs ``run`` itself)."""
         self.thread.start()
 
     def stop(self) -> None:
@@ -102,7 +103,8 @@ class Scheduler:
             for job in [*self.pending, *self.running]:
                 job.cancelled.set()
             self.cond.notify_all()
-        self.thread.join(timeout=30)
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
 
     def submit(self, job: Job) -> None:
         with self.cond:
@@ -126,12 +128,13 @@ class Scheduler:
         engine = self.engines[True]
         return engine.new_slot() if self.batched else (engine.target, engine.draft)
 
-    def _loop(self) -> None:
+    def run(self, alive=lambda: True) -> None:
+        """The worker: admit, retire and step the batch until ``stop`` (or until ``alive()`` is false)."""
         while True:
             with self.cond:
-                while not self.pending and not self.running and not self.stopping:
-                    self.cond.wait()
-                if self.stopping:
+                while not self.pending and not self.running and not self.stopping and alive():
+                    self.cond.wait(timeout=0.5)
+                if self.stopping or not alive():
                     return
                 joining = []
                 while self.pending and len(self.running) + len(joining) < self.max_batch:
