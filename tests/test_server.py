@@ -144,7 +144,17 @@ def test_metrics(server, client):
     assert metric(after.text, "anyspec_mean_accepted_length") >= 0
     assert metric(after.text, "anyspec_tokens_per_second") > 0
     assert metric(after.text, "anyspec_queue_depth") == 0
-    for name in ("anyspec_requests_total", "anyspec_acceptance_rate", "anyspec_queue_depth"):
+    assert metric(after.text, "anyspec_model_passes_total") > metric(before, "anyspec_model_passes_total")
+    assert metric(after.text, "anyspec_mean_batch_size") >= 1
+    assert metric(after.text, "anyspec_request_acceptance_rate_count") >= 1
+    assert 0 <= metric(after.text, "anyspec_request_acceptance_rate_sum") <= metric(
+        after.text, "anyspec_request_acceptance_rate_count")
+    buckets = [metric(after.text, f'anyspec_request_acceptance_rate_bucket{{le="{b}"}}')
+               for b in ("0.1", "0.5", "1", "+Inf")]
+    count = metric(after.text, "anyspec_request_acceptance_rate_count")
+    assert buckets == sorted(buckets) and buckets[-1] == count
+    for name in ("anyspec_requests_total", "anyspec_acceptance_rate", "anyspec_queue_depth",
+                 "anyspec_request_acceptance_rate", "anyspec_batch_size"):
         assert f"# TYPE {name} " in after.text
 
 

@@ -89,9 +89,10 @@ class Batch:
 
     def remove(self, key) -> None:
         """Stop a generation (a cancelled or timed-out request); its sequences are free after this."""
-        steps, _ = self.waiting.pop(key)
+        entry = self.waiting.pop(key, None)
         self.members.discard(key)
-        steps.close()
+        if entry is not None:
+            entry[0].close()
 
     def next_model(self) -> object | None:
         """The model the next step runs: a draft while any generation waits on one, else a target."""

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from anyspec.config import SamplingParams
 from anyspec.engine import Engine, Stats
 from anyspec.engine.batch import Batch
+from anyspec.engine.context import common_prefix
+from anyspec.engine.prompt import encode_prompt
 from anyspec.server.metrics import Metrics
 
 
@@ -121,9 +123,13 @@ class Scheduler:
                 self.metrics.add_generation("cancelled", 0, 0.0, None)
             self.cond.notify()
 
-    def _slot(self) -> tuple:
+    def _slot(self, job: Job) -> tuple:
+        """A free slot, the one whose target cache shares the longest prefix with the job's prompt
+        (its KV is kept with the prefix cache); else a new one."""
         if self.free:
-            return self.free.pop()
+            ids = encode_prompt(self.engines[True].target.tokenizer, job.prompt)[0]
+            best = max(range(len(self.free)), key=lambda i: common_prefix(self.free[i][0].cached_ids, ids))
+            return self.free.pop(best)
         self.slots += 1
         engine = self.engines[True]
         return engine.new_slot() if self.batched else (engine.target, engine.draft)
@@ -140,7 +146,10 @@ class Scheduler:
                 while self.pending and len(self.running) + len(joining) < self.max_batch:
                     joining.append(self.pending.popleft())
             for job in joining:
-                self._start(job)
+                try:
+                    self._start(job)
+                except Exception as exc:  # reported to the request; the worker keeps serving
+                    self._on_error(job, exc)
             self._retire_cancelled()
             try:
                 self.metrics.add_pass(len(self.batch), self.batch.step())
@@ -151,7 +160,7 @@ class Scheduler:
 
     def _start(self, job: Job) -> None:
         engine = self.engines[job.speculative]
-        slot = self._slot()
+        slot = self._slot(job)
         self.running[job] = Running(engine, slot)
         job.emit("start")
         draft = slot[1] if engine.draft is not None else None
