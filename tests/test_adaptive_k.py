@@ -134,3 +134,52 @@ def test_engine_with_a_confidence_stop_is_still_lossless_and_drafts_less(tok_qwe
             drafted[threshold] += result.stats.drafted
     # a random draft is never that sure of itself: every round stops after its first token
     assert drafted[0.999] < drafted[0.0]
+
+
+def costs_of(points):
+    from anyspec.algorithms.adaptive_k import PassCosts
+
+    costs = PassCosts()
+    for rows, seconds in points:
+        costs.record(rows, seconds)
+    return costs
+
+
+# A 2-core CPU's shape: a pass costs one read of the weights until about 6 rows, then compute per row.
+TARGET = [(1, 0.035), (4, 0.036), (6, 0.038), (8, 0.047), (16, 0.092), (24, 0.139)]
+DRAFT = [(1, 0.0045), (4, 0.0055), (8, 0.0075)]
+
+
+def test_pass_costs_interpolate_and_extend_linearly():
+    costs = costs_of(TARGET)
+    assert costs(4) == 0.036
+    assert abs(costs(12) - (0.047 + 0.092) / 2) < 1e-12
+    assert abs(costs(32) - (0.139 + 8 * (0.139 - 0.092) / 8)) < 1e-12
+    assert not costs_of([(3, 0.1)]).known() and costs_of(TARGET).known()
+
+
+def test_round_seconds_counts_each_draft_pass_and_one_verify():
+    from anyspec.algorithms.adaptive_k import round_seconds
+
+    target, draft = costs_of(TARGET), costs_of(DRAFT)
+    assert round_seconds([0, 0, 0, 0], target, draft) == target(4)
+    # passes of 2, 2 and 1 drafting generations, then 3 + 3 + 4 + 1 rows
+    assert abs(round_seconds([2, 3, 0, 2], target, draft) - (2 * draft(3) + draft(1) + target(11))) < 1e-12
+
+
+def test_batch_draft_tokens_go_where_they_are_accepted_and_pay():
+    from anyspec.algorithms.adaptive_k import batch_ks, expected_tokens, round_seconds
+
+    target, draft = costs_of(TARGET), costs_of(DRAFT)
+    ks = batch_ks(5, [0.85, 0.85, 0.4, 0.4], target, draft)
+    assert ks[0] == ks[1] >= 1 and ks[2] == ks[3] == 0, ks
+    assert batch_ks(5, [0.5] * 8, target, draft) == [0] * 8  # eight rows already cost compute
+    assert batch_ks(5, [0.8], target, draft)[0] >= 3  # alone, rows up to the knee are almost free
+
+    def rate(acc, ks):
+        tokens = sum(expected_tokens(a, k) for a, k in zip(acc, ks, strict=True))
+        return tokens / round_seconds(ks, target, draft)
+
+    for acc in ([0.9, 0.6, 0.3], [0.7] * 4, [0.95, 0.95]):
+        best = rate(acc, batch_ks(5, acc, target, draft))
+        assert all(best >= rate(acc, [k] * len(acc)) - 1e-12 for k in range(6))

@@ -45,7 +45,7 @@ class SpeculativeConfig:
     #                                             less probability (0 = off)
     prefix_cache: bool = True  # start from the KV cache of the prompt prefix a request shares with
     #                            the one before (row-invariant models only: reuse_prefix)
-    batch_k: bool = True  # several generations in a batch: k per round from the batch's pass costs
+    batch_k: bool = True  # in a batch: each generation's k per round from pass costs and its acceptance
 
     def __post_init__(self):
         if self.method not in METHODS:

@@ -108,25 +108,51 @@ class AdaptiveK:
         self.idle_rounds = 0
         if draft_seconds is not None:
             self.draft_cost = _mix(self.draft_cost, draft_seconds / k)
-        self.accepted = DECAY * self.accepted + accepted
-        self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+        count_round(self, accepted, proposed)
+
+
+def count_round(schedule, accepted: int, proposed: int) -> None:
+    """A round's draft tokens into a schedule's decayed counts: ``accepted`` accepted tokens, and one
+    rejection unless all ``proposed`` were accepted (a's estimate: accepted / (accepted + rejected))."""
+    schedule.accepted = DECAY * schedule.accepted + accepted
+    schedule.rejected = DECAY * schedule.rejected + (1 if accepted < proposed else 0)
 
 
 def _mix(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
-def batch_k(k_max: int, acceptance: float, n: int, target_seconds, draft_seconds) -> int:
-    """The k for n generations that draft and verify together: the one that commits the most tokens
-    per second, ``n * E(k) / (k * draft_seconds(n) + target_seconds(n * (k + 1)))``, where the costs
-    are of one pass over that many rows. On a CPU a pass of many rows costs compute as well as the
-    one read of the weights, so the more generations share a pass, the fewer draft tokens pay."""
-    best_k, best_rate = 0, 0.0
-    for k in range(k_max + 1):
-        rate = n * expected_tokens(acceptance, k) / (k * draft_seconds(n) + target_seconds(n * (k + 1)))
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    return best_k
+def round_seconds(ks: list[int], target_seconds, draft_seconds) -> float:
+    """A round of a batch in which generation i drafts ks[i] tokens: draft pass p carries the
+    generations that draft more than p tokens, then one target pass verifies every k_i + 1 rows."""
+    drafts = sum(draft_seconds(sum(k > p for k in ks)) for p in range(max(ks, default=0)))
+    return drafts + target_seconds(sum(k + 1 for k in ks))
+
+
+def batch_ks(k_max: int, acceptances: list[float], target_seconds, draft_seconds) -> list[int]:
+    """How many tokens each generation of a batch drafts this round, given each one's acceptance:
+    the allocation with the most expected tokens per second, grown one draft token at a time where
+    it adds most, and checked against every k shared by all.
+
+    On a CPU a pass costs the one read of the weights until its rows' compute exceeds it; past that,
+    each row costs compute. So a few draft tokens ride almost free, and they pay most where the
+    draft is accepted most; with many generations in the pass, none may pay."""
+    def rate(ks):
+        tokens = sum(expected_tokens(a, k) for a, k in zip(acceptances, ks, strict=True))
+        return tokens / round_seconds(ks, target_seconds, draft_seconds)
+
+    n = len(acceptances)
+    ks, best = [0] * n, rate([0] * n)
+    while True:
+        trials = [(rate(ks[:i] + [ks[i] + 1] + ks[i + 1:]), i) for i in range(n) if ks[i] < k_max]
+        if not trials or max(trials)[0] <= best:
+            break
+        best, i = max(trials)
+        ks[i] += 1
+    for k in range(1, k_max + 1):
+        if rate([k] * n) > best:
+            ks, best = [k] * n, rate([k] * n)
+    return ks
 
 
 class PassCosts:
@@ -155,32 +181,38 @@ class PassCosts:
 
 @dataclass
 class BatchSchedule:
-    """AdaptiveK's interface, shared by the generations of one batch: ``choose`` gives ``batch_k``
-    for the generations now in the batch, from the batch's measured pass costs and the acceptance
-    of all of them. One generation alone keeps ``k_max`` (and the draft's own confidence stop),
-    which also keeps the acceptance estimate current whenever the batch runs at k = 0."""
+    """AdaptiveK's interface for one generation of a batch: ``choose`` gives its share of
+    ``batch_ks`` for the generations now in the batch, from the batch's measured pass costs and each
+    one's own acceptance. A generation alone keeps ``k_max`` (and the draft's confidence stop). One
+    left at k = 0 drafts one token every ``explore_every`` rounds, so that its acceptance stays
+    current."""
 
     k_max: int
-    size: object  # () -> generations in the batch now
+    peers: object  # () -> the schedules of the generations in the batch now, this one among them
     target: PassCosts
     draft: PassCosts
     accepted: float = 1.0
     rejected: float = 1.0
+    explore_every: int = 8
+    idle_rounds: int = 0
 
     @property
     def acceptance(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
     def choose(self) -> int:
-        n = self.size()
-        if n < 2 or not (self.target.known() and self.draft.known()):
+        peers = self.peers()
+        if len(peers) < 2 or self not in peers or not (self.target.known() and self.draft.known()):
             return self.k_max
-        return batch_k(self.k_max, self.acceptance, n, self.target, self.draft)
+        k = batch_ks(self.k_max, [p.acceptance for p in peers], self.target, self.draft)[peers.index(self)]
+        self.idle_rounds = self.idle_rounds + 1 if k == 0 else 0
+        if self.idle_rounds >= self.explore_every:
+            self.idle_rounds = 0
+            return 1
+        return k
 
     def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
                proposed: int | None = None) -> None:
         proposed = k if proposed is None else proposed
         if proposed:
-            decay = DECAY ** (1 / max(1, self.size()))  # a batch of n reports n rounds per pass
-            self.accepted = decay * self.accepted + accepted
-            self.rejected = decay * self.rejected + (1 if accepted < proposed else 0)
+            count_round(self, accepted, proposed)

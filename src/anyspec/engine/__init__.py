@@ -1,6 +1,7 @@
-"""The engine, in reading order: ``loop.py`` (propose → verify → accept → commit), ``proposers.py``
-(TLI and SLEM), ``bridge.py`` (ids and bytes across the two vocabularies), ``context.py`` (what the
-draft reads), ``output.py`` (UTF-8 streaming and stop strings) and ``prompt.py`` (prompt → ids).
+"""The engine, in reading order: ``loop.py`` (propose → verify → accept → commit), ``batch.py``
+(many generations' forwards in one pass), ``proposers.py`` (TLI and SLEM), ``bridge.py`` (ids and
+bytes across the two vocabularies), ``context.py`` (what the draft reads), ``output.py`` (UTF-8
+streaming and stop strings) and ``prompt.py`` (prompt → ids).
 """
 
 from anyspec.config import SamplingParams, SpeculativeConfig

@@ -66,7 +66,7 @@ class Batch:
         self.waiting: dict[object, tuple[Steps, Forward]] = {}  # key -> (generation, its next forward)
         self.members: set = set()
         self.costs: dict[int, PassCosts] = {}  # id(model) -> its passes' measured seconds
-        self.schedules: dict[tuple, BatchSchedule] = {}
+        self.schedules: dict[object, BatchSchedule] = {}  # key -> how many tokens it drafts a round
 
     def __len__(self) -> int:
         return len(self.members)
@@ -74,13 +74,18 @@ class Batch:
     def __contains__(self, key) -> bool:
         return key in self.members
 
-    def schedule(self, k_max: int, target, draft) -> BatchSchedule:
-        """How many tokens the generations of this batch draft each round (``adaptive_k.batch_k``)."""
-        key = (id(target), id(draft), k_max)
-        if key not in self.schedules:
-            costs = [self.costs.setdefault(id(m), PassCosts()) for m in (target, draft)]
-            self.schedules[key] = BatchSchedule(k_max, self.__len__, *costs)
-        return self.schedules[key]
+    def schedule(self, key, k_max: int, target, draft) -> BatchSchedule:
+        """How many tokens generation ``key`` drafts each round (``adaptive_k.batch_ks``); it starts
+        from the mean acceptance of the generations already here."""
+        peers = self._peers()
+        mean = sum(p.acceptance for p in peers) / len(peers) if peers else 0.5
+        costs = [self.costs.setdefault(id(m), PassCosts()) for m in (target, draft)]
+        schedule = BatchSchedule(k_max, self._peers, *costs, accepted=2 * mean, rejected=2 * (1 - mean))
+        self.schedules[key] = schedule
+        return schedule
+
+    def _peers(self) -> list[BatchSchedule]:
+        return [self.schedules[k] for k in self.members if k in self.schedules]
 
     def add(self, key, steps: Steps) -> None:
         """Start a generation; it runs up to its first forward now."""
@@ -90,7 +95,7 @@ class Batch:
     def remove(self, key) -> None:
         """Stop a generation (a cancelled or timed-out request); its sequences are free after this."""
         entry = self.waiting.pop(key, None)
-        self.members.discard(key)
+        self._leave(key)
         if entry is not None:
             entry[0].close()
 
@@ -129,8 +134,12 @@ class Batch:
                 reply = None
                 self.on_text(key, step)
         except StopIteration as done:
-            self.members.discard(key)
+            self._leave(key)
             self.on_done(key, done.value)
         except Exception as exc:  # reported for this generation; the others go on
-            self.members.discard(key)
+            self._leave(key)
             self.on_error(key, exc)
+
+    def _leave(self, key) -> None:
+        self.members.discard(key)
+        self.schedules.pop(key, None)

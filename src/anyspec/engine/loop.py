@@ -110,12 +110,13 @@ class Engine:
         return alone(speculative_generate(self, prompt, params or SamplingParams()))
 
     def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft,
-              batch: Batch | None = None) -> Steps:
-        """The generation on the given sequences of the target and the draft, for ``batch``: its k
-        per round follows the batch (``adaptive_k.batch_k``) unless ``batch_k`` is off."""
+              batch: Batch | None = None, key=None) -> Steps:
+        """The generation on the given sequences of the target and the draft, to run in ``batch``
+        under ``key``: its k per round follows the batch (``adaptive_k.batch_ks``) unless
+        ``batch_k`` is off."""
         schedule = None
         if batch is not None and self.draft is not None and self.config.batch_k:
-            schedule = batch.schedule(self.config.num_speculative_tokens, self.target, self.draft)
+            schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft)
         return speculative_generate(self, prompt, params, target, draft, schedule)
 
     def new_slot(self) -> tuple:
@@ -142,7 +143,7 @@ class Engine:
                 if not free:
                     slots.append(slot)
                 owner[i] = slot
-                batch.add(i, self.steps(prompt, params, *slot, batch=batch))
+                batch.add(i, self.steps(prompt, params, *slot, batch=batch, key=i))
             for i in [i for i in owner if i not in batch]:
                 del owner[i]
             if errors:

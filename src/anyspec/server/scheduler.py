@@ -164,7 +164,7 @@ class Scheduler:
         self.running[job] = Running(engine, slot)
         job.emit("start")
         draft = slot[1] if engine.draft is not None else None
-        self.batch.add(job, engine.steps(job.prompt, job.params, slot[0], draft, self.batch))
+        self.batch.add(job, engine.steps(job.prompt, job.params, slot[0], draft, self.batch, job))
 
     def _finish(self, job: Job) -> Running:
         run = self.running.pop(job)
