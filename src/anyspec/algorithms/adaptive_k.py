@@ -78,8 +78,9 @@ class AdaptiveK:
         nearest = lo if lo is not None else hi
         return self.verify_cost[nearest]  # flat beyond what was measured: optimistic, so it gets tried
 
-    def choose(self) -> int:
-        """k for the next round."""
+    def choose(self, behind: int = 1) -> int:
+        """k for the next round (``behind``: what the draft has yet to read; its measured cost per
+        forward already holds the usual catch-up)."""
         if self.draft_cost is None or self.k_max + 1 not in self.verify_cost:
             return self.k_max  # measure a full round first,
         single = self.verify_cost.get(1)
@@ -122,24 +123,29 @@ def _mix(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
-def round_seconds(ks: list[int], target_seconds, draft_seconds) -> float:
+def round_seconds(ks: list[int], target_seconds, draft_seconds, behind: list[int] | None = None) -> float:
     """A round of a batch in which generation i drafts ks[i] tokens: draft pass p carries the
-    generations that draft more than p tokens, then one target pass verifies every k_i + 1 rows."""
-    drafts = sum(draft_seconds(sum(k > p for k in ks)) for p in range(max(ks, default=0)))
+    generations that draft more than p tokens, the first one also the ``behind[i]`` tokens each
+    draft has yet to read; then one target pass verifies every k_i + 1 rows."""
+    behind = behind or [1] * len(ks)
+    first = sum(max(1, b) for k, b in zip(ks, behind, strict=True) if k)
+    passes = range(max(ks, default=0))
+    drafts = sum(draft_seconds(first if p == 0 else sum(k > p for k in ks)) for p in passes)
     return drafts + target_seconds(sum(k + 1 for k in ks))
 
 
-def batch_ks(k_max: int, acceptances: list[float], target_seconds, draft_seconds) -> list[int]:
-    """How many tokens each generation of a batch drafts this round, given each one's acceptance:
-    the allocation with the most expected tokens per second, grown one draft token at a time where
-    it adds most, and checked against every k shared by all.
+def batch_ks(k_max: int, acceptances: list[float], target_seconds, draft_seconds,
+             behind: list[int] | None = None) -> list[int]:
+    """How many tokens each generation of a batch drafts this round, given each one's acceptance
+    (and how far its draft is behind): the allocation with the most expected tokens per second,
+    grown one draft token at a time where it adds most, and checked against every k shared by all.
 
     On a CPU a pass costs the one read of the weights until its rows' compute exceeds it; past that,
     each row costs compute. So a few draft tokens ride almost free, and they pay most where the
     draft is accepted most; with many generations in the pass, none may pay."""
     def rate(ks):
         tokens = sum(expected_tokens(a, k) for a, k in zip(acceptances, ks, strict=True))
-        return tokens / round_seconds(ks, target_seconds, draft_seconds)
+        return tokens / round_seconds(ks, target_seconds, draft_seconds, behind)
 
     n = len(acceptances)
     ks, best = [0] * n, rate([0] * n)
@@ -195,16 +201,20 @@ class BatchSchedule:
     rejected: float = 1.0
     explore_every: int = 8
     idle_rounds: int = 0
+    behind: int = 1  # tokens its draft has yet to read (as of its last choose)
 
     @property
     def acceptance(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def choose(self) -> int:
+    def choose(self, behind: int = 1) -> int:
+        self.behind = behind
         peers = self.peers()
         if len(peers) < 2 or self not in peers or not (self.target.known() and self.draft.known()):
             return self.k_max
-        k = batch_ks(self.k_max, [p.acceptance for p in peers], self.target, self.draft)[peers.index(self)]
+        ks = batch_ks(self.k_max, [p.acceptance for p in peers], self.target, self.draft,
+                      [p.behind for p in peers])
+        k = ks[peers.index(self)]
         self.idle_rounds = self.idle_rounds + 1 if k == 0 else 0
         if self.idle_rounds >= self.explore_every:
             self.idle_rounds = 0

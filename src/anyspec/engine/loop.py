@@ -146,11 +146,12 @@ class Engine:
                 batch.add(i, self.steps(prompt, params, *slot, batch=batch, key=i))
             for i in [i for i in owner if i not in batch]:
                 del owner[i]
+            if not errors:
+                batch.step()
             if errors:
                 for i in list(owner):
                     batch.remove(i)
                 raise next(iter(errors.values()))
-            batch.step()
         return [results[i] for i in range(len(requests))]
 
 
@@ -176,7 +177,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
     while output.finish is None:
         stats.rounds += 1
-        k_round = min(schedule.choose() if schedule else k, params.max_new_tokens - len(output.ids) - 1)
+        behind = len(ctx.ids) - common_prefix(draft.cached_ids, ctx.ids) if schedule else 0
+        k_round = min(schedule.choose(behind) if schedule else k, params.max_new_tokens - len(output.ids) - 1)
 
         # 1. Propose up to k_round target tokens (possibly none).
         t0 = time.perf_counter()
