@@ -31,6 +31,7 @@ import torch
 from anyspec.algorithms.tli import constrain
 
 DECAY = 0.9  # per round: older rounds count less (acceptance drifts with the text)
+OPTIMISTIC = 0.9  # the acceptance a generation of a batch is given when it considers exploring
 
 
 def confidence(draft_logits: torch.Tensor, token: int, q: torch.Tensor | None = None,
@@ -191,7 +192,7 @@ class BatchSchedule:
     ``batch_ks`` for the generations now in the batch, from the batch's measured pass costs and each
     one's own acceptance. A generation alone keeps ``k_max`` (and the draft's confidence stop). One
     left at k = 0 drafts one token every ``explore_every`` rounds, so that its acceptance stays
-    current."""
+    current, unless even an acceptance of ``OPTIMISTIC`` would get it no draft tokens in this batch."""
 
     k_max: int
     peers: object  # () -> the schedules of the generations in the batch now, this one among them
@@ -212,13 +213,15 @@ class BatchSchedule:
         peers = self.peers()
         if len(peers) < 2 or self not in peers or not (self.target.known() and self.draft.known()):
             return self.k_max
-        ks = batch_ks(self.k_max, [p.acceptance for p in peers], self.target, self.draft,
-                      [p.behind for p in peers])
-        k = ks[peers.index(self)]
+        me, acceptances = peers.index(self), [p.acceptance for p in peers]
+        behind = [p.behind for p in peers]
+        k = batch_ks(self.k_max, acceptances, self.target, self.draft, behind)[me]
         self.idle_rounds = self.idle_rounds + 1 if k == 0 else 0
         if self.idle_rounds >= self.explore_every:
             self.idle_rounds = 0
-            return 1
+            acceptances[me] = max(acceptances[me], OPTIMISTIC)
+            if batch_ks(self.k_max, acceptances, self.target, self.draft, behind)[me]:
+                return 1  # worth a look only if a draft accepted that often would get tokens here
         return k
 
     def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
