@@ -29,6 +29,7 @@ def free_port() -> int:
     (["--draft", "smollm-135"], "smollm-135 not found"),
     (["--dtype", "int3"], "unknown dtype 'int3'"),
     (["--queue-size", "0"], "--queue-size must be >= 1"),
+    (["--max-batch", "0"], "--max-batch must be >= 1"),
     (["--queue-timeout", "0"], "--queue-timeout must be > 0 seconds"),
     (["--generation-timeout", "-1"], "--generation-timeout must be > 0 seconds"),
     (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),

@@ -90,6 +90,10 @@ def run(args) -> int:
     settings.worker_thread = False
     pair = load_pair(plan, names=(args.target, args.draft))
     app = create_app(Engine(pair.target, pair.draft, config), settings)
+    if app.state.scheduler.max_batch < settings.max_batch:
+        print(f"anyspec serve: these models hold one KV cache each (not GGUF models on anyspec's kernels), "
+              f"so requests run one at a time (--max-batch {settings.max_batch} does not apply)",
+              file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                            timeout_graceful_shutdown=5))
     http = threading.Thread(target=server.run, name="anyspec-http", daemon=True)
