@@ -150,16 +150,11 @@ TARGET = [(1, 0.035), (4, 0.036), (6, 0.038), (8, 0.047), (16, 0.092), (24, 0.13
 DRAFT = [(1, 0.0045), (4, 0.0055), (8, 0.0075)]
 
 
-def test_pass_costs_follow_the_roofline_between_measured_row_counts():
+def test_pass_costs_interpolate_and_extend_linearly():
     costs = costs_of(TARGET)
     assert costs(4) == 0.036
-    assert costs(5) == 0.036  # fewer rows than a measured count cost at most that
-    assert abs(costs(12) - 0.092 * 12 / 16) < 1e-12  # more rows than a measured count: its compute, scaled
-    assert abs(costs(32) - 0.139 * 32 / 24) < 1e-12
-    assert costs_of([(4, 0.036), (8, 0.047)])(2) == 0.036
-    # measured at 4 rows and at a long prompt only: 6 rows still cost the read of the weights
-    sparse = costs_of([(4, 0.036), (180, 1.0)])
-    assert sparse(6) == 0.036 and abs(sparse(90) - 0.5) < 1e-12
+    assert abs(costs(12) - (0.047 + 0.092) / 2) < 1e-12
+    assert abs(costs(32) - (0.139 + 8 * (0.139 - 0.092) / 8)) < 1e-12
     assert not costs_of([(3, 0.1)]).known() and costs_of(TARGET).known()
 
 

@@ -163,9 +163,8 @@ def batch_ks(k_max: int, acceptances: list[float], target_seconds, draft_seconds
 
 
 class PassCosts:
-    """Seconds of one pass by the rows it computed: a decayed mean per row count measured, and in
-    between or beyond them the roofline a CPU pass follows, the larger of the read of the weights
-    (flat: the cost of fewer rows) and the compute (proportional: the cost of more rows, scaled)."""
+    """Seconds of one pass by the rows it computed: a decayed mean per row count, linear in between
+    and beyond the measured counts."""
 
     def __init__(self):
         self.mean: dict[int, float] = {}
@@ -179,14 +178,12 @@ class PassCosts:
     def __call__(self, rows: int) -> float:
         if rows in self.mean:
             return self.mean[rows]
-        below = [m for m in self.mean if m < rows]
-        above = [m for m in self.mean if m > rows]
-        floor = self.mean[max(below)] if below else 0.0
-        if not above:
-            top = max(below)
-            return max(floor, self.mean[top] * rows / top)
-        hi = min(above)
-        return max(floor, self.mean[hi] * rows / hi) if below else self.mean[hi]
+        known = sorted(self.mean)
+        lo = [m for m in known if m < rows][-2:]
+        hi = [m for m in known if m > rows][:2]
+        a, b = (lo[-1], hi[0]) if lo and hi else tuple(lo or hi)
+        slope = max(0.0, (self.mean[b] - self.mean[a]) / (b - a))
+        return max(1e-6, self.mean[a] + slope * (rows - a))
 
 
 @dataclass
