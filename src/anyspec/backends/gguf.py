@@ -163,10 +163,6 @@ class GGUFModel:
         return Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim, self.theta))
 
     @property
-    def cache(self) -> KVCache:
-        return self.own.cache
-
-    @property
     def cached_ids(self) -> list[int]:
         return self.own.cached_ids
 
@@ -197,14 +193,14 @@ class GGUFModel:
         logits of its ids (or of its ``last`` rows), ``[rows, V]``."""
         if len({id(seq) for seq, _, _ in batch}) != len(batch):
             raise ValueError("forward: a sequence appears twice in one batch")
-        positions, owners, ids, picked = [], [], [], []
+        positions, owners, ids, picked, keeps = [], [], [], [], []
         for i, (seq, new, last) in enumerate(batch):
             start, m = seq.num_cached, len(new)
             seq.cache.reserve(start, start + m)
             positions += range(start, start + m)
             owners += [i] * m
-            keep = m if last is None else min(last, m)
-            picked += range(len(ids) + m - keep, len(ids) + m)
+            keeps.append(m if last is None else min(last, m))
+            picked += range(len(ids) + m - keeps[-1], len(ids) + m)
             ids += new
         positions = torch.tensor(positions)
         cos, sin = batch[0][0].cache.rotary(positions)
@@ -218,13 +214,9 @@ class GGUFModel:
         h = self.kernel.rms_norm_rows(x[picked], self.final_norm, self.eps)
         weight, kind, k = self.lm_head
         logits = self.kernel.typed_linear(h, weight, kind, k, None, None)[:, :self.vocab_size]
-        out, at = [], 0
-        for seq, new, last in batch:
-            keep = len(new) if last is None else min(last, len(new))
-            out.append(logits[at:at + keep])
-            at += keep
+        for seq, new, _ in batch:
             seq.cached_ids.extend(new)
-        return out
+        return list(logits.split(keeps))
 
 
 def _matrix(t) -> tuple[torch.Tensor, int, int]:

@@ -30,10 +30,6 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys[0].shape[1]
 
-    @property
-    def nbytes(self) -> int:
-        return 2 * sum(t.numel() * t.element_size() for t in self.keys)
-
     def reserve(self, start: int, end: int) -> None:
         """Room for positions up to ``end``; the first ``start`` are kept."""
         if end > self.capacity:

@@ -119,10 +119,15 @@ class Engine:
             schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft)
         return speculative_generate(self, prompt, params, target, draft, schedule)
 
+    @property
+    def batchable(self) -> bool:
+        """Whether its models hold several KV caches, so that generations can share their passes."""
+        return all(hasattr(m, "new_sequence") for m in (self.target, self.draft) if m is not None)
+
     def new_slot(self) -> tuple:
         """A sequence of the target and one of the draft (None without a draft), each with its own
         KV cache, for one generation of a batch."""
-        if not all(hasattr(m, "new_sequence") for m in (self.target, self.draft) if m is not None):
+        if not self.batchable:
             raise ConfigError("batched generation needs models that hold several KV caches (GGUF models "
                               "on anyspec's kernels); run these requests one at a time")
         return self.target.new_sequence(), self.draft.new_sequence() if self.draft is not None else None

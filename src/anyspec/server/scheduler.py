@@ -69,15 +69,11 @@ class Running:
     pieces: list[str] = field(default_factory=list)
 
 
-def holds_sequences(model) -> bool:
-    return model is None or hasattr(model, "new_sequence")
-
-
 class Scheduler:
     def __init__(self, engine: Engine, target_only: Engine | None, max_queue: int, generation_timeout: float,
                  metrics: Metrics, max_batch: int = 1):
         self.engines = {True: engine, False: target_only or engine}
-        self.batched = holds_sequences(engine.target) and holds_sequences(engine.draft)
+        self.batched = engine.batchable
         self.max_batch = max_batch if self.batched else 1
         self.max_queue = max_queue
         self.generation_timeout = generation_timeout
