@@ -45,6 +45,13 @@ inline void fetch_ahead(const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T1);
 }
 
+// Part i of `parts` of those lines: a large block's fetches spread over its sub-blocks keep a steady
+// number of lines in flight, which lets the memory stream overlap the products of several rows.
+inline void fetch_part(const uint8_t* p, int64_t bytes, int64_t i, int64_t parts) {
+  const int64_t lines = (bytes + 63) / 64, from = lines * i / parts, to = lines * (i + 1) / parts;
+  for (int64_t l = from; l < to; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * l), _MM_HINT_T1);
+}
+
 bool small(int64_t type) { return type == Q4_0_X16 || type == Q4_1_X16 || type == Q8_0_X16; }
 constexpr int64_t QS = 64;  // where a 32-weight group block's weights start
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
@@ -188,10 +195,10 @@ AVX512 void q4k_group512(const uint8_t* group, int64_t nb, const Act& a, int64_t
   for (int r = 0; r < R; ++r) F[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * GB4;
-    fetch_ahead(gb + PREFETCH_BLOCKS * GB4, GB4);
     __m512i I[R];
     for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
+      fetch_part(gb + PREFETCH_BLOCKS * GB4, GB4, j, 8);
       __m512i S[R];
       for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) {
@@ -236,10 +243,10 @@ AVX512 void q6k_group512(const uint8_t* group, int64_t nb, const Act& a, int64_t
   for (int r = 0; r < R; ++r) F[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * GB6;
-    fetch_ahead(gb + PREFETCH_BLOCKS * GB6, GB6);
     __m512i I[R];
     for (int r = 0; r < R; ++r) I[r] = _mm512_setzero_si512();
     for (int s = 0; s < 16; ++s) {
+      fetch_part(gb + PREFETCH_BLOCKS * GB6, GB6, s, 16);
       const __m512i v0 = _mm512_load_si512(gb + QL6 + (2 * s) * 64);
       const __m512i v1 = _mm512_load_si512(gb + QL6 + (2 * s + 1) * 64);
       const __m512i h = _mm512_load_si512(gb + QH6 + s * 64);
@@ -358,6 +365,7 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
   auto load = [&](const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); };
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * gbytes;
+    if (h == 0) fetch_ahead(gb + PREFETCH_BLOCKS * gbytes, gbytes);  // the second half reads them from L2
     __m256i I[R], M[R];
     for (int r = 0; r < R; ++r) I[r] = M[r] = _mm256_setzero_si256();
     if (type == Q4_K_X16) {
@@ -423,6 +431,7 @@ void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
   for (int r = 0; r < R; ++r) F[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * gbytes;
+    if (h == 0) fetch_ahead(gb + 4 * PREFETCH_BLOCKS * gbytes, gbytes);
     __m256i S[R];
     for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
     if (type == Q8_0_X16) {
