@@ -173,53 +173,66 @@ Mat mat(const torch::Tensor& w, const torch::Tensor& scale, const torch::Tensor&
 }
 
 // The activation rows quantized once per product, for the block size each quantized type needs.
+// They are sized before the stack's parallel region (size_for), so that its threads only fill them.
 struct Acts {
   anyspec::Act by32, by256;
   const anyspec::Act& of(int64_t type) const { return anyspec::block_size(type) == 32 ? by32 : by256; }
 };
 
+// Room in acts for M rows of the inputs of product m.
+void size_for(Acts& acts, const Mat& m, int64_t M) {
+  if (!m.N || !anyspec::is_quantized(m.type)) return;
+  anyspec::Act& a = anyspec::block_size(m.type) == 32 ? acts.by32 : acts.by256;
+  anyspec::prepare(a, M, m.K, anyspec::block_size(m.type));
+}
+
 // y[M, sum of N] = x[M, K] . [W_0; W_1; ...]^T: the outputs of `mats` side by side (row stride ldy).
 // Inside the stack's parallel region every thread calls it. Quantized weights first need the
-// activation rows quantized (each row by itself, the rows split across the threads); row-wise
-// weights (bf16, int8, fp32) take x as it is, with no barrier.
+// activation rows quantized (each row by itself, the rows split across the threads), then all their
+// products are one split, so one barrier for the lot; row-wise weights (bf16, int8, fp32) take x as
+// it is, with no barrier before.
 void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts) {
+  constexpr int MOST = 4;
   bool need32 = false, need256 = false;
-  for (int i = 0; i < count; ++i) {
-    need32 |= mats[i].N && anyspec::block_size(mats[i].type) == 32;
-    need256 |= mats[i].N && anyspec::block_size(mats[i].type) == 256;
+  int64_t offset[MOST], groups[MOST], rows[MOST], total = 0;
+  for (int i = 0, at = 0; i < count; at += mats[i].N, ++i) {
+    const Mat& m = mats[i];
+    const bool quantized = m.N && anyspec::is_quantized(m.type);
+    need32 |= quantized && anyspec::block_size(m.type) == 32;
+    need256 |= quantized && anyspec::block_size(m.type) == 256;
+    rows[i] = anyspec::x16_group_bytes(m.type) ? 16 : CHUNK;  // interleaved: whole groups
+    offset[i] = at;
+    groups[i] = quantized ? (m.N + rows[i] - 1) / rows[i] : 0;
+    total += groups[i];
   }
   if (need32 || need256) {  // the same on every thread, so every thread meets the same barriers
-#pragma omp single
-    {
-      if (need32) anyspec::prepare(acts.by32, M, mats[0].K, 32);
-      if (need256) anyspec::prepare(acts.by256, M, mats[0].K, 256);
-    }
     split(M, 1, [&](int64_t r0, int64_t r1) {
       if (need32) anyspec::quantize_rows(x, acts.by32, r0, r1);
       if (need256) anyspec::quantize_rows(x, acts.by256, r0, r1);
     });
   }
-  int64_t offset = 0;
+  if (total) {
+    split(total, 4, [&](int64_t begin, int64_t end) {
+      for (int i = 0, first = 0; i < count; first += groups[i], ++i) {
+        const Mat& m = mats[i];
+        const uint8_t* w = static_cast<const uint8_t*>(m.w);
+        for (int64_t c = std::max<int64_t>(begin, first); c < std::min<int64_t>(end, first + groups[i]); ++c)
+          anyspec::qmatmul_rows(m.type, w, m.K, acts.of(m.type), m.bias, y + offset[i], ldy,
+                                (c - first) * rows[i], std::min(m.N, (c - first + 1) * rows[i]));
+      }
+    });
+  }
   for (int i = 0; i < count; ++i) {
     const Mat& m = mats[i];
-    if (!m.N) continue;
-    float* out = y + offset;
-    if (anyspec::is_quantized(m.type)) {
-      const uint8_t* w = static_cast<const uint8_t*>(m.w);
-      const anyspec::Act& act = acts.of(m.type);
-      const int64_t rows = anyspec::x16_group_bytes(m.type) ? 16 : CHUNK;  // interleaved: whole groups
-      split((m.N + rows - 1) / rows, 4, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c)
-          anyspec::qmatmul_rows(m.type, w, m.K, act, m.bias, out, ldy, c * rows, std::min(m.N, (c + 1) * rows));
-      });
-    } else if (m.type == anyspec::BF16) {
+    if (!m.N || anyspec::is_quantized(m.type)) continue;
+    float* out = y + offset[i];
+    if (m.type == anyspec::BF16) {
       matmul(x, M, static_cast<const uint16_t*>(m.w), m.N, m.K, m.scale, m.bias, out, ldy);
     } else if (m.type == anyspec::I8S) {
       matmul(x, M, static_cast<const int8_t*>(m.w), m.N, m.K, m.scale, m.bias, out, ldy);
     } else {
       matmul(x, M, static_cast<const float*>(m.w), m.N, m.K, m.scale, m.bias, out, ldy);
     }
-    offset += m.N;
   }
 }
 
@@ -430,56 +443,62 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
   const int64_t inter = (mats[4].N + mats[5].N) / 2;  // the same in every layer
   std::vector<float> h(M * H), qkv(M * qkv_size), attn(M * q_size), out(M * H);
   std::vector<float> gate_up(M * 2 * inter), act(M * inter);
-  Acts acts;
+  Acts acts[4];  // the inputs of q, k, v; of o; of gate and up; of down
+  for (int64_t i = 0; i < 7 * L; ++i) size_for(acts[(i % 7 > 2) + (i % 7 > 3) + (i % 7 > 5)], mats[i], M);
   // One parallel region for the whole stack: the products and attention split across its
   // threads (split), the small serial steps run on one thread between barriers.
   in_stack = true;
 #pragma omp parallel
-  for (int64_t l = 0; l < L; ++l) {
-    const Mat* m = &mats[7 * l];
-    std::vector<RowCache> rows(M);
-    for (int64_t r = 0; r < M; ++r) {
-      const torch::Tensor& k = keys[seq[r] * L + l];
-      rows[r] = {k.data_ptr<float>(), values[seq[r] * L + l].data_ptr<float>(), k.size(1), pos[r]};
-    }
+  {
 #pragma omp single
-    rms_norm(xp, M, H, layers[23 * l].data_ptr<float>(), eps, h.data());
-    apply(h.data(), M, m, 3, qkv.data(), qkv_size, acts);
+    rms_norm(xp, M, H, layers[0].data_ptr<float>(), eps, h.data());
+    for (int64_t l = 0; l < L; ++l) {
+      const Mat* m = &mats[7 * l];
+      std::vector<RowCache> rows(M);
+      for (int64_t r = 0; r < M; ++r) {
+        const torch::Tensor& k = keys[seq[r] * L + l];
+        rows[r] = {k.data_ptr<float>(), values[seq[r] * L + l].data_ptr<float>(), k.size(1), pos[r]};
+      }
+      apply(h.data(), M, m, 3, qkv.data(), qkv_size, acts[0]);
 #pragma omp single
-    for (int64_t r = 0; r < M; ++r) {
-      float* row = qkv.data() + r * qkv_size;
-      auto turn = [&](float* v) {
-        if (rope_pairs) rotate_pairs(v, cp + r * D, sp + r * D, D);
-        else rotate(v, cp + r * D, sp + r * D, D);
-      };
-      for (int64_t hd = 0; hd < heads; ++hd) turn(row + hd * D);
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        float* k = row + q_size + g * D;
-        turn(k);
-        const int64_t at = (g * rows[r].cap + pos[r]) * D;
-        std::memcpy(const_cast<float*>(rows[r].k) + at, k, D * sizeof(float));
-        std::memcpy(const_cast<float*>(rows[r].v) + at, row + q_size + kv_size + g * D, D * sizeof(float));
+      for (int64_t r = 0; r < M; ++r) {
+        float* row = qkv.data() + r * qkv_size;
+        auto turn = [&](float* v) {
+          if (rope_pairs) rotate_pairs(v, cp + r * D, sp + r * D, D);
+          else rotate(v, cp + r * D, sp + r * D, D);
+        };
+        for (int64_t hd = 0; hd < heads; ++hd) turn(row + hd * D);
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          float* k = row + q_size + g * D;
+          turn(k);
+          const int64_t at = (g * rows[r].cap + pos[r]) * D;
+          std::memcpy(const_cast<float*>(rows[r].k) + at, k, D * sizeof(float));
+          std::memcpy(const_cast<float*>(rows[r].v) + at, row + q_size + kv_size + g * D, D * sizeof(float));
+        }
+      }
+      attend(qkv.data(), qkv_size, M, heads, kv_heads, D, rows.data(), inv_sqrt, attn.data());
+      apply(attn.data(), M, m + 3, 1, out.data(), H, acts[1]);
+#pragma omp single
+      {
+        for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
+        rms_norm(xp, M, H, layers[23 * l + 1].data_ptr<float>(), eps, h.data());
+      }
+      apply(h.data(), M, m + 4, 2, gate_up.data(), 2 * inter, acts[2]);
+      const int64_t blocks = (inter + 63) / 64;  // SiLU(gate) * up, 64 values a task
+      split(M * blocks, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          const int64_t r = b / blocks, i = b % blocks * 64;
+          silu_times(&gate_up[r * 2 * inter + i], &gate_up[r * 2 * inter + inter + i], &act[r * inter + i],
+                     std::min<int64_t>(64, inter - i));
+        }
+      });
+      apply(act.data(), M, m + 6, 1, out.data(), H, acts[3]);
+#pragma omp single
+      {
+        for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
+        if (l + 1 < L) rms_norm(xp, M, H, layers[23 * (l + 1)].data_ptr<float>(), eps, h.data());
       }
     }
-    attend(qkv.data(), qkv_size, M, heads, kv_heads, D, rows.data(), inv_sqrt, attn.data());
-    apply(attn.data(), M, m + 3, 1, out.data(), H, acts);
-#pragma omp single
-    {
-      for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
-      rms_norm(xp, M, H, layers[23 * l + 1].data_ptr<float>(), eps, h.data());
-    }
-    apply(h.data(), M, m + 4, 2, gate_up.data(), 2 * inter, acts);
-    const int64_t blocks = (inter + 63) / 64;  // SiLU(gate) * up, 64 values a task
-    split(M * blocks, 4, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
-        const int64_t r = b / blocks, i = b % blocks * 64;
-        silu_times(&gate_up[r * 2 * inter + i], &gate_up[r * 2 * inter + inter + i], &act[r * inter + i],
-                   std::min<int64_t>(64, inter - i));
-      }
-    });
-    apply(act.data(), M, m + 6, 1, out.data(), H, acts);
-#pragma omp single
-    for (int64_t i = 0; i < M * H; ++i) xp[i] += out[i];
   }
   in_stack = false;
   return x;
@@ -497,6 +516,7 @@ torch::Tensor typed_linear(torch::Tensor x, torch::Tensor weight, int64_t type, 
   Mat m = mat(weight, s.defined() ? s : none, b.defined() ? b : none, type, K);
   auto y = torch::empty({x.size(0), m.N}, x.options());
   Acts acts;
+  size_for(acts, m, x.size(0));
   apply(x.data_ptr<float>(), x.size(0), &m, 1, y.data_ptr<float>(), m.N, acts);
   return y;
 }
