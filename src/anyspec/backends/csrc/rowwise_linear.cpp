@@ -577,11 +577,14 @@ torch::Tensor repack_x16(torch::Tensor weight, int64_t type, int64_t K) {
 
 }  // namespace
 
+// The long calls let go of the GIL: a server's other threads stream answers while a pass runs,
+// instead of waiting for it and then holding up the next one.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "few-row linear, AVX2");
-  m.def("attention", &attention, "causal attention, each query row alone");
-  m.def("decoder_forward", &decoder_forward, "a Llama-family decoder stack for a few new tokens");
-  m.def("typed_linear", &typed_linear, "few-row linear over weights of any supported type");
+  using free_gil = py::call_guard<py::gil_scoped_release>;
+  m.def("linear", &linear, "few-row linear, AVX2", free_gil());
+  m.def("attention", &attention, "causal attention, each query row alone", free_gil());
+  m.def("decoder_forward", &decoder_forward, "a Llama-family decoder stack for a few new tokens", free_gil());
+  m.def("typed_linear", &typed_linear, "few-row linear over weights of any supported type", free_gil());
   m.def("rms_norm_rows", &rms_norm_rows, "RMS norm of each row by itself");
   m.def("dequant_rows", &dequant_rows, "fp32 rows of a matrix of any supported type");
   m.def("repack_x16", &repack_x16, "quantized rows interleaved 16 at a time");
