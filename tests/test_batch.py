@@ -56,6 +56,44 @@ def test_forward_of_several_sequences_equals_each_alone(engine):
         target.forward([(seqs[0], [1], None), (seqs[0], [2], None)])
 
 
+SYSTEM = ("You are a careful senior engineer. Answer in plain words, name the trade-offs, and keep every "
+          "answer short enough to read in a minute.")
+
+
+def test_a_fresh_slot_adopts_the_prefix_another_slot_holds(engine):
+    """A request on a fresh sequence copies the KV cache of its prompt's prefix from another sequence
+    of the model (a shared system prompt): the same bits as computing it, the answer equal to the
+    request computed from scratch, and the copy counted as cached."""
+    from anyspec.engine.context import common_prefix
+    from anyspec.engine.loop import reuse_prefix
+    from anyspec.engine.prompt import encode_prompt
+
+    target = engine.target
+    chat = lambda q: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]  # noqa: E731
+    first, second = chat("What is a linked list?"), chat("When is a hash map the wrong choice?")
+    ids = [encode_prompt(target.tokenizer, p)[0] for p in (first, second)]
+    shared = common_prefix(*ids)
+    assert shared > 30
+    cold = Engine(target, engine.draft, SpeculativeConfig(num_speculative_tokens=5, prefix_cache=False))
+    alone = cold.generate(second, greedy(16))
+    target.reset()  # its own sequence holds the whole prompt now
+
+    holder = target.new_sequence()  # a slot that served the first chat
+    holder.extend(ids[0])
+    seq = target.new_sequence()
+    assert reuse_prefix(seq, ids[1][:-1]) == shared
+    computed = target.new_sequence()
+    computed.extend(ids[1][:shared])
+    mine, theirs = seq.cache.keys + seq.cache.values, computed.cache.keys + computed.cache.values
+    assert all(torch.equal(a[:, :shared], b[:, :shared]) for a, b in zip(mine, theirs, strict=True))
+    assert reuse_prefix(seq, ids[1][:-1], enabled=False) == 0 and seq.num_cached == 0
+
+    [result] = engine.generate_batch([(second, greedy(16))])
+    assert result.stats.prompt_cached == shared
+    assert result.token_ids == alone.token_ids and alone.stats.prompt_cached == 0
+    del holder, computed
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["slem", "tli"])
 def test_batched_greedy_answers_equal_each_request_alone(engine, algorithm):

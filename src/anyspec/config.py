@@ -44,7 +44,7 @@ class SpeculativeConfig:
     draft_confidence: float = DRAFT_CONFIDENCE  # end a round's draft after a token the draft gives
     #                                             less probability (0 = off)
     prefix_cache: bool = True  # start from the KV cache of the prompt prefix a request shares with
-    #                            the one before (row-invariant models only: reuse_prefix)
+    #                            the one before or another slot (row-invariant models only: reuse_prefix)
     batch_k: bool = True  # in a batch: each generation's k per round from pass costs and its acceptance
 
     def __post_init__(self):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -156,11 +157,14 @@ class GGUFModel:
         self.n_layers, self.theta = n_layers, float(meta("rope.freq_base", 10000.0))
         self.tokenizer = load_tokenizer(self.path)
         self._eos = {int(v) for v in [_field(reader, "tokenizer.ggml.eos_token_id")] if v is not None}
+        self.sequences: weakref.WeakSet[Sequence] = weakref.WeakSet()  # every live one
         self.own = self.new_sequence()
 
     def new_sequence(self) -> Sequence:
         """Another sequence with its own (empty) KV cache."""
-        return Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim, self.theta))
+        seq = Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim, self.theta))
+        self.sequences.add(seq)
+        return seq
 
     @property
     def cached_ids(self) -> list[int]:
@@ -175,6 +179,12 @@ class GGUFModel:
 
     def crop(self, n: int) -> None:
         self.own.crop(n)
+
+    def donors(self) -> list[Sequence]:
+        return self.own.donors()
+
+    def adopt(self, donor: Sequence, n: int) -> None:
+        self.own.adopt(donor, n)
 
     def eos_ids(self) -> set[int]:
         """The file's end-of-sequence id and the chat turn's end tokens its vocabulary has."""

@@ -46,6 +46,12 @@ class KVCache:
         angles = torch.cat([freqs, freqs], dim=-1)
         return angles.cos(), angles.sin()
 
+    def copy_prefix(self, donor: KVCache, n: int) -> None:
+        """The keys and values of ``donor``'s first ``n`` positions in place of this cache's."""
+        self.reserve(0, n)
+        for mine, theirs in zip(self.keys + self.values, donor.keys + donor.values, strict=True):
+            mine[:, :n] = theirs[:, :n]
+
     def prepare(self, start: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Room for positions up to ``start + m``, and their rotary cos and sin ``[m, head_dim]``."""
         self.reserve(start, start + m)
@@ -73,6 +79,16 @@ class Sequence:
 
     def reset(self) -> None:
         self.cached_ids = []
+
+    def donors(self) -> list[Sequence]:
+        """The model's other sequences, whose cached prefixes this one may adopt."""
+        return [s for s in self.model.sequences if s is not self]
+
+    def adopt(self, donor: Sequence, n: int) -> None:
+        """Start from a copy of ``donor``'s first ``n`` cached tokens. On a row-invariant model they
+        are the bits this sequence would compute for the same ids, without the compute."""
+        self.cache.copy_prefix(donor.cache, n)
+        self.cached_ids = donor.cached_ids[:n]
 
     def crop(self, n: int) -> None:
         del self.cached_ids[n:]

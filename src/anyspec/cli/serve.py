@@ -22,8 +22,8 @@ def add_parser(sub) -> None:
     p.add_argument("--draft-sample-method", default="sample", choices=DRAFT_SAMPLE_METHODS)
     p.add_argument("--draft-context", default="retokenize", choices=DRAFT_CONTEXTS)
     p.add_argument("--no-prefix-cache", action="store_true",
-                   help="prefill every prompt in full (default: a request starts from the KV cache of "
-                        "the prefix it shares with the one before, on row-invariant models)")
+                   help="prefill every prompt in full (default: a request starts from the KV cache of the "
+                        "prefix it shares with the one before or with another slot, on row-invariant models)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,

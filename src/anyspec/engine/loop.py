@@ -36,7 +36,7 @@ class Stats:
     generated: int = 0
     accepted_hist: list[int] = field(default_factory=list)  # rounds that accepted 0, 1, .., k tokens
     prompt_tokens: int = 0
-    prompt_cached: int = 0  # prompt tokens whose KV came from the previous request (prefix_cache)
+    prompt_cached: int = 0  # prompt tokens whose KV an earlier request or another slot held (prefix_cache)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -260,17 +260,29 @@ def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, 
 def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
     """Keep the cached tokens that begin ``ids`` and drop the rest; returns how many were kept.
 
-    Only for a row-invariant model (``model.row_invariant``: anyspec's row-wise kernel in every
-    product and attention, so a token's keys and values are the same bits however many tokens were
-    computed with it); any other model starts empty, since a prefix computed within another
-    request could differ in the last bits from the target alone's own prefill.
+    Where another sequence of the model (``model.donors()``: a batch's other slots) holds a longer
+    prefix of ``ids``, that prefix is copied instead, so concurrent requests that share a system
+    prompt compute it once. Only for a row-invariant model (``model.row_invariant``: anyspec's
+    row-wise kernel in every product and attention, so a token's keys and values are the same bits
+    however many tokens were computed with it); any other model starts empty, since a prefix
+    computed within another request could differ in the last bits from the target alone's own
+    prefill.
     """
-    keep = common_prefix(model.cached_ids, ids) if reusable(model, enabled) else 0
-    if keep:
+    if not reusable(model, enabled):
+        model.reset()
+        return 0
+    keep = common_prefix(model.cached_ids, ids)
+    donor, most = None, keep
+    for other in model.donors() if hasattr(model, "donors") else []:
+        if (n := common_prefix(other.cached_ids, ids)) > most:
+            donor, most = other, n
+    if donor is not None:
+        model.adopt(donor, most)
+    elif keep:
         model.crop(keep)
     else:
         model.reset()
-    return keep
+    return most
 
 
 def reusable(model, enabled: bool) -> bool:

@@ -201,7 +201,7 @@ async def read_json(request, limit: int):
 def usage(outcome: Outcome) -> dict:
     out = {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
-    if outcome.stats is not None:  # prompt tokens whose KV the previous request left (--no-prefix-cache: 0)
+    if outcome.stats is not None:  # prompt tokens whose KV was already held (--no-prefix-cache: 0)
         out["prompt_tokens_details"] = {"cached_tokens": outcome.stats.prompt_cached}
     return out
 
