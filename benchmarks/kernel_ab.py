@@ -1,0 +1,105 @@
+"""Two builds of anyspec's CPU kernel on the same model, alternating in one process.
+
+    python benchmarks/kernel_ab.py --base HEAD~1 [--model qwen2.5-coder-1.5b] [--isa 2] [--repeats 8]
+        [--shapes 1x1 1x4 4x1 1x6 1x8 1x48] [--threads 2]
+
+``--base`` is a git revision: its ``csrc/`` is built as a second extension next to the working
+tree's, and the model's forwards run on one build, then on the other, case after case, the order
+flipping every repeat, so that drift of a noisy machine falls on both. A shape ``SxR`` is S
+sequences of R new rows each, on caches of 100 tokens (``1x48``: a prefill, last row's logits
+only). Reported per shape: the median milliseconds of each build, their ratio, and whether the
+logits are the same bits (they must be: a kernel change may change speed, never results).
+``--isa 1`` runs both builds' AVX2 path on a CPU that has AVX-512.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = "src/anyspec/backends/csrc"
+
+
+def build_at(revision: str, into: Path):
+    """The kernel as it was at ``revision``, compiled under another module name."""
+    from torch.utils.cpp_extension import load
+
+    from anyspec.backends.linear import SOURCES
+
+    names = [p.name for p in SOURCES] + ["quant.h"]
+    src = into / "src"
+    src.mkdir(parents=True)
+    for name in names:
+        text = subprocess.run(["git", "show", f"{revision}:{CSRC}/{name}"], cwd=ROOT, check=True,
+                              capture_output=True, text=True).stdout
+        (src / name).write_text(text)
+    tag = subprocess.run(["git", "rev-parse", "--short", revision], cwd=ROOT, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    return load(f"anyspec_rowwise_{tag}", [str(src / p.name) for p in SOURCES], build_directory=str(into),
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"],
+                extra_include_paths=[str(src)], verbose=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", required=True, help="git revision to compare the working tree with")
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="built-in name or GGUF file")
+    ap.add_argument("--isa", type=int, default=None, help="instruction-set level for both (0, 1, 2)")
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--shapes", nargs="+", default=["1x1", "1x4", "4x1", "1x6", "1x8", "1x48"])
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from anyspec.backends.load import load_model
+
+    model = load_model(args.model, dtype="gguf", name="target")
+    builds = {"working tree": model.kernel}
+    with tempfile.TemporaryDirectory(prefix="kernel-ab-") as tmp:
+        builds[args.base] = build_at(args.base, Path(tmp))
+    if args.isa is not None:
+        for kernel in builds.values():
+            kernel.set_isa(args.isa)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    seqs = [model.new_sequence() for _ in range(max(s for s, _ in shapes))]
+    ids = torch.randint(100, 20000, (100,), generator=torch.Generator().manual_seed(0)).tolist()
+    for seq in seqs:
+        model.forward([(seq, ids, 1)])
+    times = {(shape, name): [] for shape in shapes for name in builds}
+    logits = {}
+    for rep in range(args.repeats):
+        for shape in shapes:
+            n_seqs, rows = shape
+            batch = [(seq, list(range(5, 5 + rows)), 1 if rows > 16 else None) for seq in seqs[:n_seqs]]
+            for name in list(builds)[::1 if rep % 2 else -1]:
+                model.kernel = builds[name]
+                start = time.perf_counter()
+                out = model.forward(batch)
+                times[(shape, name)].append(time.perf_counter() - start)
+                for seq in seqs[:n_seqs]:
+                    seq.crop(len(ids))
+                logits.setdefault((shape, name), out)
+    model.kernel = builds["working tree"]
+    base, new = args.base, "working tree"
+    print(f"{args.model}, isa {builds[new].isa()}, {args.threads} threads, "
+          f"median of {args.repeats} alternating repeats")
+    print(f"| shape | {base} ms | working tree ms | working tree ÷ {base} | same bits |")
+    print("|---|---:|---:|---:|---|")
+    for shape in shapes:
+        a, b = (1000 * statistics.median(times[(shape, n)]) for n in (base, new))
+        pairs = zip(logits[(shape, base)], logits[(shape, new)], strict=True)
+        same = all(torch.equal(x, y) for x, y in pairs)
+        print(f"| {shape[0]}x{shape[1]} | {a:.1f} | {b:.1f} | {b / a:.2f} | {'yes' if same else 'NO'} |")
+        if not same:
+            sys.exit(f"the builds' logits differ for {shape[0]}x{shape[1]}: a kernel change altered results")
+
+
+if __name__ == "__main__":
+    main()
