@@ -350,10 +350,13 @@ AVX512 void x16_rows_avx512(int64_t type, const uint8_t* w, int64_t K, const Act
 
 // ---- AVX2: the same group blocks as two halves of 8 rows; maddubs + madd stand in for vpdpbusd ----
 
-inline __m256i dot4(__m256i acc, __m256i w, int32_t x) {
-  const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+// The int16 pair sums of 4 weights by 4 broadcast activations, added to acc in int16. Exact while
+// no lane passes 32767: 8 of them for 4-bit weights (8 * 2 * 15 * 127), 2 for 6-bit ones.
+inline __m256i pairs4(__m256i acc, __m256i w, int32_t x) {
+  return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, _mm256_set1_epi32(x)));
 }
+
+inline __m256i widen(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
 // Rows 8h..8h+7 of a group against R (at most 4) activation rows.
 template <int R>
@@ -370,18 +373,18 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
     for (int r = 0; r < R; ++r) I[r] = M[r] = _mm256_setzero_si256();
     if (type == Q4_K_X16) {
       for (int j = 0; j < 8; ++j) {
-        __m256i S[R];
+        __m256i S[R];  // int16 pair sums of the sub-block's 32 weights: at most 8 * 2 * 15 * 127
         for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
         for (int c = 0; c < 4; ++c) {
           const __m256i v = load(gb + 320 + (4 * j + c) * 64);
           const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           for (int r = 0; r < R; ++r) {
             const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 32 * j + 4 * c;
-            S[r] = dot4(dot4(S[r], lo, word(x)), hi, word(x + 16));
+            S[r] = pairs4(pairs4(S[r], lo, word(x)), hi, word(x + 16));
           }
         }
         const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 64 + 16 * j + 8 * h)));
-        for (int r = 0; r < R; ++r) I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S[r], sc));
+        for (int r = 0; r < R; ++r) I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(widen(S[r]), sc));
       }
       for (int i = 0; i < 4; ++i) {
         const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 192 + 32 * i + 16 * h)));
@@ -404,8 +407,9 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
         const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + SC6 + 16 * s + 8 * h)));
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 16 * s;
-          __m256i S = dot4(dot4(dot4(dot4(_mm256_setzero_si256(), w0, word(x)), w1, word(x + 4)), w2, word(x + 8)),
-                           w3, word(x + 12));
+          const __m256i zero = _mm256_setzero_si256();  // 6-bit weights: two pair sums per int16
+          __m256i S = _mm256_add_epi32(widen(pairs4(pairs4(zero, w0, word(x)), w1, word(x + 4))),
+                                       widen(pairs4(pairs4(zero, w2, word(x + 8)), w3, word(x + 12))));
           S = _mm256_sub_epi32(S, _mm256_set1_epi32(a.b16x32[(r0 + r) * (K / 16) + 16 * b + s]));
           I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S, sc));
         }
@@ -444,14 +448,17 @@ void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
         }
       }
     } else {
+      __m256i P[R];  // int16 pair sums of the block's 32 4-bit weights
+      for (int r = 0; r < R; ++r) P[r] = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + off + 64 * c + 32 * h));
         const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         for (int r = 0; r < R; ++r) {
           const int8_t* x = a.q.data() + (r0 + r) * K + 32 * b + 4 * c;
-          S[r] = dot4(dot4(S[r], lo, word(x)), hi, word(x + 16));
+          P[r] = pairs4(pairs4(P[r], lo, word(x)), hi, word(x + 16));
         }
       }
+      for (int r = 0; r < R; ++r) S[r] = widen(P[r]);
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
     const __m256 m = type == Q4_1_X16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
