@@ -2,6 +2,8 @@
 # Build llama.cpp's llama-bench, llama-completion and llama-server from the llama.cpp vendored in
 # the llama-cpp-python sdist (pinned), for side-by-side benchmarks. Usage: build_llama_cpp.sh DEST
 # DEST/bin gets the three programs; anyspec finds them there (or via $ANYSPEC_LLAMA_CPP).
+# LLAMA_CMAKE_FLAGS replaces -DGGML_NATIVE=ON, e.g. an AVX2-only build on an AVX-512 machine:
+#   LLAMA_CMAKE_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 set -euo pipefail
 VERSION=0.3.36
 DEST=${1:?usage: build_llama_cpp.sh DEST}
@@ -17,7 +19,8 @@ fi
 rm -rf src && mkdir src
 tar -xzf llama_cpp_python-$VERSION.tar.gz -C src --strip-components=1
 cd src/vendor/llama.cpp
-cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > "$DEST/cmake.log"
+# shellcheck disable=SC2086  # the flags are words
+cmake -B build ${LLAMA_CMAKE_FLAGS:--DGGML_NATIVE=ON} -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > "$DEST/cmake.log"
 cmake --build build -j "$(nproc)" --target llama-bench llama-completion llama-server >> "$DEST/cmake.log"
 mkdir -p "$DEST/bin"
 cp build/bin/llama-bench build/bin/llama-completion build/bin/llama-server "$DEST/bin/"

@@ -196,3 +196,21 @@ def test_bf16_without_the_kernel_warns_with_the_reason(monkeypatch, capsys, tok_
     assert not any(isinstance(m, RowwiseLinear) for m in model.model.modules())
     err = capsys.readouterr().err
     assert "bf16 is emulated" in err and "(turned off with ANYSPEC_KERNELS=0)" in err
+
+
+@needs_rowwise
+def test_anyspec_isa_caps_the_instruction_set_level(monkeypatch):
+    from anyspec.backends.linear import limit_isa, rowwise_kernel
+
+    lib = rowwise_kernel()
+    best = lib.best_isa()
+    try:
+        for value, level in (("plain", 0), ("1", 1), ("AVX512", 2)):
+            monkeypatch.setenv("ANYSPEC_ISA", value)
+            limit_isa(lib)
+            assert lib.isa() == min(level, best)
+        monkeypatch.setenv("ANYSPEC_ISA", "sse9")
+        with pytest.raises(ConfigError, match="ANYSPEC_ISA must be 0, 1 or 2"):
+            limit_isa(lib)
+    finally:
+        lib.set_isa(best)

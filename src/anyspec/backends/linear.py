@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from anyspec.errors import ConfigError
+
 PREPACK_ROWS = 5  # oneDNN picks its weight layout for this many rows: k+1 at k=4
 
 
@@ -124,10 +126,28 @@ def rowwise_kernel():
     """anyspec's CPU kernel (row-wise and GGUF products, the decoder stack), compiled on first use
     into ``cache_dir()/kernels`` (about a minute)."""
     if not _ROWWISE:
-        _ROWWISE.append(_build_rowwise())
+        kernel = _build_rowwise()
+        if not isinstance(kernel, str):
+            limit_isa(kernel)  # a bad ANYSPEC_ISA raises, and nothing is kept
+        _ROWWISE.append(kernel)
     if isinstance(_ROWWISE[0], str):
         raise RuntimeError(_ROWWISE[0])
     return _ROWWISE[0]
+
+
+ISA_LEVELS = {"0": 0, "plain": 0, "1": 1, "avx2": 1, "2": 2, "avx512": 2}
+
+
+def limit_isa(kernel) -> None:
+    """``ANYSPEC_ISA`` caps the kernel's instruction-set level (0 or plain: the C++ reference, 1 or
+    avx2, 2 or avx512: AVX-512 VNNI), to run an AVX-512 machine the way an AVX2-only one runs. Every
+    level computes the same bits; a level the CPU lacks gives its best one."""
+    wanted = os.environ.get("ANYSPEC_ISA")
+    if wanted is None:
+        return
+    if wanted.strip().lower() not in ISA_LEVELS:
+        raise ConfigError(f"ANYSPEC_ISA must be 0, 1 or 2 (plain, avx2, avx512), got {wanted!r}")
+    kernel.set_isa(ISA_LEVELS[wanted.strip().lower()])
 
 
 def _build_rowwise():
