@@ -153,3 +153,46 @@ def check_load(engine, reference_engine, clients, max_batch, batched):
           f"{widest} at most together; latency p50 {statistics.median(latencies):.2f} s, "
           f"p95 {q(latencies)[18]:.2f} s; time to first token p50 {statistics.median(ttfts):.2f} s, "
           f"p95 {q(ttfts)[18]:.2f} s")
+
+
+def test_jobs_that_arrive_together_compute_a_shared_system_prompt_once(gguf_engine):
+    """Three chats with one long system prompt reach the scheduler before its first pass: one
+    prefills the system prompt, the other two wait a pass and copy it; every answer equals the chat
+    alone, computed cold."""
+    from anyspec.config import SpeculativeConfig
+    from anyspec.engine import Engine
+    from anyspec.engine.context import common_prefix
+    from anyspec.engine.prompt import encode_prompt
+    from anyspec.server.metrics import Metrics
+    from anyspec.server.scheduler import Job, Scheduler
+
+    system = ("You answer questions about programming for a team of engineers. Be exact, be brief, "
+              "and say which trade-off matters most in the case at hand.")
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+             for q in ("What is a deque?", "Why is a set faster than a list for lookups?", "What is a heap?")]
+    params = SamplingParams(temperature=0, max_new_tokens=8)
+    cold = Engine(gguf_engine.target, gguf_engine.draft, SpeculativeConfig(prefix_cache=False))
+    alone = [cold.generate(chat, params) for chat in chats]
+    tokenizer = gguf_engine.target.tokenizer
+    ids = [encode_prompt(tokenizer, chat)[0] for chat in chats]
+    shared = min(common_prefix(ids[0], other) for other in ids[1:])
+    assert shared > 30
+
+    for seq in gguf_engine.target.sequences:  # no sequence may hold the system prompt before the test
+        seq.reset()
+    loop = asyncio.new_event_loop()
+    scheduler = Scheduler(gguf_engine, None, 8, generation_timeout=600, metrics=Metrics(), max_batch=3)
+    jobs = [Job(chat, params, True, len(i), loop) for chat, i in zip(chats, ids, strict=True)]
+    for job in jobs:
+        scheduler.submit(job)
+    scheduler.run(alive=lambda: bool(scheduler.pending or scheduler.running))
+    loop.run_until_complete(asyncio.sleep(0))  # deliver the events the worker emitted
+    outcomes = []
+    for job in jobs:
+        events = [job.events.get_nowait() for _ in range(job.events.qsize())]
+        assert events[-1][0] == "done", events[-1]
+        outcomes.append(events[-1][1])
+    loop.close()
+    assert [o.text for o in outcomes] == [a.text for a in alone]
+    cached = [o.stats.prompt_cached for o in outcomes]
+    assert cached[0] == 0 and all(c >= shared for c in cached[1:]), cached

@@ -6,9 +6,11 @@ queue. Up to ``max_batch`` jobs run together (``engine.batch.Batch``): each pass
 one model over the forwards of every job that waits on it, and jobs join and leave between passes
 (continuous batching). Each running job owns a slot: a sequence of the target and one of the draft,
 each with its own KV cache, kept for the next job in that slot (its prompt prefix may be reused), so
-memory stays bounded by ``max_batch`` times the context. A job that finds no free slot waits in
-the queue. Cancelling a job takes it out of the queue at once, or, once it runs, ends it before
-the worker's next pass. Models that hold one cache only run one job at a time.
+memory stays bounded by ``max_batch`` times the context. A job whose prompt begins with what
+another job is about to prefill (a shared system prompt) joins one pass later and copies those
+keys and values (``loop.reuse_prefix``). A job that finds no free slot waits in the queue.
+Cancelling a job takes it out of the queue at once, or, once it runs, ends it before the worker's
+next pass. Models that hold one cache only run one job at a time.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from anyspec.server.metrics import Metrics
 
 class QueueFull(Exception):
     pass
+
+
+SHARED = 16  # prompt tokens a joining job must be able to copy from another one to wait a pass for them
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
     polled: float = 0.0  # when the server last checked the client's connection
+    ids: list[int] | None = None  # the prompt's target ids, once the scheduler needed them
 
     def emit(self, kind: str, value=None) -> None:
         try:
@@ -119,11 +125,30 @@ class Scheduler:
                 self.metrics.add_generation("cancelled", 0, 0.0, None)
             self.cond.notify()
 
+    def _ids(self, job: Job) -> list[int]:
+        if job.ids is None:
+            job.ids = encode_prompt(self.engines[True].target.tokenizer, job.prompt)[0]
+        return job.ids
+
+    def _waits_for_prefix(self, job: Job, joining: list[Job]) -> bool:
+        """Whether the job should join a pass later: a job joining now, or one whose prefill has yet
+        to run, computes at least ``SHARED`` tokens of its prompt that no sequence holds yet, which
+        it can then copy instead (prefix cache on)."""
+        others = [*joining, *self.running]
+        if not (others and self.batched and self.engines[True].config.prefix_cache):
+            return False
+        ids = self._ids(job)[:-1]
+        coming = max(common_prefix(self._ids(other), ids) for other in others)
+        if coming < SHARED:
+            return False
+        sequences = getattr(self.engines[True].target, "sequences", ())
+        return coming - max((common_prefix(seq.cached_ids, ids) for seq in sequences), default=0) >= SHARED
+
     def _slot(self, job: Job) -> tuple:
         """A free slot, the one whose target cache shares the longest prefix with the job's prompt
         (its KV is kept with the prefix cache); else a new one."""
         if self.free:
-            ids = encode_prompt(self.engines[True].target.tokenizer, job.prompt)[0]
+            ids = self._ids(job)
             best = max(range(len(self.free)), key=lambda i: common_prefix(self.free[i][0].cached_ids, ids))
             return self.free.pop(best)
         self.slots += 1
@@ -138,9 +163,11 @@ class Scheduler:
                     self.cond.wait(timeout=0.5)
                 if self.stopping or not alive():
                     return
-                joining = []
-                while self.pending and len(self.running) + len(joining) < self.max_batch:
-                    joining.append(self.pending.popleft())
+                joining, later = [], []  # later: jobs that wait a pass for a prefix a joining job computes
+                while self.pending and len(self.running) + len(joining) + len(later) < self.max_batch:
+                    job = self.pending.popleft()
+                    (later if self._waits_for_prefix(job, joining) else joining).append(job)
+                self.pending.extendleft(reversed(later))
             for job in joining:
                 try:
                     self._start(job)
