@@ -30,9 +30,7 @@ CSRC = "src/anyspec/backends/csrc"
 
 def build_at(revision: str, into: Path):
     """The kernel as it was at ``revision``, compiled under another module name."""
-    from torch.utils.cpp_extension import load
-
-    from anyspec.backends.linear import SOURCES
+    from anyspec.backends.linear import SOURCES, compile_kernel
 
     names = [p.name for p in SOURCES] + ["quant.h"]
     src = into / "src"
@@ -43,9 +41,7 @@ def build_at(revision: str, into: Path):
         (src / name).write_text(text)
     tag = subprocess.run(["git", "rev-parse", "--short", revision], cwd=ROOT, check=True, capture_output=True,
                          text=True).stdout.strip()
-    return load(f"anyspec_rowwise_{tag}", [str(src / p.name) for p in SOURCES], build_directory=str(into),
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"],
-                extra_include_paths=[str(src)], verbose=False)
+    return compile_kernel(f"anyspec_rowwise_{tag}", [src / p.name for p in SOURCES], into, src)
 
 
 def main() -> None:

@@ -150,6 +150,17 @@ def limit_isa(kernel) -> None:
     kernel.set_isa(ISA_LEVELS[wanted.strip().lower()])
 
 
+def compile_kernel(name: str, sources: list[Path], build: Path, include: Path):
+    """The kernel's C++ sources compiled (or loaded, if ``build`` has them) as module ``name``."""
+    from torch.utils.cpp_extension import load
+
+    # -ffp-contract=off: every multiply-add is written out, so each instruction-set path (and the
+    # plain C++ reference) rounds the same way
+    return load(name, [str(s) for s in sources], build_directory=str(build),
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"],
+                extra_include_paths=[str(include)], verbose=False)
+
+
 def _build_rowwise():
     import hashlib
 
@@ -168,13 +179,7 @@ def _build_rowwise():
     if not list(build.glob("*.so")):
         print("anyspec: compiling its CPU kernel once (about a minute) ...", file=sys.stderr)
     try:
-        from torch.utils.cpp_extension import load
-
-        # -ffp-contract=off: every multiply-add is written out, so each instruction-set path (and
-        # the plain C++ reference) rounds the same way
-        return load("anyspec_rowwise", [str(s) for s in SOURCES], build_directory=str(build),
-                    extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"],
-                    extra_include_paths=[str(CSRC)], verbose=False)
+        return compile_kernel("anyspec_rowwise", SOURCES, build, CSRC)
     except Exception as exc:  # no compiler, no ninja, ...: say why, the caller picks another kernel
         reason = f"anyspec's CPU kernel could not be built ({type(exc).__name__}: {str(exc).splitlines()[0]})"
         print(f"anyspec: warning: {reason}", file=sys.stderr)
