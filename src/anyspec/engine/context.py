@@ -101,6 +101,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
+def longest_prefix(seqs, ids: list[int]) -> tuple[object | None, int]:
+    """The first of ``seqs`` whose ``cached_ids`` share the longest prefix with ``ids``, and its
+    length; (None, 0) where none shares a token."""
+    best, most = None, 0
+    for seq in seqs:
+        if (n := common_prefix(seq.cached_ids, ids)) > most:
+            best, most = seq, n
+    return best, most
+
+
 class DraftReader:
     """The draft's side of a request: its context at the prompt, then after each committed round."""
 

@@ -20,7 +20,7 @@ from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.config import SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone
 from anyspec.engine.bridge import build_bridge, token_bytes_table
-from anyspec.engine.context import DraftReader, common_prefix
+from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.output import Output
 from anyspec.engine.prompt import check_room, context_length, encode_prompt, end_ids
 from anyspec.engine.proposers import SLEM, TLI, Proposal, Proposer, algorithm_for, propose
@@ -272,17 +272,15 @@ def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
         model.reset()
         return 0
     keep = common_prefix(model.cached_ids, ids)
-    donor, most = None, keep
-    for other in model.donors() if hasattr(model, "donors") else []:
-        if (n := common_prefix(other.cached_ids, ids)) > most:
-            donor, most = other, n
-    if donor is not None:
+    donor, most = longest_prefix(model.donors() if hasattr(model, "donors") else [], ids)
+    if most > keep:
         model.adopt(donor, most)
-    elif keep:
+        return most
+    if keep:
         model.crop(keep)
     else:
         model.reset()
-    return most
+    return keep
 
 
 def reusable(model, enabled: bool) -> bool:

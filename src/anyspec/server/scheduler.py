@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from anyspec.config import SamplingParams
 from anyspec.engine import Engine, Stats
 from anyspec.engine.batch import Batch
-from anyspec.engine.context import common_prefix
+from anyspec.engine.context import common_prefix, longest_prefix
 from anyspec.engine.prompt import encode_prompt
 from anyspec.server.metrics import Metrics
 
@@ -141,8 +141,8 @@ class Scheduler:
         coming = max(common_prefix(self._ids(other), ids) for other in others)
         if coming < SHARED:
             return False
-        sequences = getattr(self.engines[True].target, "sequences", ())
-        return coming - max((common_prefix(seq.cached_ids, ids) for seq in sequences), default=0) >= SHARED
+        held = longest_prefix(getattr(self.engines[True].target, "sequences", ()), ids)[1]
+        return coming - held >= SHARED
 
     def _slot(self, job: Job) -> tuple:
         """A free slot, the one whose target cache shares the longest prefix with the job's prompt
