@@ -192,7 +192,7 @@ void size_for(Acts& acts, const Mat& m, int64_t M) {
 // products are one split, so one barrier for the lot; row-wise weights (bf16, int8, fp32) take x as
 // it is, with no barrier before.
 void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts) {
-  constexpr int MOST = 4;
+  constexpr int MOST = 4;  // products a call takes: its callers pass 1 to 3
   bool need32 = false, need256 = false;
   int64_t offset[MOST], groups[MOST], rows[MOST], total = 0;
   for (int i = 0, at = 0; i < count; at += mats[i].N, ++i) {
