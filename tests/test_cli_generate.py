@@ -35,6 +35,11 @@ BAD = [
     (["--temperature", "inf"], "temperature must be a finite number"),
     (["--temperature", "nan"], "temperature must be a finite number"),
     (["--seed", "1180591620717411303424"], "seed must be an integer that fits in 64 bits"),
+    # float32 would make these inf/nan probabilities after the models load
+    (["--temperature", "1e-300"], "temperature must be 0 (greedy) or at least 0.0001, got 1e-300"),
+    (["--top-p", "1e-300"], "top_p must be at least 1e-06"),
+    (["--k", "1000000000000"], "num_speculative_tokens (k) must be an integer from 1 to 64"),
+    (["--threads", "100000"], "--threads must be at most this machine's"),
 ]
 
 

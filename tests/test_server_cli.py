@@ -24,7 +24,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--k", "0"], "num_speculative_tokens (k) must be an integer >= 1"),
+    (["--k", "0"], "num_speculative_tokens (k) must be an integer from 1 to 64"),
     (["--target", "/no/such/model"], "/no/such/model not found"),
     (["--draft", "smollm-135"], "smollm-135 not found"),
     (["--dtype", "int3"], "unknown dtype 'int3'"),
@@ -35,6 +35,8 @@ def free_port() -> int:
     (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--algorithm", "slem", "--draft-context", "token-map"], "needs draft_context='retokenize'"),
+    (["--k", "1000000000000"], "num_speculative_tokens (k) must be an integer from 1 to 64"),
+    (["--threads", "100000"], "--threads must be at most this machine's"),
 ])
 def test_bad_command_line_fails_in_one_line_before_loading(no_loading, capsys, argv, says):
     assert cli.main(["serve", *argv]) == 2

@@ -16,6 +16,11 @@ from anyspec.errors import ConfigError
 
 NUM_SPECULATIVE_TOKENS = 5
 DRAFT_CONFIDENCE = 0.5
+MAX_SPECULATIVE_TOKENS = 64  # a round's draft; acceptance falls geometrically long before this
+# Sampling settings below these are refused: logits / temperature and the top-p mass are float32,
+# where smaller values overflow or round to 0 (temperature 0 is greedy; top_p 1e-6 is greedy already).
+MIN_TEMPERATURE = 1e-4
+MIN_TOP_P = 1e-6
 
 METHODS = ("draft_model",)
 ALGORITHMS = ("auto", "tli", "slem")  # auto: SLEM for greedy requests, TLI for sampled ones
@@ -50,9 +55,10 @@ class SpeculativeConfig:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ConfigError(f"unknown speculative method {self.method!r}; use method='draft_model'")
-        if not _is_int(self.num_speculative_tokens) or self.num_speculative_tokens < 1:
-            raise ConfigError(f"num_speculative_tokens (k) must be an integer >= 1, got "
-                              f"{self.num_speculative_tokens!r}; use --no-draft for target-only decoding")
+        k = self.num_speculative_tokens
+        if not _is_int(k) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"num_speculative_tokens (k) must be an integer from 1 to "
+                              f"{MAX_SPECULATIVE_TOKENS}, got {k!r}; use --no-draft for target-only decoding")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(ALGORITHMS)}")
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
@@ -87,8 +93,14 @@ class SamplingParams:
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), "
                               f"got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
+                              f"got {self.temperature}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_p < MIN_TOP_P:
+            raise ConfigError(f"top_p must be at least {MIN_TOP_P:g} (smaller keeps only the top token "
+                              f"anyway), got {self.top_p}")
         if not _is_int(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:

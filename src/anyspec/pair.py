@@ -2,12 +2,13 @@
 ``anyspec.generate``.
 
 ``check_pair`` finds what cannot work (a model that is not there, an unknown dtype, a thread count
-below one) and resolves the dtypes, before anything loads; ``load_pair`` then sets the threads and
-loads the target and, unless there is none, the draft.
+below one or above the CPU count) and resolves the dtypes, before anything loads; ``load_pair``
+then sets the threads and loads the target and, unless there is none, the draft.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -39,6 +40,9 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
 
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"--threads must be >= 1, got {threads}")
+    cpus = os.cpu_count() or 1
+    if threads is not None and threads > cpus:
+        raise ConfigError(f"--threads must be at most this machine's {cpus} CPUs, got {threads}")
     resolved = backend.resolve_dtype(dtype, spec=target)
     draft_resolved = backend.resolve_dtype(draft_dtype, draft=True, spec=draft) if draft else None
     for spec in [target] + ([draft] if draft else []):
