@@ -274,3 +274,63 @@ def test_retokenize_keeps_the_draft_cache_across_rounds(qwen_target, tok_qwen2):
 def test_prefix_cache_must_be_a_bool(bad):
     with pytest.raises(ConfigError, match="prefix_cache must be True or False"):
         SpeculativeConfig(prefix_cache=bad)
+
+
+LONG = "one two three four five six seven eight nine ten " * 30  # about 300 tokens
+
+
+def test_a_long_prefill_runs_in_chunks_and_changes_no_answer(qwen_target, llama_draft, monkeypatch):
+    """The target's prefill and the draft's first catch-up read at most PREFILL_CHUNK tokens a
+    forward; the answer is the one a single prefill forward gives."""
+    from anyspec.engine import batch
+
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=3))
+    monkeypatch.setattr(batch, "PREFILL_CHUNK", 10**9)
+    whole = engine.generate(LONG, greedy(max_new_tokens=8))
+    monkeypatch.setattr(batch, "PREFILL_CHUNK", 64)
+    calls, draft_calls = record_inputs(qwen_target), record_inputs(llama_draft)
+    try:
+        chunked = engine.generate(LONG, greedy(max_new_tokens=8))
+    finally:
+        del qwen_target.extend, llama_draft.extend
+    n = len(qwen_target.tokenizer.encode(LONG))
+    assert n > 256
+    assert [len(c) for c in calls[:n // 64 + 1]] == [64] * ((n - 1) // 64) + [(n - 1) % 64 or 64]
+    assert max(len(c) for c in calls + draft_calls) <= 64 and len(draft_calls[0]) == 64
+    assert chunked.token_ids == whole.token_ids
+
+
+def test_a_cancelled_long_prefill_stops_after_one_chunk(qwen_target, monkeypatch):
+    """A generation removed from a batch mid-prefill (a client gone) has computed one chunk, not the
+    whole prompt: the worker is free again after one pass."""
+    from anyspec.engine import batch
+
+    monkeypatch.setattr(batch, "PREFILL_CHUNK", 32)
+    engine = Engine(qwen_target, None)
+    qwen_target.reset()
+    running = batch.Batch(lambda *a: None, lambda *a: None, lambda *a: None)
+    steps = engine.steps(LONG, greedy(max_new_tokens=4), qwen_target, None, running, "request")
+    running.add("request", steps)
+    running.step()
+    running.remove("request")
+    assert qwen_target.num_cached == 32 and len(running) == 0
+    assert running.step() == 0  # nothing of it is left to run
+
+
+@pytest.mark.parametrize("max_batch", [0, -1, 1.5])
+def test_generate_batch_refuses_a_max_batch_below_one(qwen_target, max_batch):
+    """In a thread: a max_batch that admits no request would otherwise loop for ever."""
+    import threading
+
+    raised = []
+
+    def call():
+        try:
+            Engine(qwen_target, None).generate_batch([("hi", greedy(2))], max_batch=max_batch)
+        except ConfigError as exc:
+            raised.append(str(exc))
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert raised and raised[0].startswith("max_batch must be an integer >= 1")

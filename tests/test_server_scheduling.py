@@ -152,3 +152,36 @@ def test_queue_wait_timeout_answers_503(engine):
         assert r.json()["error"]["code"] == "queue_timeout" and r.json()["error"]["type"] == "server_error"
         assert health(url)["queue_depth"] == 0
         stream.close()
+
+
+def test_a_request_cancelled_during_a_long_prefill_stops_after_that_chunk(engine, monkeypatch):
+    """The prompt is prefilled 16 tokens a pass; the client goes away during the first pass, and the
+    worker retires the job before the second: one chunk of the ~150-token prompt is computed."""
+    import asyncio
+
+    from anyspec.engine import batch
+    from anyspec.server.metrics import Metrics
+    from anyspec.server.scheduler import Job, Scheduler
+
+    monkeypatch.setattr(batch, "PREFILL_CHUNK", 16)
+    target = engine.target
+    prompt = "one two three four five six seven eight nine ten " * 15
+    n = len(target.tokenizer.encode(prompt))
+    job = Job(prompt, SamplingParams(temperature=0, max_new_tokens=4), True, n, asyncio.new_event_loop())
+    rows, original = [], target.extend
+
+    def extend(ids, last=None):
+        rows.append(len(ids))
+        job.cancelled.set()  # the disconnect, noticed by the server while this pass runs
+        return original(ids, last)
+
+    monkeypatch.setattr(target, "extend", extend)
+    scheduler = Scheduler(engine, None, 4, 300.0, Metrics())
+    scheduler.submit(job)
+    scheduler.start()
+    try:
+        wait_until(lambda: rows and not scheduler.running)
+    finally:
+        scheduler.stop()
+    assert n > 100 and rows == [16]
+    assert scheduler.metrics.generations["cancelled"] == 1

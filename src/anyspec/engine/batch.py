@@ -32,6 +32,20 @@ class Forward(NamedTuple):
 
 Steps = Generator["str | Forward", "torch.Tensor | None", object]
 
+# Prompt tokens a forward reads at most: a long prefill is many passes, so that a batch (or the
+# server's worker, which checks for cancelled requests and shutdown between passes) is never held
+# for long by one prompt. Row-invariant kernels give the same bits either way.
+PREFILL_CHUNK = 256
+
+
+def chunked(seq, ids: list[int], last: int | None = None) -> Steps:
+    """``ids`` through ``seq`` in forwards of at most ``PREFILL_CHUNK`` tokens; returns the logits of
+    the last one."""
+    logits = None
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        logits = yield Forward(seq, ids[start:start + PREFILL_CHUNK], last)
+    return logits
+
 
 def alone(steps: Steps) -> Iterator[str]:
     """One generation's text, each forward run as it comes; returns the generation's return value."""

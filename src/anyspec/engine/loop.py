@@ -18,7 +18,7 @@ import torch
 from anyspec.algorithms import tli
 from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.config import SamplingParams, SpeculativeConfig
-from anyspec.engine.batch import Batch, Forward, Steps, alone
+from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.output import Output
@@ -136,6 +136,8 @@ class Engine:
                        ) -> list[GenerationResult]:
         """Every ``(prompt, params)``, up to ``max_batch`` at a time; a request joins as soon as
         another one ends. Each result is the same as ``generate`` gives the request alone."""
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         results: dict[int, GenerationResult] = {}
         errors: dict[int, Exception] = {}
         batch = Batch(lambda i, text: None, results.__setitem__, errors.__setitem__, drafts=(self.draft,))
@@ -233,7 +235,7 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
     stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
     t0 = time.perf_counter()
     if len(ids) - 1 > stats.prompt_cached:
-        yield Forward(target, ids[stats.prompt_cached:-1], 1)
+        yield from chunked(target, ids[stats.prompt_cached:-1], 1)
     stats.target_seconds += time.perf_counter() - t0
     if draft is None:
         return ids[-1], None

@@ -18,7 +18,7 @@ import torch
 from anyspec.algorithms import slem, tli
 from anyspec.algorithms.adaptive_k import confidence
 from anyspec.config import SamplingParams, SpeculativeConfig
-from anyspec.engine.batch import Forward, Steps
+from anyspec.engine.batch import Forward, Steps, chunked
 from anyspec.engine.bridge import Bridge
 from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
 
@@ -122,7 +122,7 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
     """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on."""
     keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
     draft.crop(keep)
-    logits = (yield Forward(draft, ctx.ids[keep:], 1))[-1]
+    logits = (yield from chunked(draft, ctx.ids[keep:], 1))[-1]
     temperature = 0.0 if config.draft_sample_method == "greedy" else params.temperature
     stop_below = config.draft_confidence
     draft_ids, qs = [], []
