@@ -37,6 +37,7 @@ def free_port() -> int:
     (["--algorithm", "slem", "--draft-context", "token-map"], "needs draft_context='retokenize'"),
     (["--k", "1000000000000"], "num_speculative_tokens (k) must be an integer from 1 to 64"),
     (["--threads", "100000"], "--threads must be at most this machine's"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
 ])
 def test_bad_command_line_fails_in_one_line_before_loading(no_loading, capsys, argv, says):
     assert cli.main(["serve", *argv]) == 2
@@ -126,3 +127,12 @@ def test_serve_no_prefix_cache_reaches_the_config():
     parse = build_parser().parse_args
     assert check_args(parse(["serve"]))[1].prefix_cache is True
     assert check_args(parse(["serve", "--no-prefix-cache"]))[1].prefix_cache is False
+
+
+def test_serve_max_prompt_tokens_reaches_the_settings():
+    from anyspec.cli.commands import build_parser
+    from anyspec.cli.serve import check_args
+
+    parse = build_parser().parse_args
+    assert check_args(parse(["serve"]))[0].max_prompt_tokens is None
+    assert check_args(parse(["serve", "--max-prompt-tokens", "512"]))[0].max_prompt_tokens == 512

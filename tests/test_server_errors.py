@@ -245,3 +245,62 @@ def test_a_crash_is_a_500_counted_in_metrics(server, monkeypatch):
         r = http.post("/v1/completions", json=OK)
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     assert count() == before + 1
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("temperature", 1e-300, "temperature must be 0 (greedy) or at least 0.0001"),
+    ("top_p", 1e-300, "top_p must be at least 1e-06"),
+])
+def test_vanishing_sampling_settings_are_a_400(post, field, value, says):
+    """Values float32 turns into inf/nan probabilities: refused before the generation starts."""
+    assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
+
+
+def test_deeply_nested_json_is_a_400(post):
+    r = post("/v1/completions", content=b"[" * 3000, headers={"content-type": "application/json"})
+    assert_error(r, 400, None, "invalid_json", "nested too deeply")
+
+
+def test_lone_surrogate_in_model_is_a_400(post):
+    r = post("/v1/completions", content=b'{"model": "\\ud800", "prompt": "hi", "max_tokens": 2}',
+             headers={"content-type": "application/json"})
+    assert_error(r, 400, "model", "invalid_value", "lone surrogate")
+
+
+def test_unknown_chat_role_is_a_400_naming_the_roles(post):
+    body = CHAT_OK | {"messages": [{"role": "wizard", "content": "hi"}]}
+    assert_error(post("/v1/chat/completions", json=body), 400, "messages[0].role", "invalid_value",
+                 "must be one of system, user, assistant, got 'wizard'")
+
+
+def test_user_message_with_null_content_is_a_400(post):
+    body = CHAT_OK | {"messages": [{"role": "user", "content": None}]}
+    assert_error(post("/v1/chat/completions", json=body), 400, "messages[0].content", "invalid_type",
+                 "null is allowed only for an assistant message")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("tool_choice", "required"),
+    ("response_format", {"type": "json_object"}),
+])
+def test_tools_and_response_format_are_refused_not_ignored(post, field, value):
+    r = post("/v1/chat/completions", json=CHAT_OK | {field: value})
+    assert_error(r, 400, field, "unsupported_parameter", "not supported")
+
+
+def test_their_harmless_defaults_are_accepted(post):
+    body = CHAT_OK | {"tools": [], "tool_choice": "auto", "response_format": {"type": "text"}}
+    assert post("/v1/chat/completions", json=body).status_code == 200
+
+
+def test_prompt_tokens_beyond_the_servers_cap_are_a_400(tok_qwen2):
+    from anyspec.server.protocol import ApiError, parse_request
+
+    parse_request(OK | {"prompt": "one two three"}, False, MODEL_NAME, tok_qwen2, 256, 16,
+                  max_prompt_tokens=3)
+    with pytest.raises(ApiError) as info:
+        parse_request(OK | {"prompt": "one two three four"}, False, MODEL_NAME, tok_qwen2, 256, 16,
+                      max_prompt_tokens=3)
+    assert (info.value.status, info.value.param, info.value.code) == (400, "prompt", "prompt_too_long")
+    assert "4 tokens; this server takes at most 3" in info.value.message

@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--generation-timeout", type=float, default=300.0, help="seconds a generation may run")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
     p.add_argument("--default-max-tokens", type=int, default=256, help="when a request sets no max_tokens")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
+                   help="refuse (400) a request whose prompt has more than N tokens (default: the context)")
     p.set_defaults(func=run)
 
 
@@ -47,8 +49,9 @@ def check_args(args):
                                 draft_sample_method=args.draft_sample_method,
                                 draft_context=args.draft_context, prefix_cache=not args.no_prefix_cache)
     plan = pair_plan(args)
-    for name in ("max_batch", "queue_size", "max_body_bytes", "default_max_tokens", "port"):
-        if getattr(args, name) < 1:
+    for name in ("max_batch", "queue_size", "max_body_bytes", "default_max_tokens", "port",
+                 "max_prompt_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.port > 65535:
         raise ConfigError(f"--port must be at most 65535, got {args.port}")
@@ -71,7 +74,7 @@ def check_args(args):
             raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
     settings = Settings(name, args.queue_size, args.queue_timeout, args.generation_timeout,
-                        args.max_body_bytes, args.default_max_tokens, args.max_batch)
+                        args.max_body_bytes, args.default_max_tokens, args.max_batch, args.max_prompt_tokens)
     return settings, config, plan
 
 

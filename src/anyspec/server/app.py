@@ -16,11 +16,16 @@ request leaves the queue at once, a running one before the worker's next pass.
 at a time.
 
 Request extensions: ``top_k``, ``speculative: false`` (target only, for comparison). Responses carry
-``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Unknown fields are ignored.
+``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Unknown fields are ignored;
+fields the server cannot honour (``tools``, ``response_format``, ``logprobs``, ...) answer 400.
+Chat roles are ``system``, ``user`` and ``assistant``; message contents are read as plain text, so
+a control token written in them (``<|im_end|>``) is text, not a turn boundary.
 Bad input answers ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed or invalid
 fields, an oversized body (``--max-body-bytes``; 400 ``request_too_large`` rather than 413) and a
 prompt or ``max_tokens`` beyond the target's context; 404 ``model_not_found`` for an unknown model,
-as OpenAI answers. ``max_tokens`` defaults to ``--default-max-tokens``, capped by the context.
+as OpenAI answers. ``max_tokens`` defaults to ``--default-max-tokens``, capped by the context;
+``--max-prompt-tokens`` caps a request's prompt (400 ``prompt_too_long``). A long prompt is
+prefilled in passes of at most 256 tokens, so a disconnect or shutdown stops it between passes.
 """
 
 import asyncio
@@ -59,6 +64,7 @@ class Settings:
     max_body_bytes: int = 1_000_000
     default_max_tokens: int = 256
     max_batch: int = 4
+    max_prompt_tokens: int | None = None  # None: up to the target's context
     worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
 
 
@@ -148,7 +154,7 @@ def create_app(engine: Engine, settings: Settings):
 
     async def generate(request: Request, chat: bool):
         parsed = parse_request(await read_json(request, settings.max_body_bytes), chat, settings.model_name,
-                               tokenizer, context, settings.default_max_tokens)
+                               tokenizer, context, settings.default_max_tokens, settings.max_prompt_tokens)
         job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
                   asyncio.get_running_loop())
         retry = str(min(60, math.ceil(metrics.mean_generation_seconds() * (scheduler.depth + 1))))

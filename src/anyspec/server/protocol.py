@@ -15,7 +15,10 @@ from anyspec.errors import ConfigError
 from anyspec.server.scheduler import Outcome
 
 UNSUPPORTED = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (None, 0),
-               "best_of": (None, 1)}
+               "best_of": (None, 1), "tools": (None, []), "tool_choice": (None, "none", "auto"),
+               "functions": (None, []), "function_call": (None, "none", "auto"),
+               "response_format": (None, {"type": "text"})}
+ROLES = ("system", "user", "assistant")
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
 
@@ -79,7 +82,15 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]",
                            "invalid_type")
+        if m["role"] not in ROLES:
+            role = _text(m["role"], f"messages[{i}].role")
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}.",
+                           f"messages[{i}].role", "invalid_value")
         content = m.get("content")
+        if content is None and m["role"] != "assistant":
+            raise ApiError(400, f"messages[{i}].content must be a string or an array of text parts; null "
+                                "is allowed only for an assistant message.", f"messages[{i}].content",
+                           "invalid_type")
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -111,12 +122,14 @@ def _prompt(body: dict) -> str:
 
 
 def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | None,
-                  default_max_tokens: int) -> Parsed:
-    """Check an OpenAI request body; every problem is an ``ApiError`` naming the field."""
+                  default_max_tokens: int, max_prompt_tokens: int | None = None) -> Parsed:
+    """Check an OpenAI request body; every problem is an ``ApiError`` naming the field.
+    ``max_prompt_tokens``: the server's cap on one request's prompt (None: the context only)."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
     model = _field(body, "model", (str,))
     if model is not None and model != model_name:
+        _text(model, "model")
         raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_name}'.",
                        "model", "model_not_found")
     if _field(body, "n", (int,), 1) != 1:
@@ -159,6 +172,10 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     except Exception as exc:  # ConfigError, or the chat template refusing these messages
         raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
                        param, "invalid_value") from None
+    if max_prompt_tokens is not None and prompt_tokens > max_prompt_tokens:
+        raise ApiError(400, f"The {param} has {prompt_tokens} tokens; this server takes at most "
+                            f"{max_prompt_tokens} prompt tokens per request. Please shorten it.", param,
+                       "prompt_too_long")
     room = context - prompt_tokens if context else None
     if room is not None and room < 1:
         raise ApiError(400, f"This model's maximum context length is {context} tokens, but the {param} has "
@@ -175,7 +192,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
                                 max_new_tokens=max_tokens, seed=seed, stop=stop)
     except ConfigError as exc:
-        param = next((f for f in ("top_p", "top_k", "stop") if str(exc).startswith(f)), None)
+        param = next((f for f in ("temperature", "top_p", "top_k", "stop") if str(exc).startswith(f)), None)
         raise ApiError(400, str(exc), param, "invalid_value") from None
     return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens)
 
@@ -193,6 +210,9 @@ async def read_json(request, limit: int):
             raise too_large
     try:
         return json.loads(body)
+    except RecursionError:
+        raise ApiError(400, "The JSON body of your request is nested too deeply.", None,
+                       "invalid_json") from None
     except ValueError:
         raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
                        "invalid_json") from None
