@@ -4,6 +4,8 @@ one set of ids ends a generation.
 
 from __future__ import annotations
 
+import re
+
 from anyspec.config import check_prompt
 from anyspec.errors import ConfigError
 
@@ -23,9 +25,49 @@ def render_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None
 def encode_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None = None
                   ) -> tuple[list[int], str, bool]:
     """``(ids, text, is_chat)``. Plain text gets the tokenizer's special tokens (BOS); a rendered chat
-    template already holds them."""
+    template already holds them. A control token written inside a message (``<|im_end|>``) is
+    encoded as the text it spells, never as the control token: only the template makes turns."""
     text, chat = render_prompt(tokenizer, prompt, fallback_text)
+    if chat and _controls_in_contents(tokenizer, prompt):
+        return _encode_contents_as_text(tokenizer, prompt, text), text, chat
     return tokenizer.encode(text, add_special_tokens=not chat), text, chat
+
+
+_MARK = "\ue000{}\ue001"  # private-use characters: a placeholder for message i's content
+
+
+def _control_texts(tokenizer) -> list[str]:
+    """The text of every special added token (control tokens such as ``<|im_start|>``)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts = [t.content for t in added.values() if getattr(t, "special", False)]
+    return sorted(set(texts or getattr(tokenizer, "all_special_tokens", [])), key=len, reverse=True)
+
+
+def _controls_in_contents(tokenizer, messages: list[dict]) -> bool:
+    controls = _control_texts(tokenizer)
+    return any(c in m.get("content") for m in messages if isinstance(m.get("content"), str) for c in controls)
+
+
+def _encode_contents_as_text(tokenizer, messages: list[dict], text: str) -> list[int]:
+    """The template rendered around placeholders: the control tokens it writes stay control tokens;
+    each stretch between them, with the message contents put back, is encoded with special tokens
+    read as text. Stretch by stretch is how the tokenizer reads any text between control tokens."""
+    contents = [m.get("content") or "" for m in messages]
+    frame = tokenizer.apply_chat_template([m | {"content": _MARK.format(i)} for i, m in enumerate(messages)],
+                                          tokenize=False, add_generation_prompt=True)
+    controls = re.compile("(" + "|".join(re.escape(c) for c in _control_texts(tokenizer)) + ")")
+    marks = re.compile("\ue000([0-9]+)\ue001")
+    pieces = [(part, i % 2 == 1) for i, part in enumerate(controls.split(frame)) if part]
+    filled = [(part if control else marks.sub(lambda m: contents[int(m.group(1))], part), control)
+              for part, control in pieces]
+    if "".join(part for part, _ in filled) != text:
+        raise ConfigError("a message holds a control token of the chat template (such as "
+                          f"{_control_texts(tokenizer)[0]}) and this template rewrites message contents, "
+                          "so it cannot be kept as text; remove it from the message")
+    ids: list[int] = []
+    for part, control in filled:
+        ids += tokenizer(part, add_special_tokens=False, split_special_tokens=not control)["input_ids"]
+    return ids
 
 
 def end_ids(model) -> set[int]:
