@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -104,6 +107,59 @@ def test_a_cache_dir_that_is_not_a_writable_folder_is_one_line(no_loading, capsy
     blocker.write_text("not a folder")
     monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(blocker if where == "a file" else blocker / "cache"))
     one_line_error(capsys, command, "set ANYSPEC_CACHE_DIR to a writable folder")
+
+
+def test_bench_output_that_opens_but_cannot_be_written_fails_before_loading(no_loading, capsys):
+    """/proc/version's folder passes os.access for root, yet the file takes no writes."""
+    one_line_error(capsys, ["bench", "--json", "/proc/version"], "--json /proc/version cannot be written")
+
+
+def test_checking_an_existing_output_leaves_it_as_it_is(tmp_path):
+    from anyspec.cli.options import check_output
+
+    old = tmp_path / "bench.json"
+    old.write_text("earlier results\n")
+    check_output(old, "--json")
+    assert old.read_text() == "earlier results\n" and list(tmp_path.iterdir()) == [old]
+
+
+def test_results_are_written_atomically(tmp_path):
+    """A write that fails halfway leaves the earlier file whole, and no temporary file behind."""
+    from anyspec.cli.options import write_atomically
+
+    out = tmp_path / "bench.json"
+    out.write_text("earlier results\n")
+    out.chmod(0o640)
+    with pytest.raises(RuntimeError), write_atomically(out) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("the run failed")
+    assert out.read_text() == "earlier results\n" and list(tmp_path.iterdir()) == [out]
+    with write_atomically(out) as tmp:
+        assert tmp.parent == tmp_path and tmp.suffix == ".json"
+        tmp.write_text("new results\n")
+    assert out.read_text() == "new results\n" and list(tmp_path.iterdir()) == [out]
+    assert out.stat().st_mode & 0o777 == 0o640  # the file it replaced had these permissions
+
+
+def test_same_vocab_across_vocabularies_names_the_flag(tiny_dirs, capsys):
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "hi",
+                 "--same-vocab", "--dtype", "fp32"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("anyspec generate: error: the draft's vocabulary")
+    assert "leave out --same-vocab" in last
+
+
+def test_json_to_a_closed_pipe_is_quiet(tiny_dirs):
+    """``anyspec generate --json | true``: no BrokenPipeError traceback."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    argv = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "hi",
+            "--max-new-tokens", "2", "--dtype", "fp32", "--threads", "1", "--json"]
+    proc = subprocess.run([sys.executable, "-m", "anyspec", *argv], stdout=write, stderr=subprocess.PIPE,
+                          text=True, timeout=600)
+    os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1
 
 
 def test_a_prompt_beyond_the_context_is_one_line(tiny_dirs, capsys):

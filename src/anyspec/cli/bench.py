@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from anyspec.cli.options import add_engine_options, add_model_options, check_output
+from anyspec.cli.options import add_engine_options, add_model_options, check_output, write_atomically
 from anyspec.config import NUM_SPECULATIVE_TOKENS
 
 
@@ -56,9 +56,12 @@ def run(args) -> int:
     table = markdown(result)
     print(table)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        with write_atomically(args.json) as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
     if args.markdown:
-        args.markdown.write_text(table)
+        with write_atomically(args.markdown) as tmp:
+            tmp.write_text(table)
     if args.plot:
-        plot(result, args.plot)
+        with write_atomically(args.plot) as tmp:
+            plot(result, tmp)
     return 0

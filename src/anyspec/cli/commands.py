@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from anyspec.cli import analyze, bench, demo, generate, serve
@@ -28,3 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except AnyspecError as exc:
         print(f"anyspec {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of stdout went away (``| head``): stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
+        return 1

@@ -6,6 +6,7 @@ Every check here runs before any model loads and fails with a ``ConfigError``: o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -70,16 +71,43 @@ def check_prompt_text(text: str) -> None:
 
 
 def check_output(path: Path | None, option: str) -> None:
-    """A file the command will write at the end: its folder must exist and be writable now."""
+    """A file the command will write at the end (``write_atomically``): its folder must exist and
+    take a new file now, and the file, if it exists, must open for writing. Nothing is changed."""
     if path is None:
         return
-    folder = path.expanduser().parent
+    path = path.expanduser()
+    folder = path.parent
     if path.is_dir():
         raise ConfigError(f"{option} {path} is a folder; give a file name")
     if not folder.is_dir():
         raise ConfigError(f"{option} {path}: the folder {folder} does not exist; create it first")
-    if not os.access(folder, os.W_OK):
-        raise ConfigError(f"{option} {path}: the folder {folder} is not writable")
+    try:
+        if path.exists():
+            with open(path, "a"):  # appends nothing: the file stays as it is
+                pass
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".tmp"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{option} {path} cannot be written ({exc.strerror or exc}); "
+                          "give a writable file") from None
+
+
+@contextlib.contextmanager
+def write_atomically(path: Path):
+    """Yields a temporary path beside ``path`` (same suffix) to write; it replaces ``path`` at once
+    when the block ends without an error, so a reader never sees half a file."""
+    path = path.expanduser()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~umask)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def check_cache_dir() -> None:

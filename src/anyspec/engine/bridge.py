@@ -66,7 +66,8 @@ def build_bridge(draft, target, config: SpeculativeConfig) -> Bridge:
         if draft.vocab_size != target.vocab_size:
             raise ConfigError(
                 f"the draft's vocabulary ({draft.vocab_size} ids) differs from the target's "
-                f"({target.vocab_size}); set use_heterogeneous_vocab=True to draft across vocabularies")
+                f"({target.vocab_size}); leave out --same-vocab (use_heterogeneous_vocab=True) to draft "
+                "across vocabularies")
         mask = None
         draft_to_target = target_to_draft = torch.arange(target.vocab_size)
         slem_tables = config.algorithm != "tli"  # auto runs SLEM for greedy requests
