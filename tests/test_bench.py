@@ -62,6 +62,19 @@ def test_summary_speedups_acceptance_and_exactness():
     assert "- vllm: not installed" in table
 
 
+def test_the_header_names_a_temperature_only_when_a_sampled_method_ran():
+    config = {"target": "t", "draft": "d", "dtype": "float32", "k": 4, "max_new_tokens": 8, "threads": 2,
+              "temperature": 0.7}
+    greedy = [run("target", "a", 10, 2.0), run("anyspec-slem", "a", 10, 1.0, drafted=8, accepted=6)]
+    head = bench.markdown({"config": config, "notes": {}, "runs": greedy,
+                           "summary": bench.summarize(greedy)}).splitlines()[0]
+    assert head.endswith("2 threads, greedy") and "T=" not in head
+    sampled = greedy + [run("anyspec-sampled", "a", 10, 1.0, drafted=8, accepted=5)]
+    head = bench.markdown({"config": config, "notes": {}, "runs": sampled,
+                           "summary": bench.summarize(sampled)}).splitlines()[0]
+    assert head.endswith("2 threads, sampled at T=0.7")
+
+
 def test_plot_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     runs = [run("target", "a", 10, 2.0), run("anyspec-greedy", "a", 10, 1.0, drafted=4, accepted=4,

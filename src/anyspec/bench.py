@@ -298,13 +298,20 @@ def summarize(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def sampled_at(result: dict) -> str:
+    """The header's word on sampling: its temperature when a sampled method ran, else greedy."""
+    ran = {r["method"] for r in result["summary"]}
+    return f"sampled at T={result['config']['temperature']}" if "anyspec-sampled" in ran else "greedy"
+
+
 def markdown(result: dict) -> str:
     c = result["config"]
     lines = [f"target `{c['target']}` ({c['dtype']}), draft `{c['draft']}` "
              f"({c.get('draft_dtype', c['dtype'])}), k={c['k']}, "
              f"{'draft confidence ' + str(c['draft_confidence']) + ', ' if c.get('draft_confidence') else ''}"
              f"{str(c['repeat']) + ' runs of each, ' if c.get('repeat', 1) > 1 else ''}"
-             f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, sampled at T={c['temperature']}",
+             f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, "
+             f"{sampled_at(result)}",
              "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | identical to target | "
              "first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|"]
     for r in result["summary"]:
