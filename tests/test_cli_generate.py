@@ -19,7 +19,7 @@ def tiny_dirs(folders):
 
 BAD = [
     (["--method", "ngram"], "unknown speculative method"),
-    (["--k", "0"], "num_speculative_tokens"),
+    (["--num-speculative-tokens", "0"], "num_speculative_tokens"),
     (["--algorithm", "slem", "--draft-context", "token-map"], "needs draft_context='retokenize'"),
     (["--draft-context", "guess"], "draft_context"),
     (["--draft-sample-method", "beam"], "draft_sample_method"),
@@ -64,6 +64,20 @@ def test_a_bad_thread_count_fails_before_loading(no_loading, capsys, folders, co
     err = capsys.readouterr().err
     assert "--threads must be >= 1, got -2" in err and err.count("\n") == 1
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["serve"], ["bench"], ["demo"]])
+def test_every_command_takes_k_under_one_name(command, capsys):
+    from anyspec.cli.commands import build_parser
+
+    parse = build_parser().parse_args
+    for flag in ("-k", "--num-speculative-tokens", "--k"):  # --k: the older spelling, still accepted
+        assert parse([*command, flag, "3"]).num_speculative_tokens == 3
+    assert parse(command).num_speculative_tokens == 5
+    with pytest.raises(SystemExit):
+        parse([command[0], "--help"])
+    shown = capsys.readouterr().out
+    assert "-k K, --num-speculative-tokens K" in shown and "--k " not in shown
 
 
 def test_empty_prompt_fails_before_loading(no_loading, capsys):
@@ -175,7 +189,7 @@ def test_a_prompt_beyond_the_context_is_one_line(tiny_dirs, capsys):
 def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):
     common = ["generate", "--target", tiny_dirs["target"], "--prompt", "def add(a, b):",
               "--max-new-tokens", "12", "--dtype", "fp32", "--json"]
-    assert main([*common, "--draft", tiny_dirs["draft"], "--k", "3"]) == 0
+    assert main([*common, "--draft", tiny_dirs["draft"], "-k", "3"]) == 0
     spec = json.loads(capsys.readouterr().out)
     assert main([*common, "--no-draft"]) == 0
     alone = json.loads(capsys.readouterr().out)

@@ -8,8 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from anyspec.cli.options import add_engine_options, add_model_options, check_output, write_atomically
-from anyspec.config import NUM_SPECULATIVE_TOKENS
+from anyspec.cli.options import (
+    add_engine_options,
+    add_k_option,
+    add_model_options,
+    check_output,
+    write_atomically,
+)
 
 
 def add_parser(sub) -> None:
@@ -25,7 +30,7 @@ def add_parser(sub) -> None:
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS,
                    help="default: all but vllm-target (a second vLLM instance)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=NUM_SPECULATIVE_TOKENS)
+    add_k_option(p)
     add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
     p.add_argument("--seed", type=int, default=0)

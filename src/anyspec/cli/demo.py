@@ -12,12 +12,13 @@ import time
 
 from anyspec.cli.options import (
     add_engine_options,
+    add_k_option,
     add_model_options,
     check_prompt_text,
     pair_plan,
     speculative_config,
 )
-from anyspec.config import NUM_SPECULATIVE_TOKENS, SamplingParams
+from anyspec.config import SamplingParams
 
 PROMPTS = [
     "Write a Python function `is_prime(n)` that returns True when n is a prime number.",
@@ -30,7 +31,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="speculative vs target-only on a few prompts, side by side")
     add_model_options(p, no_draft=False)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=NUM_SPECULATIVE_TOKENS)
+    add_k_option(p)
     add_engine_options(p, algorithm=False)
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)

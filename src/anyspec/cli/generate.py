@@ -12,12 +12,13 @@ import sys
 
 from anyspec.cli.options import (
     add_engine_options,
+    add_k_option,
     add_model_options,
     check_prompt_text,
     pair_plan,
     speculative_config,
 )
-from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, NUM_SPECULATIVE_TOKENS, SamplingParams
+from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, SamplingParams
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
              "tokens_per_second", "draft_seconds", "target_seconds")
@@ -35,8 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--k", type=int, default=NUM_SPECULATIVE_TOKENS,
-                   help="draft tokens per round, at most (num_speculative_tokens)")
+    add_k_option(p)
     p.add_argument("--method", default="draft_model")
     p.add_argument("--draft-sample-method", default="sample", help=" | ".join(DRAFT_SAMPLE_METHODS))
     p.add_argument("--draft-context", default="retokenize",
@@ -55,7 +55,7 @@ def run(args) -> int:
     from anyspec.engine import Engine
     from anyspec.pair import load_pair
 
-    config = speculative_config(args, method=args.method, num_speculative_tokens=args.k,
+    config = speculative_config(args, method=args.method, num_speculative_tokens=args.num_speculative_tokens,
                                 use_heterogeneous_vocab=not args.same_vocab,
                                 draft_sample_method=args.draft_sample_method,
                                 draft_context=args.draft_context)

@@ -11,7 +11,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from anyspec.config import ALGORITHMS, DRAFT_CONFIDENCE, SpeculativeConfig, check_prompt
+from anyspec.config import (
+    ALGORITHMS,
+    DRAFT_CONFIDENCE,
+    MAX_SPECULATIVE_TOKENS,
+    NUM_SPECULATIVE_TOKENS,
+    SpeculativeConfig,
+    check_prompt,
+)
 from anyspec.errors import ConfigError
 from anyspec.pair import PairPlan, check_pair
 
@@ -27,6 +34,15 @@ def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True) -> None
         p.add_argument("--no-draft", action="store_true", help="decode with the target alone (the baseline)")
 
 
+def add_k_option(p: argparse.ArgumentParser) -> None:
+    """``-k/--num-speculative-tokens``, the same in every command (``--k`` still works)."""
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=NUM_SPECULATIVE_TOKENS, metavar="K",
+                   help=f"draft tokens per round, at most (1 to {MAX_SPECULATIVE_TOKENS}; "
+                        "default %(default)s)")
+    p.add_argument("--k", type=int, dest="num_speculative_tokens", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
+
+
 def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> None:
     """Dtypes, threads, adaptive k, the confidence stop and (optionally) the algorithm."""
     if algorithm:
@@ -39,13 +55,15 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
                    help="end a round's draft after a token the draft gives probability below P "
                         "(0 = always draft k; default: %(default)s)")
     p.add_argument("--dtype", default="auto",
-                   help="target: auto (bf16: natively, or on anyspec's AVX2 kernel; fp32 where neither "
-                        "runs) | bf16 | fp16 | fp32 | int8 (weight-only int8 linears: a quantized target)")
+                   help="target: auto (a GGUF model: gguf where anyspec's kernels run its blocks, else "
+                        "de-quantized; a folder: bf16, or fp32 on a CPU without AVX2) | gguf (the file's "
+                        "own blocks) | bf16 | fp16 | fp32 | int8 (weight-only int8 linears)")
     p.add_argument("--draft-dtype", default="auto",
-                   help="draft: auto (int8 on the CPU, with anyspec's lean forward for Llama-family "
-                        "models: the draft's numbers never change the output) | bf16 | fp16 | fp32")
+                   help="draft: auto (as --dtype for a GGUF model; a folder: int8 on the CPU, since the "
+                        "draft's numbers never change the output) | gguf | bf16 | fp16 | fp32 | int8")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads (default: torch's choice, one per physical core)")
+                   help="torch CPU threads, at most the CPU count (default: torch's choice, one per "
+                        "physical core)")
 
 
 def speculative_config(args, **settings) -> SpeculativeConfig:

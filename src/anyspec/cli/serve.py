@@ -8,16 +8,21 @@ import sys
 import threading
 from pathlib import Path
 
-from anyspec.cli.options import add_engine_options, add_model_options, pair_plan, speculative_config
-from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, NUM_SPECULATIVE_TOKENS
+from anyspec.cli.options import (
+    add_engine_options,
+    add_k_option,
+    add_model_options,
+    pair_plan,
+    speculative_config,
+)
+from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS
 from anyspec.errors import ConfigError
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions and chat, streaming)")
     add_model_options(p)
-    p.add_argument("-k", "--k", type=int, default=NUM_SPECULATIVE_TOKENS,
-                   help="draft tokens per round, at most")
+    add_k_option(p)
     add_engine_options(p)
     p.add_argument("--draft-sample-method", default="sample", choices=DRAFT_SAMPLE_METHODS)
     p.add_argument("--draft-context", default="retokenize", choices=DRAFT_CONTEXTS)
@@ -45,7 +50,7 @@ def check_args(args):
     ``(settings, config, plan)``."""
     from anyspec.models import MODELS
 
-    config = speculative_config(args, num_speculative_tokens=args.k,
+    config = speculative_config(args, num_speculative_tokens=args.num_speculative_tokens,
                                 draft_sample_method=args.draft_sample_method,
                                 draft_context=args.draft_context, prefix_cache=not args.no_prefix_cache)
     plan = pair_plan(args)
