@@ -30,9 +30,11 @@ CSRC = "src/anyspec/backends/csrc"
 
 def build_at(revision: str, into: Path):
     """The kernel as it was at ``revision``, compiled under another module name."""
-    from anyspec.backends.linear import SOURCES, compile_kernel
+    from anyspec.backends.linear import compile_kernel
 
-    names = [p.name for p in SOURCES] + ["quant.h"]
+    listing = subprocess.run(["git", "ls-tree", "--name-only", f"{revision}:{CSRC}"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()
+    names = [n for n in listing if n.endswith((".cpp", ".h"))]
     src = into / "src"
     src.mkdir(parents=True)
     for name in names:
@@ -41,7 +43,8 @@ def build_at(revision: str, into: Path):
         (src / name).write_text(text)
     tag = subprocess.run(["git", "rev-parse", "--short", revision], cwd=ROOT, check=True, capture_output=True,
                          text=True).stdout.strip()
-    return compile_kernel(f"anyspec_rowwise_{tag}", [src / p.name for p in SOURCES], into, src)
+    sources = [src / n for n in names if n.endswith(".cpp")]
+    return compile_kernel(f"anyspec_rowwise_{tag}", sources, into, src)
 
 
 def main() -> None:

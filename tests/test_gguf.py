@@ -116,20 +116,28 @@ def test_rows_past_eight_reuse_the_block_and_change_nothing():
     assert torch.equal(together, alone)
 
 
-def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0):
-    """A small GGUF file: llama-style metadata and one 64 x 64 weight of ``kind``."""
+def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0, key_length: int = 0):
+    """A small GGUF file: llama-style metadata, one layer of 64 x 64 fp32 weights, attn_q of ``kind``."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_embedding_length(64)
     writer.add_head_count(4)
-    weights = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    if key_length:
+        writer.add_key_length(key_length)
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((64, 64)).astype(np.float32)
     if kind == T.F32:
         writer.add_tensor("blk.0.attn_q.weight", weights)
     else:
         raw = gguf.quants.quantize(weights, kind)
         writer.add_tensor("blk.0.attn_q.weight", raw, raw_shape=raw.shape, raw_dtype=kind)
+    for name in ("token_embd", "blk.0.attn_k", "blk.0.attn_v", "blk.0.attn_output", "blk.0.ffn_gate",
+                 "blk.0.ffn_up", "blk.0.ffn_down"):
+        writer.add_tensor(f"{name}.weight", rng.standard_normal((64, 64)).astype(np.float32))
+    for name in ("output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"):
+        writer.add_tensor(f"{name}.weight", np.ones(64, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -138,6 +146,15 @@ def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0):
         with open(path, "r+b") as fh:
             fh.truncate(path.stat().st_size - truncate)
     return path
+
+
+def test_a_file_whose_shapes_contradict_its_metadata_is_refused_in_one_line(tmp_path):
+    from anyspec.backends.gguf import GGUFModel, gguf_problem
+
+    path = write_gguf(tmp_path / "m.gguf", key_length=32)  # heads of 32: attn_q would need 128 rows
+    assert gguf_problem(path) == "tensor blk.0.attn_q.weight is [64, 64], its metadata says [64, 128]"
+    with pytest.raises(ConfigError, match="cannot run on anyspec's GGUF kernels: tensor blk.0.attn_q"):
+        GGUFModel(path)
 
 
 def test_a_truncated_or_foreign_file_is_one_line(tmp_path):

@@ -22,18 +22,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from anyspec.backends.arch import (
+    arch_problem,
+    describe,
+    field_of,
+    kernel_arch,
+    layer_tensors,
+    shape_problem,
+)
 from anyspec.backends.linear import rowwise_kernel, rowwise_problem
 from anyspec.backends.stack import KVCache, Sequence
 from anyspec.errors import ConfigError
 
-# architecture -> rotary layout: GGUF llama files store q and k rotated in adjacent pairs, qwen2 in halves
-ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False}
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 14, 30
 MATRIX_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K", F32: "F32",
                 F16: "F16", BF16: "BF16"}
 # csrc/quant.h: the same formats interleaved 16 rows at a time (repack_x16)
 X16 = {Q4_0: 1002, Q4_1: 1003, Q8_0: 1008, Q4_K: 1012, Q6_K: 1014}
-PRODUCTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>")
 
 
@@ -74,30 +79,12 @@ def _read(path: str, size: int, mtime_ns: int):
     return reader
 
 
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    value = field.contents()
-    return value if value is not None else default
-
-
 def gguf_problem(path: Path, reader=None) -> str | None:
     """Why this GGUF file cannot run on anyspec's GGUF kernels (None: it can)."""
     reader = reader or read_gguf(path)
-    arch = _field(reader, "general.architecture", "?")
-    if arch not in ARCHITECTURES:
-        return f"architecture {arch} (GGUF kernels: {', '.join(ARCHITECTURES)})"
-    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
-    factor = _field(reader, f"{arch}.rope.scaling.factor", 1.0)
-    if scaling not in ("none", "linear") or (scaling == "linear" and factor != 1.0):
-        return f"rope scaling {scaling}"
-    heads = _field(reader, f"{arch}.attention.head_count")
-    dim = _field(reader, f"{arch}.embedding_length")
-    rope_dim = _field(reader, f"{arch}.rope.dimension_count", dim // heads if heads and dim else None)
-    head_dim = _field(reader, f"{arch}.attention.key_length", dim // heads if heads and dim else None)
-    if not heads or not dim or rope_dim != head_dim:
-        return "partial rotary embeddings or missing attention metadata"
+    problem = arch_problem(reader)
+    if problem:
+        return problem
     for t in reader.tensors:
         kind = int(t.tensor_type)
         if kind in X16 and t.name.startswith("blk.") and len(t.shape) == 2 and int(t.shape[1]) % 16:
@@ -105,6 +92,15 @@ def gguf_problem(path: Path, reader=None) -> str | None:
         if kind not in MATRIX_TYPES:
             kinds = ", ".join(MATRIX_TYPES.values())
             return f"tensor {t.name} is {t.tensor_type.name} (GGUF kernels: {kinds})"
+    d = describe(reader, lambda name: None)
+    names = {t.name for t in reader.tensors}
+    for i in range(d.n_layers):
+        missing = [n for n in layer_tensors(d.family, i).values() if n not in names]
+        if missing:
+            return f"tensor {missing[0]} is missing"
+    problem = shape_problem(reader, d)
+    if problem:
+        return problem
     return rowwise_problem()
 
 
@@ -127,42 +123,42 @@ class GGUFModel:
         if problem:
             raise ConfigError(f"{self.path.name} cannot run on anyspec's GGUF kernels: {problem}")
         self.name, self.dtype, self.device = name, "gguf", torch.device("cpu")
-        arch = _field(reader, "general.architecture")
-        meta = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
-        self.heads, self.kv_heads = meta("attention.head_count"), meta("attention.head_count_kv")
-        hidden = meta("embedding_length")
-        self.kv_heads = self.kv_heads or self.heads
-        self.head_dim = meta("attention.key_length", hidden // self.heads)
-        self.eps = float(meta("attention.layer_norm_rms_epsilon", 1e-6))
-        self.context_length = int(meta("context_length", 4096))
-        self.rope_pairs = ARCHITECTURES[arch]
-        self.kernel = rowwise_kernel()
         tensors = {t.name: t for t in reader.tensors}
+        d = self.description = describe(reader, lambda n: _vector(tensors[n]))
+        self.heads, self.kv_heads, self.head_dim, self.eps = d.heads, d.kv_heads, d.head_dim, d.eps
+        self.context_length, self.n_layers = d.context_length, d.n_layers
+        self.kernel = rowwise_kernel()
+        self.arch = kernel_arch(self.kernel, d)
         self.embed = _matrix(tensors["token_embd.weight"])
         self.vocab_size = self.embed[0].shape[0]
         self.lm_head = _product(tensors.get("output.weight") or tensors["token_embd.weight"])
         self.final_norm = _vector(tensors["output_norm.weight"])
-        n_layers = meta("block_count")
-        layers, types, ks = [], [], []
-        for i in range(n_layers):
-            norms = f"blk.{i}.attn_norm.weight", f"blk.{i}.ffn_norm.weight"
-            layers += [_vector(tensors[norms[0]]), _vector(tensors[norms[1]])]
-            for product in PRODUCTS:
-                weight, kind, k = _product(tensors[f"blk.{i}.{product}.weight"])
-                bias = tensors.get(f"blk.{i}.{product}.bias")
-                layers += [weight, torch.empty(0), _vector(bias) if bias is not None else torch.empty(0)]
-                types.append(kind)
-                ks.append(k)
-        self.native = (layers, types, ks)
-        self.n_layers, self.theta = n_layers, float(meta("rope.freq_base", 10000.0))
+        self.layers = [self._layer(tensors, i) for i in range(d.n_layers)]
         self.tokenizer = load_tokenizer(self.path)
-        self._eos = {int(v) for v in [_field(reader, "tokenizer.ggml.eos_token_id")] if v is not None}
+        self._eos = {int(v) for v in [field_of(reader, "tokenizer.ggml.eos_token_id")] if v is not None}
         self.sequences: weakref.WeakSet[Sequence] = weakref.WeakSet()  # every live one
         self.own = self.new_sequence()
 
+    def _layer(self, tensors: dict, i: int):
+        """Layer ``i`` as the stack takes it: its norms, its products (quantized rows regrouped)."""
+        layer = self.kernel.Layer()
+        for key, name in layer_tensors(self.description.family, i).items():
+            if key.endswith("norm"):
+                setattr(layer, key, _vector(tensors[name]))
+                continue
+            product = self.kernel.Product()
+            product.weight, product.type, product.K = _product(tensors[name])
+            bias = tensors.get(name.replace(".weight", ".bias"))
+            if bias is not None:
+                product.bias = _vector(bias)
+            setattr(layer, key, product)
+        layer.rope = self.description.layer_rope[i]
+        layer.window = self.description.layer_window[i]
+        return layer
+
     def new_sequence(self) -> Sequence:
         """Another sequence with its own (empty) KV cache."""
-        seq = Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim, self.theta))
+        seq = Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim))
         self.sequences.add(seq)
         return seq
 
@@ -213,17 +209,23 @@ class GGUFModel:
             picked += range(len(ids) + m - keeps[-1], len(ids) + m)
             ids += new
         positions = torch.tensor(positions)
-        cos, sin = batch[0][0].cache.rotary(positions)
+        tables = [rotary.angles(positions) for rotary in self.description.rotary]
         keys = [t for seq, _, _ in batch for t in seq.cache.keys]
         values = [t for seq, _, _ in batch for t in seq.cache.values]
         weight, kind, k = self.embed
         x = self.kernel.dequant_rows(weight, kind, k, torch.tensor(ids))
-        x = self.kernel.decoder_forward(x, positions, torch.tensor(owners), *self.native, keys, values,
-                                        cos, sin, self.heads, self.kv_heads, self.head_dim, self.eps,
-                                        self.rope_pairs)
+        if self.description.embed_scale != 1.0:
+            x = x * self.description.embed_scale
+        x = self.kernel.decoder_forward(x, positions, torch.tensor(owners), self.arch, self.layers, keys,
+                                        values, [c for c, _ in tables], [s for _, s in tables])
         h = self.kernel.rms_norm_rows(x[picked], self.final_norm, self.eps)
         weight, kind, k = self.lm_head
         logits = self.kernel.typed_linear(h, weight, kind, k, None, None)[:, :self.vocab_size]
+        if self.description.logit_scale != 1.0:
+            logits = logits / self.description.logit_scale
+        if self.description.final_softcap:
+            cap = self.description.final_softcap
+            logits = torch.tanh(logits / cap) * cap
         for seq, new, _ in batch:
             seq.cached_ids.extend(new)
         return list(logits.split(keeps))

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from anyspec.backends.arch import Rotary, inv_freq
 from anyspec.backends.linear import RowwiseLinear, rowwise_kernel
 from anyspec.backends.stack import KVCache
 from anyspec.backends.transformers import TransformersModel
@@ -102,23 +103,25 @@ def _parts(module: RowwiseLinear) -> tuple:
     return module.weight, module.scale, module.bias
 
 
-def native_layers(layers: list[dict]) -> tuple[list, list, list]:
-    """``decoder_forward``'s tensors, types and Ks for layers of fused row-wise kernels."""
-    empty = torch.empty(0)
-    tensors, types, ks = [], [], []
+def native_layers(layers: list[dict]) -> list:
+    """``decoder_forward``'s layers (csrc/decoder.cpp's ``Layer``) over fused row-wise kernels."""
+    kernel = rowwise_kernel()
+    out = []
     for layer in layers:
-        tensors += [layer["attn_norm"], layer["mlp_norm"]]
-        for name in ("qkv", None, None, "o", "gate_up", None, "down"):
-            module = layer[name] if name else None
-            if module is None:
-                tensors += [empty, empty, empty]
-                types.append(0)
-                ks.append(0)
-                continue
-            tensors += [t if t is not None else empty for t in _parts(module)]
-            types.append(BF16 if module.weight.dtype == torch.bfloat16 else I8S)
-            ks.append(module.in_features)
-    return tensors, types, ks
+        native = kernel.Layer()
+        native.attn_norm, native.ffn_norm = layer["attn_norm"], layer["mlp_norm"]
+        for field, name in (("q", "qkv"), ("o", "o"), ("gate", "gate_up"), ("down", "down")):
+            module, product = layer[name], kernel.Product()
+            weight, scale, bias = _parts(module)
+            product.weight, product.K = weight, module.in_features
+            product.type = BF16 if weight.dtype == torch.bfloat16 else I8S
+            if scale is not None:
+                product.scale = scale
+            if bias is not None:
+                product.bias = bias
+            setattr(native, field, product)
+        out.append(native)
+    return out
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -155,11 +158,15 @@ class LeanModel(TransformersModel):
             gate_up=fuse(layer.mlp.gate_proj, layer.mlp.up_proj),
             down=layer.mlp.down_proj,
         ) for layer in inner.layers]
-        self.cache = KVCache(len(self.layers), self.kv_heads, self.head_dim, theta)
+        self.cache = KVCache(len(self.layers), self.kv_heads, self.head_dim)
+        self.rotary = Rotary(inv_freq(self.head_dim, theta))
         self.native = None  # the whole stack in one C++ call, when every product is the row-wise kernel
         products = ("qkv", "o", "gate_up", "down")
         if all(isinstance(layer[p], RowwiseLinear) for layer in self.layers for p in products):
             self.native = native_layers(self.layers)
+            self.arch = rowwise_kernel().Arch()
+            self.arch.heads, self.arch.kv_heads, self.arch.head_dim = self.heads, self.kv_heads, self.head_dim
+            self.arch.eps = self.eps
 
     @property
     def row_invariant(self) -> bool:
@@ -176,7 +183,8 @@ class LeanModel(TransformersModel):
     def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
         start, m = self.num_cached, len(ids)
         end = start + m
-        cos, sin = self.cache.prepare(start, m)
+        self.cache.reserve(start, end)
+        cos, sin = self.rotary.angles(torch.arange(start, end))
         mask = None
         if m > 1:
             mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
@@ -186,10 +194,10 @@ class LeanModel(TransformersModel):
         if self.native is not None:
             cache = self.cache
             rows = torch.arange(start, end)
-            x = rowwise_kernel().decoder_forward(x, rows, torch.zeros_like(rows), *self.native, cache.keys,
-                                                 cache.values, cos, sin,
-                                                 self.heads, self.kv_heads, self.head_dim, self.eps, False)
+            x = rowwise_kernel().decoder_forward(x, rows, torch.zeros_like(rows), self.arch, self.native,
+                                                 cache.keys, cache.values, [cos], [sin])
             return self._logits(x, m if last is None else last, ids)
+        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)  # transformers' halves
         for layer, keys, values in zip(self.layers, self.cache.keys, self.cache.values, strict=True):
             qkv = layer["qkv"](rms_norm(x, layer["attn_norm"], self.eps))
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)

@@ -119,7 +119,7 @@ KERNELS = {"onednn": OneDNNLinear, "int8-torch": Int8Linear,
            "int8": lambda linear: RowwiseLinear(linear, "int8")}
 _ROWWISE: list = []  # the built extension, or the reason it could not be built
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "rowwise_linear.cpp", CSRC / "quant.cpp", CSRC / "x16.cpp"]
+SOURCES = [CSRC / "rowwise_linear.cpp", CSRC / "decoder.cpp", CSRC / "quant.cpp", CSRC / "x16.cpp"]
 
 
 def rowwise_kernel():
@@ -171,7 +171,7 @@ def _build_rowwise():
     if not rowwise_possible():
         return f"this CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
     digest = hashlib.sha256(torch.__version__.encode())
-    for path in [*SOURCES, CSRC / "quant.h"]:
+    for path in [*SOURCES, CSRC / "quant.h", CSRC / "stack.h"]:
         digest.update(path.read_bytes())
     tag = digest.hexdigest()[:16]
     build = cache_dir() / "kernels" / f"rowwise-{tag}"

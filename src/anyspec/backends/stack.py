@@ -17,10 +17,8 @@ class KVCache:
     next forward, so cropping costs nothing.
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, theta: float, capacity: int = 256):
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = 256):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
-        self.inv_freq = 1.0 / theta ** exponents
         self.keys, self.values = self._allocate(capacity), self._allocate(capacity)
 
     def _allocate(self, length: int) -> list[torch.Tensor]:
@@ -40,22 +38,12 @@ class KVCache:
                     tensor[:, :start] = before[:, :start]
                 old[:] = new
 
-    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[len(positions), head_dim]`` of the rotary angles at ``positions``."""
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        angles = torch.cat([freqs, freqs], dim=-1)
-        return angles.cos(), angles.sin()
-
     def copy_prefix(self, donor: KVCache, n: int) -> None:
         """The keys and values of ``donor``'s first ``n`` positions in place of this cache's."""
         self.reserve(0, n)
         for mine, theirs in zip(self.keys + self.values, donor.keys + donor.values, strict=True):
             mine[:, :n] = theirs[:, :n]
 
-    def prepare(self, start: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Room for positions up to ``start + m``, and their rotary cos and sin ``[m, head_dim]``."""
-        self.reserve(start, start + m)
-        return self.rotary(torch.arange(start, start + m))
 
 
 class Sequence:

@@ -1,0 +1,378 @@
+// The decoder stack: every layer of a decoder for a few new rows, in one parallel region.
+//
+// One row of arch.py's table (Arch) and each layer's tensors (Layer) say what a layer computes:
+//
+//   h = norm(x) . attn_norm
+//   q, k, v = h W_q, h W_k, h W_v (+ biases; or one fused W_qkv)
+//   q, k = per-head norm . q_norm, k_norm (Qwen3, Gemma 3); rotary on the first rope_dim values of
+//          each head, in adjacent pairs (ggml's "normal" layout) or in halves (neox), with the
+//          layer's table of angles (Gemma 3: local and global bases; none in SmolLM3's NoPE layers)
+//   a = softmax(cap tanh(q k^T scale / cap)) v over the row's positions (the last `window` in a
+//       sliding-window layer; cap only where the architecture soft-caps, Gemma 2)
+//   x += residual_scale * post_attn_norm(a W_o)        (the post norm only in sandwich layers)
+//   h = norm(x) . ffn_norm
+//   x += residual_scale * post_ffn_norm((act(h W_gate) * h W_up) W_down)   (act: SiLU or GELU-tanh)
+//
+// Every step is computed row by row in a fixed order, so a row's result is the same bits whatever
+// other rows (of its own sequence or of others) are computed with it.
+#include <torch/extension.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "quant.h"
+#include "stack.h"
+
+namespace anyspec {
+namespace {
+
+// out[j] = q . k_j * scaling for the len keys k_j (rows of D), eight keys at a time; each key's sum
+// runs in a fixed order (8 fp32 lanes over d, a fixed horizontal sum, then a scalar tail).
+void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out) {
+  const int64_t D8 = D - D % 8;
+  for (int64_t j0 = 0; j0 < len; j0 += 8) {
+    const int64_t n = std::min<int64_t>(8, len - j0);
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      for (int64_t i = 0; i < n; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (j0 + i) * D + d), acc[i]);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      float s = hsum(acc[i]);
+      for (int64_t d = D8; d < D; ++d) s += q[d] * keys[(j0 + i) * D + d];
+      out[j0 + i] = s * scaling;
+    }
+  }
+}
+
+// o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j, 64 d at a time in registers
+// (a narrower tail: 8 d at a time, then one by one).
+void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values + j * D + d0 + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+  }
+  for (; d0 + 8 <= D; d0 += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < len; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(values + j * D + d0), acc);
+    _mm256_storeu_ps(o + d0, acc);
+  }
+  for (int64_t d = d0; d < D; ++d) {
+    float s = 0;
+    for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], values[j * D + d], s);
+    o[d] = s;
+  }
+}
+
+// exp of 8 floats (Cephes' expf: 2^n times a degree-6 polynomial of the remainder), arguments
+// clamped to [-87.3, 88.4] so the result stays finite and normal.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(c));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n));
+}
+
+// v[i] = exp(v[i] - shift) for i < n, eight at a time (a short tail through a padded copy).
+void exp_shifted(float* v, int64_t n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), s)));
+  if (i < n) {
+    float tail[8] = {};
+    std::copy(v + i, v + n, tail);
+    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), s)));
+    std::copy(tail, tail + (n - i), v + i);
+  }
+}
+
+// SiLU(g) = g * sigmoid(g); GELU with the tanh approximation, 0.5 g (1 + tanh(y)), is g * sigmoid(2y)
+// for y = sqrt(2 / pi) (g + 0.044715 g^3).
+template <bool GELU>
+inline __m256 gated(__m256 gate, __m256 up) {
+  __m256 z = gate;
+  if (GELU) {
+    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(gate, gate), gate);
+    z = _mm256_mul_ps(_mm256_set1_ps(2 * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cube, gate));
+  }
+  const __m256 sig = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), z)));
+  return _mm256_mul_ps(_mm256_div_ps(gate, sig), up);
+}
+
+// out[i] = act(gate[i]) * up[i] for i < n, eight at a time (a short tail through a padded copy).
+template <bool GELU>
+void gated(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, gated<GELU>(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    float g[8] = {}, u[8] = {}, o[8];
+    std::copy(gate + i, gate + n, g);
+    std::copy(up + i, up + n, u);
+    _mm256_storeu_ps(o, gated<GELU>(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+    std::copy(o, o + (n - i), out + i);
+  }
+}
+
+// Where one query row attends: its sequence's cache of keys and values [kv_heads, cap, D] and its
+// position there. The row attends to positions first..pos (first > 0 in a sliding window), its own
+// key and value already written.
+struct RowCache {
+  const float* k;
+  const float* v;
+  int64_t cap, pos, first = 0;
+};
+
+// Causal attention for M query rows, row m over rows[m]'s cache; query row m, head h at
+// q + m * q_stride + h * D; out is [M, heads * D]. Each (row, head) is computed alone in a fixed
+// order, so a row's result depends neither on M nor on the other rows' sequences.
+void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int64_t kv_heads, int64_t D,
+            const RowCache* rows, float scaling, float softcap, float* out) {
+  const int64_t group = heads / kv_heads;
+  int64_t longest = 0;
+  for (int64_t m = 0; m < M; ++m) longest = std::max(longest, rows[m].pos + 1 - rows[m].first);
+  split(heads * M, 1, [&](int64_t begin, int64_t stop) {
+    std::vector<float> p(longest);
+    for (int64_t task = begin; task < stop; ++task) {
+      const int64_t hd = task / M, m = task % M, g = hd / group, len = rows[m].pos + 1 - rows[m].first;
+      const int64_t offset = (g * rows[m].cap + rows[m].first) * D;
+      scores(q_all + m * q_stride + hd * D, rows[m].k + offset, len, D, scaling, p.data());
+      if (softcap > 0)
+        for (int64_t j = 0; j < len; ++j) p[j] = softcap * std::tanh(p[j] / softcap);
+      exp_shifted(p.data(), len, *std::max_element(p.data(), p.data() + len));
+      float total = 0;
+      for (int64_t j = 0; j < len; ++j) total += p[j];
+      for (int64_t j = 0; j < len; ++j) p[j] /= total;
+      weighted_sum(p.data(), rows[m].v + offset, len, D, out + m * heads * D + hd * D);
+    }
+  });
+}
+
+// transformers' attention interface: query [heads, M, D], key/value [kv_heads, L, D] with the new
+// rows last; returns [M, heads, D] in fp32.
+torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, double scaling) {
+  auto q = query.to(torch::kFloat32).transpose(0, 1).contiguous();
+  auto k = key.to(torch::kFloat32).contiguous();
+  auto v = value.to(torch::kFloat32).contiguous();
+  const int64_t M = q.size(0), heads = q.size(1), D = q.size(2), kv_heads = k.size(0), L = k.size(1);
+  TORCH_CHECK(L >= M && heads % kv_heads == 0 && k.size(2) == D, "attention: shape mismatch");
+  auto out = torch::empty({M, heads, D}, q.options());
+  std::vector<RowCache> rows(M);
+  for (int64_t m = 0; m < M; ++m) rows[m] = {k.data_ptr<float>(), v.data_ptr<float>(), L, L - M + m, 0};
+  attend(q.data_ptr<float>(), heads * D, M, heads, kv_heads, D, rows.data(), static_cast<float>(scaling), 0.0f,
+         out.data_ptr<float>());
+  return out;
+}
+
+
+// One model family's choices for the whole stack.
+struct Arch {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  double eps = 1e-6;
+  bool rope_pairs = false;     // adjacent pairs rotate together (ggml "normal"); else the two halves
+  int64_t rope_dim = 0;        // how many leading values of a head rotate (partial rotary); 0: all
+  bool gelu = false;           // the gate's activation: GELU (tanh approximation), else SiLU
+  double attn_scale = 0;       // the scores' scale; 0: 1 / sqrt(head_dim)
+  double attn_softcap = 0;     // cap * tanh(score / cap) before the softmax; 0: none
+  double residual_scale = 1;   // each branch's output times this before it is added (Granite)
+};
+
+// One matrix of a layer: weights of a GGUF block type (quant.h) or row-wise bf16 / int8 / fp32.
+struct Product {
+  torch::Tensor weight, scale, bias;  // empty where there is none
+  int64_t type = 0, K = 0;
+};
+
+// One layer's tensors; an empty norm is not applied. q may hold q, k and v fused (k and v then
+// empty), gate may hold gate and up fused.
+struct Layer {
+  torch::Tensor attn_norm, q_norm, k_norm, post_attn_norm, ffn_norm, post_ffn_norm;
+  Product q, k, v, o, gate, up, down;
+  int64_t rope = 0;    // which table of rotary angles; -1: no rotary in this layer
+  int64_t window = 0;  // sliding-window attention over the last `window` positions; 0: all of them
+};
+
+Mat mat_of(const Product& p) { return mat(p.weight, p.scale, p.bias, p.type, p.K); }
+
+
+// In place: each of n vectors of D values RMS-normed by itself times weight.
+void norm_each(float* v, int64_t n, int64_t D, const float* weight, float eps) {
+  std::vector<float> tmp(D);
+  for (int64_t i = 0; i < n; ++i) {
+    rms_norm(v + i * D, 1, D, weight, eps, tmp.data());
+    std::memcpy(v + i * D, tmp.data(), D * sizeof(float));
+  }
+}
+
+// Rotate the first R values of a head: pairs (2i, 2i+1) or halves (i, i + R/2) by angle i, whose
+// cos and sin are cos[i], sin[i] for i < R/2.
+void rotate(float* v, const float* cos, const float* sin, int64_t R, bool pairs) {
+  const int64_t half = R / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t j = pairs ? 2 * i : i, k = pairs ? 2 * i + 1 : i + half;
+    const float a = v[j], b = v[k];
+    v[j] = a * cos[i] - b * sin[i];
+    v[k] = b * cos[i] + a * sin[i];
+  }
+}
+
+// x [M, H] += scale * y, each row first RMS-normed by `post` where there is one (in place in y).
+void add_branch(float* x, float* y, int64_t M, int64_t H, const float* post, float eps, float scale) {
+  if (post) norm_each(y, M, H, post, eps);
+  for (int64_t i = 0; i < M * H; ++i) x[i] += scale == 1.0f ? y[i] : y[i] * scale;
+}
+
+// x: [M, H] embeddings of new tokens of one or more sequences: row m belongs to sequence seqs[m] at
+// position positions[m], and keys / values hold each sequence's cache, one tensor
+// [kv_heads, capacity, head_dim] per layer, sequence after sequence. cos[t] and sin[t] are table t's
+// rotary angles for the rows, [M, rope_dim / 2]. A sequence's rows come in order of position.
+// Returns the hidden states after the last layer.
+torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::Tensor seqs, const Arch& arch,
+                              const std::vector<Layer>& layers, std::vector<torch::Tensor> keys,
+                              std::vector<torch::Tensor> values, std::vector<torch::Tensor> cos,
+                              std::vector<torch::Tensor> sin) {
+  x = x.to(torch::kFloat32).contiguous().clone();
+  const int64_t M = x.size(0), H = x.size(1), D = arch.head_dim, L = layers.size();
+  const int64_t heads = arch.heads, kv_heads = arch.kv_heads, R = arch.rope_dim ? arch.rope_dim : D;
+  const int64_t q_size = heads * D, kv_size = kv_heads * D, qkv_size = q_size + 2 * kv_size;
+  const int64_t S = L ? keys.size() / L : 0;
+  TORCH_CHECK(L && S && static_cast<int64_t>(keys.size()) == S * L && keys.size() == values.size(),
+              "decoder_forward: a key and a value tensor per layer and sequence");
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && R <= D && R % 2 == 0 && cos.size() == sin.size(),
+              "decoder_forward: bad attention shape");
+  positions = positions.to(torch::kLong).contiguous();
+  seqs = seqs.to(torch::kLong).contiguous();
+  TORCH_CHECK(positions.numel() == M && seqs.numel() == M, "decoder_forward: a position and a sequence per row");
+  for (size_t t = 0; t < cos.size(); ++t)
+    TORCH_CHECK(cos[t].size(0) == M && cos[t].size(1) == R / 2 && sin[t].sizes() == cos[t].sizes(),
+                "decoder_forward: rotary tables of [rows, rope_dim / 2]");
+  for (const Layer& layer : layers)
+    TORCH_CHECK(layer.rope < static_cast<int64_t>(cos.size()), "decoder_forward: a layer's rotary table is missing");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* seq = seqs.data_ptr<int64_t>();
+  for (int64_t r = 0; r < M; ++r)
+    TORCH_CHECK(seq[r] >= 0 && seq[r] < S && pos[r] >= 0 && pos[r] < keys[seq[r] * L].size(1),
+                "decoder_forward: row ", r, " is outside its sequence's cache");
+  const float eps = static_cast<float>(arch.eps), residual = static_cast<float>(arch.residual_scale);
+  const float scaling = arch.attn_scale > 0 ? static_cast<float>(arch.attn_scale) : 1.0f / std::sqrt(static_cast<float>(D));
+  float* xp = x.data_ptr<float>();
+  std::vector<Mat> mats(7 * L);
+  for (int64_t l = 0; l < L; ++l) {
+    const Layer& y = layers[l];
+    const Product* ps[7] = {&y.q, &y.k, &y.v, &y.o, &y.gate, &y.up, &y.down};
+    for (int i = 0; i < 7; ++i) mats[7 * l + i] = mat_of(*ps[i]);
+  }
+  const int64_t inter = (mats[4].N + mats[5].N) / 2;  // the same in every layer
+  std::vector<float> h(M * H), qkv(M * qkv_size), attn(M * q_size), out(M * H);
+  std::vector<float> gate_up(M * 2 * inter), act(M * inter);
+  Acts acts[4];  // the inputs of q, k, v; of o; of gate and up; of down
+  for (int64_t i = 0; i < 7 * L; ++i) size_for(acts[(i % 7 > 2) + (i % 7 > 3) + (i % 7 > 5)], mats[i], M);
+  // One parallel region for the whole stack: the products and attention split across its
+  // threads (split), the small serial steps run on one thread between barriers.
+  in_stack = true;
+#pragma omp parallel
+  {
+#pragma omp single
+    rms_norm(xp, M, H, layers[0].attn_norm.data_ptr<float>(), eps, h.data());
+    for (int64_t l = 0; l < L; ++l) {
+      const Layer& layer = layers[l];
+      const Mat* m = &mats[7 * l];
+      std::vector<RowCache> rows(M);
+      for (int64_t r = 0; r < M; ++r) {
+        const torch::Tensor& k = keys[seq[r] * L + l];
+        const int64_t first = layer.window > 0 ? std::max<int64_t>(0, pos[r] - layer.window + 1) : 0;
+        rows[r] = {k.data_ptr<float>(), values[seq[r] * L + l].data_ptr<float>(), k.size(1), pos[r], first};
+      }
+      apply(h.data(), M, m, 3, qkv.data(), qkv_size, acts[0]);
+#pragma omp single
+      for (int64_t r = 0; r < M; ++r) {
+        float* row = qkv.data() + r * qkv_size;
+        if (const float* w = ptr_or_null(layer.q_norm)) norm_each(row, heads, D, w, eps);
+        if (const float* w = ptr_or_null(layer.k_norm)) norm_each(row + q_size, kv_heads, D, w, eps);
+        if (layer.rope >= 0) {
+          const float* c = cos[layer.rope].data_ptr<float>() + r * (R / 2);
+          const float* s = sin[layer.rope].data_ptr<float>() + r * (R / 2);
+          for (int64_t i = 0; i < heads + kv_heads; ++i) rotate(row + i * D, c, s, R, arch.rope_pairs);
+        }
+        for (int64_t g = 0; g < kv_heads; ++g) {
+          const int64_t at = (g * rows[r].cap + pos[r]) * D;
+          std::memcpy(const_cast<float*>(rows[r].k) + at, row + q_size + g * D, D * sizeof(float));
+          std::memcpy(const_cast<float*>(rows[r].v) + at, row + q_size + kv_size + g * D, D * sizeof(float));
+        }
+      }
+      attend(qkv.data(), qkv_size, M, heads, kv_heads, D, rows.data(), scaling, static_cast<float>(arch.attn_softcap),
+             attn.data());
+      apply(attn.data(), M, m + 3, 1, out.data(), H, acts[1]);
+#pragma omp single
+      {
+        add_branch(xp, out.data(), M, H, ptr_or_null(layer.post_attn_norm), eps, residual);
+        rms_norm(xp, M, H, layer.ffn_norm.data_ptr<float>(), eps, h.data());
+      }
+      apply(h.data(), M, m + 4, 2, gate_up.data(), 2 * inter, acts[2]);
+      const int64_t blocks = (inter + 63) / 64;  // act(gate) * up, 64 values a task
+      split(M * blocks, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          const int64_t r = b / blocks, i = b % blocks * 64, n = std::min<int64_t>(64, inter - i);
+          const float* g = &gate_up[r * 2 * inter + i];
+          if (arch.gelu) gated<true>(g, g + inter, &act[r * inter + i], n);
+          else gated<false>(g, g + inter, &act[r * inter + i], n);
+        }
+      });
+      apply(act.data(), M, m + 6, 1, out.data(), H, acts[3]);
+#pragma omp single
+      {
+        add_branch(xp, out.data(), M, H, ptr_or_null(layer.post_ffn_norm), eps, residual);
+        if (l + 1 < L) rms_norm(xp, M, H, layers[l + 1].attn_norm.data_ptr<float>(), eps, h.data());
+      }
+    }
+  }
+  in_stack = false;
+  return x;
+}
+
+}  // namespace
+
+void bind_decoder(pybind11::module_& m) {
+  namespace py = pybind11;
+  using free_gil = py::call_guard<py::gil_scoped_release>;
+  py::class_<Arch>(m, "Arch", "one model family's choices for the decoder stack (arch.py)")
+      .def(py::init<>())
+      .def_readwrite("heads", &Arch::heads).def_readwrite("kv_heads", &Arch::kv_heads)
+      .def_readwrite("head_dim", &Arch::head_dim).def_readwrite("eps", &Arch::eps)
+      .def_readwrite("rope_pairs", &Arch::rope_pairs).def_readwrite("rope_dim", &Arch::rope_dim)
+      .def_readwrite("gelu", &Arch::gelu).def_readwrite("attn_scale", &Arch::attn_scale)
+      .def_readwrite("attn_softcap", &Arch::attn_softcap).def_readwrite("residual_scale", &Arch::residual_scale);
+  py::class_<Product>(m, "Product", "one matrix of a layer: weight, scale, bias, type, K")
+      .def(py::init<>())
+      .def_readwrite("weight", &Product::weight).def_readwrite("scale", &Product::scale)
+      .def_readwrite("bias", &Product::bias).def_readwrite("type", &Product::type).def_readwrite("K", &Product::K);
+  py::class_<Layer>(m, "Layer", "one decoder layer's norms, products, rotary table and window")
+      .def(py::init<>())
+      .def_readwrite("attn_norm", &Layer::attn_norm).def_readwrite("q_norm", &Layer::q_norm)
+      .def_readwrite("k_norm", &Layer::k_norm).def_readwrite("post_attn_norm", &Layer::post_attn_norm)
+      .def_readwrite("ffn_norm", &Layer::ffn_norm).def_readwrite("post_ffn_norm", &Layer::post_ffn_norm)
+      .def_readwrite("q", &Layer::q).def_readwrite("k", &Layer::k).def_readwrite("v", &Layer::v)
+      .def_readwrite("o", &Layer::o).def_readwrite("gate", &Layer::gate).def_readwrite("up", &Layer::up)
+      .def_readwrite("down", &Layer::down).def_readwrite("rope", &Layer::rope).def_readwrite("window", &Layer::window);
+  m.def("attention", &attention, "causal attention, each query row alone", free_gil());
+  m.def("decoder_forward", &decoder_forward, "the decoder stack for a few new tokens", free_gil());
+}
+
+}  // namespace anyspec

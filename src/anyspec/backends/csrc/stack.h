@@ -1,0 +1,68 @@
+// What the decoder stack (decoder.cpp) shares with the products (rowwise_linear.cpp).
+#pragma once
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdint>
+
+#include "quant.h"
+
+namespace anyspec {
+
+// Set while decoder_forward's parallel region runs (calls come in under the GIL, one at a time).
+extern bool in_stack;
+
+// fn(begin, end) over [0, n) on all threads: inside the decoder stack's one parallel region each
+// thread takes a contiguous share and waits for the others; elsewhere through at::parallel_for
+// (which runs inline when called from inside someone else's parallel region).
+template <typename F>
+void split(int64_t n, int64_t grain, const F& fn) {
+  if (!(in_stack && omp_in_parallel())) {
+    at::parallel_for(0, n, grain, fn);
+    return;
+  }
+  const int64_t tid = omp_get_thread_num(), threads = omp_get_num_threads();
+  const int64_t begin = n * tid / threads, end = n * (tid + 1) / threads;
+  if (begin < end) fn(begin, end);
+#pragma omp barrier
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+const float* ptr_or_null(const torch::Tensor& t);
+
+// A matrix of the stack: a GGUF block type (quant.h) or BF16 / I8S / F32 row-wise weights [N, K].
+struct Mat {
+  int64_t type = F32, N = 0, K = 0;
+  const void* w = nullptr;
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+};
+
+Mat mat(const torch::Tensor& w, const torch::Tensor& scale, const torch::Tensor& bias, int64_t type, int64_t K);
+
+// The activation rows quantized once per product, for the block size each quantized type needs.
+// They are sized before the stack's parallel region (size_for), so that its threads only fill them.
+struct Acts {
+  Act by32, by256;
+  const Act& of(int64_t type) const { return block_size(type) == 32 ? by32 : by256; }
+};
+
+void size_for(Acts& acts, const Mat& m, int64_t M);  // room in acts for M rows of m's inputs
+
+// y[M, sum of N] = x[M, K] . [W_0; W_1; ...]^T: the outputs of `mats` side by side (row stride ldy).
+void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts);
+
+// RMS norm of each of M rows of H values by itself (the sum of squares in double, in order), times weight.
+void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* y);
+
+void bind_decoder(pybind11::module_& m);  // decoder_forward, attention and their types
+
+}  // namespace anyspec
