@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from anyspec.bench_llama import forward_cost_by_rows, llama_cpp_problem, target_gguf
+from anyspec.bench.llama import forward_cost_by_rows, llama_cpp_problem, target_gguf
 
 
 @functools.cache

@@ -32,8 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from anyspec.bench import DEFAULT_PROMPTS, load_prompts
-from anyspec.bench_llama import _env, _free_port, _program, _request, _stop, llama_cpp_problem, target_gguf
+from anyspec.bench.llama import _env, _free_port, _program, _request, _stop, llama_cpp_problem, target_gguf
+from anyspec.bench.prompts import DEFAULT_PROMPTS, load_prompts
 from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from anyspec.vocab.loading import load_tokenizer
 

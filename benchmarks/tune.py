@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from anyspec.backends.load import load_model, resolve_dtype
-from anyspec.bench import PROMPTS_DIR, load_prompts
+from anyspec.bench.prompts import PROMPTS_DIR, load_prompts
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 
 

@@ -4,13 +4,16 @@ import sys
 
 import pytest
 
-from anyspec import bench, bench_vllm
+from anyspec.bench import prompts as bench_prompts
+from anyspec.bench import report
+from anyspec.bench import run as bench_run
+from anyspec.bench import vllm as bench_vllm
 from anyspec.errors import ConfigError
 
 
 def test_shipped_prompt_files_load():
     for name in ("code", "prose"):
-        rows = bench.load_prompts(bench.PROMPTS_DIR / f"{name}.jsonl")
+        rows = bench_prompts.load_prompts(bench_prompts.PROMPTS_DIR / f"{name}.jsonl")
         assert len(rows) >= 3 and all(r["set"] == name for r in rows)
         assert all(r["prompt"][0]["role"] == "user" and r["prompt"][0]["content"] for r in rows)
         assert len({r["id"] for r in rows}) == len(rows)
@@ -18,21 +21,21 @@ def test_shipped_prompt_files_load():
 
 def test_bad_prompt_files_are_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        bench.load_prompts(tmp_path / "nope.jsonl")
+        bench_prompts.load_prompts(tmp_path / "nope.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "x"}\n{not json\n')
     with pytest.raises(ConfigError, match="bad.jsonl:2"):
-        bench.load_prompts(bad)
+        bench_prompts.load_prompts(bad)
     bad.write_text(json.dumps({"id": "a", "text": "x"}) + "\n")
     with pytest.raises(ConfigError, match="neither"):
-        bench.load_prompts(bad)
+        bench_prompts.load_prompts(bad)
 
 
 def test_first_difference():
-    assert bench.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert bench.first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert bench.first_difference([1, 2, 3], [1, 2]) == 2
-    assert bench.first_difference([], []) is None
+    assert bench_run.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert bench_run.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert bench_run.first_difference([1, 2, 3], [1, 2]) == 2
+    assert bench_run.first_difference([], []) is None
 
 
 def run(method, prompt, n, seconds, s="code", **kw):
@@ -46,18 +49,18 @@ def test_summary_speedups_acceptance_and_exactness():
             run("target", "b", 10, 2.0), run("anyspec-greedy", "b", 10, 1.0, drafted=8, accepted=2,
                                              identical=False, diff_pos=3, diff_margin=0.01),
             run("hf-target", "a", 10, 4.0, identical=True), run("hf-uag", "a", 10, 2.0, identical=True)]
-    rows = {(r["set"], r["method"]): r for r in bench.summarize(runs)}
+    rows = {(r["set"], r["method"]): r for r in report.summarize(runs)}
     g = rows[("code", "anyspec-greedy")]
     assert g["tokens_per_second"] == 10.0 and g["speedup"] == 2.0 and g["acceptance"] == 0.5
     assert g["identical"] == "1/2" and g["diffs"] == [("b", 3, 0.01)]
     assert rows[("code", "hf-uag")]["speedup"] == 2.0  # against hf-target, not target
     assert rows[("code", "target")]["speedup"] is None
-    order = [r["method"] for r in bench.summarize(runs) if r["set"] == "all"]
+    order = [r["method"] for r in report.summarize(runs) if r["set"] == "all"]
     assert order == ["target", "anyspec-greedy", "hf-target", "hf-uag"]
-    table = bench.markdown({"config": {"target": "t", "draft": "d", "dtype": "float32", "k": 4,
-                                       "max_new_tokens": 8, "threads": 2, "temperature": 0.7},
-                            "notes": {"vllm": "not installed"}, "runs": runs,
-                            "summary": bench.summarize(runs)})
+    table = report.markdown({"config": {"target": "t", "draft": "d", "dtype": "float32", "k": 4,
+                                        "max_new_tokens": 8, "threads": 2, "temperature": 0.7},
+                             "notes": {"vllm": "not installed"}, "runs": runs,
+                             "summary": report.summarize(runs)})
     assert "| code | anyspec-greedy | 20 | 10.00 | 2.00x (target) | 0.5 | 1/2 | b @3 (0.01) |" in table
     assert "- vllm: not installed" in table
 
@@ -66,12 +69,12 @@ def test_the_header_names_a_temperature_only_when_a_sampled_method_ran():
     config = {"target": "t", "draft": "d", "dtype": "float32", "k": 4, "max_new_tokens": 8, "threads": 2,
               "temperature": 0.7}
     greedy = [run("target", "a", 10, 2.0), run("anyspec-slem", "a", 10, 1.0, drafted=8, accepted=6)]
-    head = bench.markdown({"config": config, "notes": {}, "runs": greedy,
-                           "summary": bench.summarize(greedy)}).splitlines()[0]
+    head = report.markdown({"config": config, "notes": {}, "runs": greedy,
+                            "summary": report.summarize(greedy)}).splitlines()[0]
     assert head.endswith("2 threads, greedy") and "T=" not in head
     sampled = greedy + [run("anyspec-sampled", "a", 10, 1.0, drafted=8, accepted=5)]
-    head = bench.markdown({"config": config, "notes": {}, "runs": sampled,
-                           "summary": bench.summarize(sampled)}).splitlines()[0]
+    head = report.markdown({"config": config, "notes": {}, "runs": sampled,
+                            "summary": report.summarize(sampled)}).splitlines()[0]
     assert head.endswith("2 threads, sampled at T=0.7")
 
 
@@ -80,14 +83,14 @@ def test_plot_writes_png(tmp_path):
     runs = [run("target", "a", 10, 2.0), run("anyspec-greedy", "a", 10, 1.0, drafted=4, accepted=4,
                                              identical=True)]
     result = {"config": {"target": "t", "draft": "d", "dtype": "float32", "k": 4, "threads": 2},
-              "summary": bench.summarize(runs)}
-    bench.plot(result, tmp_path / "p.png")
+              "summary": report.summarize(runs)}
+    report.plot(result, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_unknown_method_is_refused_before_loading(monkeypatch):
     with pytest.raises(ConfigError, match="unknown method"):
-        bench.run_bench("t", "d", [bench.PROMPTS_DIR / "code.jsonl"], ["target", "magic"])
+        bench_run.run_bench("t", "d", [bench_prompts.PROMPTS_DIR / "code.jsonl"], ["target", "magic"])
 
 
 def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
@@ -99,8 +102,8 @@ def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
     prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]})
                                  for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
     methods = ["target", "anyspec-greedy", "anyspec-sampled", "hf-target", "hf-uag", "vllm"]
-    result = bench.run_bench(str(target), str(draft), [prompts], methods, max_new_tokens=6, dtype="fp32",
-                             log=lambda s: None)
+    result = bench_run.run_bench(str(target), str(draft), [prompts], methods, max_new_tokens=6, dtype="fp32",
+                                 log=lambda s: None)
     runs = result["runs"]
     done = {r["method"] for r in runs}
     assert done | set(result["notes"]) == set(methods) and "target" in done and "hf-uag" in done
@@ -112,7 +115,7 @@ def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
         if r["method"] in ("anyspec-greedy", "hf-target", "hf-uag"):
             assert r["identical"] is True or r["diff_pos"] < 6  # greedy is compared with the target alone
     assert all(r["drafted"] for r in runs if r["method"].startswith("anyspec"))
-    table = bench.markdown(result)
+    table = report.markdown(result)
     assert "| all | anyspec-greedy |" in table and "(target)" in table and "(hf-target)" in table
 
 
@@ -232,7 +235,7 @@ def test_vllm_python_without_vllm_is_one_line(fake_vllm, monkeypatch):
 
 
 def test_missing_vllm_python_is_a_note(tmp_path):
-    methods, notes = bench.available(["target", "vllm", "vllm-target"], tmp_path / "no" / "python")
+    methods, notes = bench_run.available(["target", "vllm", "vllm-target"], tmp_path / "no" / "python")
     assert methods == ["target"]
     assert set(notes) == {"vllm", "vllm-target"}
     assert "does not exist" in notes["vllm"] and "\n" not in notes["vllm"]
@@ -257,16 +260,16 @@ def test_vllm_python_option_defaults_to_env(monkeypatch):
 def test_vllm_speedups_in_summary():
     runs = [run("target", "a", 10, 2.0), run("vllm-target", "a", 10, 1.0, identical=True),
             run("vllm", "a", 10, 4.0, drafted=8, accepted=2, identical=True)]
-    rows = {r["method"]: r for r in bench.summarize(runs) if r["set"] == "all"}
+    rows = {r["method"]: r for r in report.summarize(runs) if r["set"] == "all"}
     assert rows["vllm"]["speedup"] == 0.5 and rows["vllm"]["speedup_vs_vllm-target"] == 0.25
     assert rows["vllm"]["acceptance"] == 0.25 and rows["vllm-target"]["speedup"] == 2.0
     info = {"vllm": "0.32.0", "python": "/v/bin/python", "dtype": "float32", "speculative": True,
             "enforce_eager": True,
             "cpus": "1", "mapping": "anyspec plugin"}
-    table = bench.markdown({"config": {"target": "t", "draft": "d", "dtype": "float32", "k": 4,
-                                       "max_new_tokens": 8, "threads": 2, "temperature": 0.7,
-                                       "vllm": {"vllm": info}},
-                            "notes": {}, "runs": runs, "summary": bench.summarize(runs)})
+    table = report.markdown({"config": {"target": "t", "draft": "d", "dtype": "float32", "k": 4,
+                                        "max_new_tokens": 8, "threads": 2, "temperature": 0.7,
+                                        "vllm": {"vllm": info}},
+                             "notes": {}, "runs": runs, "summary": report.summarize(runs)})
     assert "| all | vllm | 10 | 2.50 | 0.50x (target), 0.25x (vllm-target) | 0.25 | 1/1 | - |" in table
     assert ("- vllm: vLLM 0.32.0 (/v/bin/python, target and draft in float32, eager, cores 1, "
             "vocab mapping: anyspec plugin)") in table
@@ -286,9 +289,9 @@ def test_run_bench_with_vllm(where, tmp_path, tok_qwen2, tok_smollm2, fake_vllm,
                                  for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
     methods = ["target", "vllm-target", "vllm"]
     try:
-        result = bench.run_bench(str(target), str(draft), [prompts], methods, max_new_tokens=5, k=3,
-                                 dtype="fp32", log=lambda s: None,
-                                 vllm_python=sys.executable if where == "subprocess" else None)
+        result = bench_run.run_bench(str(target), str(draft), [prompts], methods, max_new_tokens=5, k=3,
+                                     dtype="fp32", log=lambda s: None,
+                                     vllm_python=sys.executable if where == "subprocess" else None)
     finally:
         if where == "in-process":
             sys.modules.pop("vllm", None)
@@ -315,10 +318,10 @@ def test_run_bench_vllm_dies_midway_is_a_note(tmp_path, tok_qwen2, tok_smollm2, 
     draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "prompt": "hello"}) + "\n")
-    real = bench.prompt_ids
-    monkeypatch.setattr(bench, "prompt_ids", lambda tok, p: [666] if p == "hello" else real(tok, p))
-    result = bench.run_bench(str(target), str(draft), [prompts], ["target", "vllm"], max_new_tokens=4,
-                             dtype="fp32", log=lambda s: None, vllm_python=sys.executable)
+    real = bench_run.prompt_ids
+    monkeypatch.setattr(bench_run, "prompt_ids", lambda tok, p: [666] if p == "hello" else real(tok, p))
+    result = bench_run.run_bench(str(target), str(draft), [prompts], ["target", "vllm"], max_new_tokens=4,
+                                 dtype="fp32", log=lambda s: None, vllm_python=sys.executable)
     assert [r["method"] for r in result["runs"]] == ["target"]
     assert "exited with code 7" in result["notes"]["vllm"] and "boom" in result["notes"]["vllm"]
     os.unlink(result["notes"]["vllm"].split("full log: ")[1].split(")")[0])
@@ -331,8 +334,8 @@ def test_repeat_runs_every_prompt_again_in_its_next_rotation(tmp_path, tok_qwen2
     draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "messages": [{"role": "user", "content": "Hi."}]}) + "\n")
-    result = bench.run_bench(str(target), str(draft), [prompts], ["target", "anyspec-slem"], max_new_tokens=4,
-                             dtype="fp32", log=lambda s: None, repeat=3)
+    result = bench_run.run_bench(str(target), str(draft), [prompts], ["target", "anyspec-slem"],
+                                 max_new_tokens=4, dtype="fp32", log=lambda s: None, repeat=3)
     runs = result["runs"]
     assert sorted((r["repeat"], r["method"]) for r in runs) == [
         (i, m) for i in range(3) for m in ("anyspec-slem", "target")]
@@ -341,9 +344,9 @@ def test_repeat_runs_every_prompt_again_in_its_next_rotation(tmp_path, tok_qwen2
     assert all(r["identical"] for r in runs if r["method"] == "anyspec-slem")
     row = next(r for r in result["summary"] if r["set"] == "all" and r["method"] == "target")
     assert row["prompts"] == 3 and result["config"]["repeat"] == 3
-    assert "3 runs of each" in bench.markdown(result)
+    assert "3 runs of each" in report.markdown(result)
     with pytest.raises(ConfigError, match="--repeat"):
-        bench.run_bench(str(target), str(draft), [prompts], ["target"], repeat=0)
+        bench_run.run_bench(str(target), str(draft), [prompts], ["target"], repeat=0)
 
 
 def test_logit_margin_is_the_reference_targets_own_top1_minus_top2(tok_qwen2):
@@ -357,6 +360,6 @@ def test_logit_margin_is_the_reference_targets_own_top1_minus_top2(tok_qwen2):
     target.reset()
     top = torch.topk(target.extend(ids, last=1)[-1], 2).values
     target.extend([5])  # a cache the margin must not read
-    margin = bench.logit_margin({"target": target}, prompt, ref, 2)
+    margin = bench_run.logit_margin(target, prompt, ref, 2)
     assert margin == pytest.approx(float(top[0] - top[1]), abs=1e-6) and margin >= 0
     assert target.num_cached == 0

@@ -1,4 +1,4 @@
-"""llama.cpp beside anyspec (``anyspec.bench_llama``): finding it, the request, llama-bench's output.
+"""llama.cpp beside anyspec (``anyspec.bench.llama``): finding it, the request, llama-bench's output.
 
 All but the last test run without llama.cpp: the note when it is missing, the ``/completion``
 body for token ids (and what a server receives), a server that fails to start, and the parsing
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tokenizer_files import SMOLLM2, SMOLLM2_GGUF, _registry
 
-from anyspec import bench_llama as bl
+from anyspec.bench import llama as bl
 from anyspec.fetch import package_file
 
 DATA = Path(__file__).parent / "data"

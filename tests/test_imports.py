@@ -95,3 +95,15 @@ def test_the_checker_finds_a_circle(tmp_path):
 
 def test_src_has_no_import_circles():
     assert circles(import_graph(SRC)) == []
+
+
+def test_the_bench_sits_on_top_and_its_runner_imports_nothing_of_anyspec():
+    """Only the command line imports the bench package; the vLLM runner, run by path in another
+    python where anyspec need not be installed, imports no anyspec module."""
+    graph = import_graph(SRC)
+    bench = {m for m in graph if m == "anyspec.bench" or m.startswith("anyspec.bench.")}
+    assert {"anyspec.bench.run", "anyspec.bench.llama", "anyspec.bench.isolated.vllm_runner"} <= bench
+    importers = {m for m, targets in graph.items() if targets & bench and m not in bench}
+    assert importers == {"anyspec.cli.bench"}
+    assert graph["anyspec.bench.isolated.vllm_runner"] == set()
+    assert not list((SRC / "anyspec").glob("bench*.py")) and not list((SRC / "anyspec").glob("isolated/*.py"))

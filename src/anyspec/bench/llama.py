@@ -26,6 +26,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from anyspec.bench.context import BenchContext
+
 PROGRAMS = ("llama-server", "llama-bench")
 FIX = "run `make llama-cpp` to build it (minutes), or set ANYSPEC_LLAMA_CPP to its bin folder"
 
@@ -181,20 +183,19 @@ def complete(url: str, ids: list[int], max_new_tokens: int, ignore_eos: bool = F
             **{k: timings.get(k) for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")}}
 
 
-def run_llama_cpp(ctx: dict, ids: list[int]) -> dict:
-    """The bench's ``llama.cpp`` method: ``ctx["llama_cpp_gguf"]`` (the target's GGUF) alone in a
-    ``llama-server`` (``ctx["threads"]``, a context of ``ctx.get("llama_cpp_ctx", 4096)`` tokens)
-    started on first use and kept in ``ctx`` until :func:`close_llama_cpp`; stops at ``ctx["eos"]``."""
-    if "llama_cpp_url" not in ctx:
-        stack = ctx["llama_cpp_stack"] = contextlib.ExitStack()
-        ctx["llama_cpp_url"] = stack.enter_context(llama_server(ctx["llama_cpp_gguf"], ctx.get("threads"),
-                                                                ctx.get("llama_cpp_ctx", 4096)))
-    return complete(ctx["llama_cpp_url"], ids, ctx["max_new_tokens"], eos=ctx.get("eos"))
+def run_llama_cpp(ctx: BenchContext, ids: list[int]) -> dict:
+    """The bench's ``llama.cpp`` method: ``ctx.llama_cpp_gguf`` (the target's GGUF) alone in a
+    ``llama-server`` (``ctx.threads``, a context of ``ctx.llama_cpp_ctx`` tokens) started on first use
+    and kept in ``ctx`` until :func:`close_llama_cpp`; stops at ``ctx.eos``."""
+    if ctx.llama_cpp_url is None:
+        ctx.llama_cpp_stack = contextlib.ExitStack()
+        ctx.llama_cpp_url = ctx.llama_cpp_stack.enter_context(
+            llama_server(ctx.llama_cpp_gguf, ctx.threads, ctx.llama_cpp_ctx))
+    return complete(ctx.llama_cpp_url, ids, ctx.max_new_tokens, eos=ctx.eos)
 
 
-def close_llama_cpp(ctx: dict) -> None:
-    stack = ctx.pop("llama_cpp_stack", None)
-    ctx.pop("llama_cpp_url", None)
+def close_llama_cpp(ctx: BenchContext) -> None:
+    stack, ctx.llama_cpp_stack, ctx.llama_cpp_url = ctx.llama_cpp_stack, None, None
     if stack is not None:
         stack.close()
 

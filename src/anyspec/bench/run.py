@@ -1,100 +1,49 @@
-"""``anyspec bench``: anyspec against the target alone and Hugging Face's assisted generation.
-
-On the same loaded models, dtype and prompts it runs, per prompt and in an order that rotates from
-prompt to prompt (so slow drift of the machine falls on every method alike):
-
-- ``target``: the target alone, on anyspec's own loop (k = 0), greedy: the reference output;
-- ``anyspec-greedy`` / ``anyspec-sampled``: TLI speculative decoding, greedy and sampled;
-- ``anyspec-slem``: SLEM (string-level exact match), greedy;
-- ``hf-target`` / ``hf-uag``: transformers ``generate`` alone and with ``assistant_model=`` +
-  ``assistant_tokenizer=`` (Universal Assisted Generation), each against its own baseline;
-- ``vllm``: vLLM's own speculative decoding with the same pair (``method="draft_model"``,
-  ``use_heterogeneous_vocab=True``), greedy; ``vllm-target`` (opt-in): vLLM with the target alone
-  (``bench_vllm.py``: in this process, or in a subprocess of ``--vllm-python``).
-
-Greedy outputs are compared token by token with ``target``; where they differ, the position and
-the target's top-1 minus top-2 logit at that position are reported (a near-tie there means the
-difference is numerical, not a bug). Writes JSON, a Markdown table and optionally a PNG plot.
-"""
+"""The bench's run: every check first, then the models, then every prompt through every method in
+a rotating order, each greedy output compared with the target's (``anyspec.bench``)."""
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 import time
 from pathlib import Path
 
-from anyspec.bench_hf import run_hf
-from anyspec.bench_llama import (
+from anyspec.bench.context import BenchContext
+from anyspec.bench.hf import run_hf
+from anyspec.bench.llama import (
     LlamaCppUnavailable,
     close_llama_cpp,
     llama_cpp_problem,
     run_llama_cpp,
     target_gguf,
 )
-from anyspec.bench_vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
+from anyspec.bench.methods import METHODS, VLLM_METHODS
+from anyspec.bench.prompts import load_prompts, prompt_ids
+from anyspec.bench.report import summarize
+from anyspec.bench.vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
 from anyspec.config import DRAFT_CONFIDENCE, NUM_SPECULATIVE_TOKENS, SpeculativeConfig
-from anyspec.engine.prompt import encode_prompt, end_ids
+from anyspec.engine.prompt import end_ids
 from anyspec.errors import ConfigError
 
-PROMPTS_DIR = Path(__file__).resolve().with_name("data") / "prompts"  # package data
-DEFAULT_PROMPTS = [PROMPTS_DIR / "code.jsonl", PROMPTS_DIR / "prose.jsonl"]
-METHODS = ("target", "anyspec-greedy", "anyspec-slem", "anyspec-sampled", "llama.cpp", "hf-target", "hf-uag",
-           "vllm-target", "vllm")
-DEFAULT_METHODS = [m for m in METHODS if m != "vllm-target"]  # a second vLLM instance: opt-in (memory)
-BASELINE = {"anyspec-greedy": "target", "anyspec-slem": "target", "anyspec-sampled": "target",
-            "hf-uag": "hf-target", "hf-target": "target", "vllm-target": "target", "vllm": "target",
-            "llama.cpp": "target"}
-# vLLM's own speedup, when vllm-target ran too; anyspec against llama.cpp's target alone
-SECOND_BASELINE = {"vllm": "vllm-target", "anyspec-greedy": "llama.cpp", "anyspec-slem": "llama.cpp",
-                   "target": "llama.cpp", "hf-uag": "llama.cpp"}
 UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
-VLLM_METHODS = ("vllm", "vllm-target")
-
-
-def load_prompts(path: Path) -> list[dict]:
-    """JSONL: one ``{"id": ..., "messages": [{"role": "user", "content": ...}]}`` (or ``"prompt"``) a line."""
-    if not path.is_file():
-        raise ConfigError(f"prompt file {path} does not exist")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise ConfigError(f"{path}:{n} is not valid JSON") from None
-        if "messages" not in row and "prompt" not in row:
-            raise ConfigError(f"{path}:{n} has neither 'messages' nor 'prompt'")
-        rows.append({"id": row.get("id", f"{path.stem}-{n}"), "set": path.stem,
-                     "prompt": row.get("messages") or row["prompt"]})
-    if not rows:
-        raise ConfigError(f"prompt file {path} has no prompts")
-    return rows
 
 
 # ---- methods: each returns {"ids", "text", "seconds", "drafted", "accepted"} -------------------------
 
-def prompt_ids(tok, prompt) -> list[int]:
-    """The target's prompt tokens exactly as the engine builds them."""
-    return encode_prompt(tok, prompt)[0]
-
-
-def run_anyspec(ctx: dict, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli") -> dict:
+def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli") -> dict:
     from anyspec.engine import Engine, SamplingParams
 
-    key = ("engine", draft, sampled, algorithm)
-    if key not in ctx:
-        config = SpeculativeConfig(num_speculative_tokens=ctx["k"], algorithm=algorithm,
+    key = (draft, sampled, algorithm)
+    if key not in ctx.engines:
+        config = SpeculativeConfig(num_speculative_tokens=ctx.k, algorithm=algorithm,
                                    draft_sample_method="sample" if sampled else "greedy",
                                    prefix_cache=False,  # every run prefills its whole prompt, as HF's does
-                                   **ctx["engine_options"])
-        ctx[key] = Engine(ctx["target"], ctx["draft"] if draft else None, config)
-    params = SamplingParams(temperature=ctx["temperature"] if sampled else 0.0,
-                            max_new_tokens=ctx["max_new_tokens"], seed=ctx["seed"] if sampled else None)
+                                   **ctx.engine_options)
+        ctx.engines[key] = Engine(ctx.target, ctx.draft if draft else None, config)
+    params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
+                            max_new_tokens=ctx.max_new_tokens, seed=ctx.seed if sampled else None)
     t = time.perf_counter()
-    res = ctx[key].generate(prompt, params)
+    res = ctx.engines[key].generate(prompt, params)
     dt = time.perf_counter() - t
     return {"ids": list(res.token_ids), "text": res.text, "seconds": dt,
             "drafted": res.stats.drafted if draft else None,
@@ -108,9 +57,9 @@ RUNNERS = {
     "anyspec-sampled": lambda ctx, p: run_anyspec(ctx, p, sampled=True),
     "hf-target": lambda ctx, p: run_hf(ctx, p, assisted=False),
     "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
-    "vllm-target": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx["target"].tokenizer, p), draft=False),
-    "vllm": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx["target"].tokenizer, p)),
-    "llama.cpp": lambda ctx, p: run_llama_cpp(ctx, prompt_ids(ctx["target"].tokenizer, p)),
+    "vllm-target": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx.target.tokenizer, p), draft=False),
+    "vllm": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx.target.tokenizer, p)),
+    "llama.cpp": lambda ctx, p: run_llama_cpp(ctx, prompt_ids(ctx.target.tokenizer, p)),
 }
 
 
@@ -143,14 +92,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def logit_margin(ctx: dict, prompt, ref: list[int], pos: int) -> float:
+def logit_margin(target, prompt, ref: list[int], pos: int) -> float:
     """The target's top-1 minus top-2 logit for the token at ``pos`` after ``prompt + ref[:pos]``.
 
     Scored by anyspec's target (the reference's own forward: lean or transformers'), in fp32.
     """
     import torch
 
-    target = ctx["target"]
     ids = prompt_ids(target.tokenizer, prompt) + ref[:pos]
     target.reset()
     logits = target.extend(ids, last=1)[-1]
@@ -192,17 +140,15 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
         f"{torch.get_num_threads()} threads")
     from anyspec.models import MODELS, resolve_model
 
-    ctx = {"target": tgt, "draft": drf, "k": k, "temperature": temperature, "seed": seed,
-           "engine_options": engine_options, "hf_assistant": hf_assistant,
-           "max_new_tokens": max_new_tokens, "eos": end_ids(tgt),
-           "dtype_name": dtype, "draft_dtype": draft_dtype, "threads": threads or torch.get_num_threads(),
-           "vllm_python": vllm_python, "target_spec": target, "draft_spec": draft,
-           "llama_cpp_gguf": target_gguf(target),
-           "target_path": resolve_model(target) if target in MODELS else target,
-           "draft_path": resolve_model(draft) if draft in MODELS else draft}
-
+    ctx = BenchContext(target=tgt, draft=drf, k=k, temperature=temperature, seed=seed,
+                       max_new_tokens=max_new_tokens, eos=end_ids(tgt), dtype_name=dtype,
+                       draft_dtype=draft_dtype, threads=threads or torch.get_num_threads(),
+                       engine_options=engine_options, hf_assistant=hf_assistant, target_spec=target,
+                       draft_spec=draft, target_path=resolve_model(target) if target in MODELS else target,
+                       draft_path=resolve_model(draft) if draft in MODELS else draft,
+                       llama_cpp_gguf=target_gguf(target), vllm_python=vllm_python)
     if any(m in VLLM_METHODS for m in methods):
-        ctx["vllm_max_model_len"] = vllm_max_model_len(
+        ctx.vllm_max_model_len = vllm_max_model_len(
             [len(prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], max_new_tokens, k)
     try:
         runs = _run_all(ctx, prompts * repeat, methods, notes, log)
@@ -217,17 +163,16 @@ def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[s
                        "torch": torch.__version__, "python": sys.version.split()[0],
                        "hf_uag": "transformers generate() defaults (adaptive number of assistant tokens)"
                        if hf_assistant == "default" else f"fixed {k} assistant tokens",
-                       **({"vllm": ctx["vllm_info"]} if ctx.get("vllm_info") else {})},
+                       **({"vllm": ctx.vllm_info} if ctx.vllm_info else {})},
             "notes": notes, "runs": runs, "summary": summarize(runs)}
 
 
-def _run_all(ctx: dict, prompts: list[dict], methods: list[str], notes: dict, log) -> list[dict]:
+def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: dict, log) -> list[dict]:
     """Warm every method up, then every prompt through every method in an order that rotates from
     one prompt to the next (a prompt listed again, for ``--repeat``, gets its next rotation). A
     vLLM method that cannot run (or whose subprocess dies) is dropped with a note."""
     methods = list(methods)
-    warm = {"max_new_tokens": ctx["max_new_tokens"]}
-    ctx["max_new_tokens"] = 4
+    max_new_tokens, ctx.max_new_tokens = ctx.max_new_tokens, 4
     for m in list(methods):
         try:
             RUNNERS[m](ctx, [{"role": "user", "content": "Say hi."}])
@@ -235,7 +180,7 @@ def _run_all(ctx: dict, prompts: list[dict], methods: list[str], notes: dict, lo
             notes[m] = str(exc)
             methods.remove(m)
             log(f"  {m}: {exc}")
-    ctx.update(warm)
+    ctx.max_new_tokens = max_new_tokens
 
     runs = []
     for i, p in enumerate(prompts):
@@ -264,113 +209,6 @@ def _run_all(ctx: dict, prompts: list[dict], methods: list[str], notes: dict, lo
             r["identical"] = pos is None
             if pos is not None:
                 r["diff_pos"] = pos
-                r["diff_margin"] = logit_margin(ctx, p["prompt"], ref["ids"], pos) if pos < len(ref["ids"]) \
-                    else None
+                r["diff_margin"] = (logit_margin(ctx.target, p["prompt"], ref["ids"], pos)
+                                    if pos < len(ref["ids"]) else None)
     return runs
-
-
-def summarize(runs: list[dict]) -> list[dict]:
-    rows = []
-    for s in sorted({r["set"] for r in runs}) + ["all"]:
-        sel = [r for r in runs if s in ("all", r["set"])]
-        tps = {}
-        for m in sorted({r["method"] for r in sel}, key=METHODS.index):
-            mine = [r for r in sel if r["method"] == m]
-            tokens, seconds = sum(len(r["ids"]) for r in mine), sum(r["seconds"] for r in mine)
-            tps[m] = tokens / seconds if seconds else 0.0
-            drafted = sum(r["drafted"] or 0 for r in mine)
-            compared = [r for r in mine if "identical" in r]
-            rows.append({
-                "set": s, "method": m, "prompts": len(mine), "tokens": tokens, "seconds": round(seconds, 3),
-                "tokens_per_second": round(tps[m], 3),
-                "acceptance": round(sum(r["accepted"] or 0 for r in mine) / drafted, 3) if drafted else None,
-                "identical": f"{sum(r['identical'] for r in compared)}/{len(compared)}" if compared else None,
-                "diffs": [(r["prompt"], r["diff_pos"], None if r["diff_margin"] is None
-                           else round(r["diff_margin"], 3)) for r in compared if not r["identical"]],
-            })
-        for row in rows:
-            if row["set"] == s:
-                base = BASELINE.get(row["method"])
-                row["speedup"] = round(row["tokens_per_second"] / tps[base], 3) if tps.get(base) else None
-                second = SECOND_BASELINE.get(row["method"])
-                if tps.get(second):
-                    row[f"speedup_vs_{second}"] = round(row["tokens_per_second"] / tps[second], 3)
-    return rows
-
-
-def sampled_at(result: dict) -> str:
-    """The header's word on sampling: its temperature when a sampled method ran, else greedy."""
-    ran = {r["method"] for r in result["summary"]}
-    return f"sampled at T={result['config']['temperature']}" if "anyspec-sampled" in ran else "greedy"
-
-
-def markdown(result: dict) -> str:
-    c = result["config"]
-    lines = [f"target `{c['target']}` ({c['dtype']}), draft `{c['draft']}` "
-             f"({c.get('draft_dtype', c['dtype'])}), k={c['k']}, "
-             f"{'draft confidence ' + str(c['draft_confidence']) + ', ' if c.get('draft_confidence') else ''}"
-             f"{str(c['repeat']) + ' runs of each, ' if c.get('repeat', 1) > 1 else ''}"
-             f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, "
-             f"{sampled_at(result)}",
-             "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | identical to target | "
-             "first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|"]
-    for r in result["summary"]:
-        vs = f"{r['speedup']:.2f}x ({BASELINE[r['method']]})" if r.get("speedup") is not None else "-"
-        second = SECOND_BASELINE.get(r["method"])
-        if r.get(f"speedup_vs_{second}") is not None:
-            vs += f", {r[f'speedup_vs_{second}']:.2f}x ({second})"
-        diffs = "; ".join(f"{p} @{pos} ({m})" for p, pos, m in r["diffs"][:4]) or "-"
-        lines.append(f"| {r['set']} | {r['method']} | {r['tokens']} | {r['tokens_per_second']:.2f} | {vs} | "
-                     f"{r['acceptance'] if r['acceptance'] is not None else '-'} | {r['identical'] or '-'} | "
-                     f"{diffs} |")
-    for m, info in c.get("vllm", {}).items():
-        models = "target and draft" if info.get("speculative") else "target"
-        lines.append(f"- {m}: vLLM {info.get('vllm')} ({info.get('python')}"
-                     f"{f', {models} in ' + info['dtype'] if info.get('dtype') else ''}"
-                     f"{', eager' if info.get('enforce_eager') else ''}"
-                     f"{', cores ' + info['cpus'] if info.get('cpus') else ''}"
-                     f"{', vocab mapping: ' + info['mapping'] if info.get('mapping') else ''})")
-    lines += [f"- {m}: {note}" for m, note in result["notes"].items()]
-    return "\n".join(lines) + "\n"
-
-
-def pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'anyspec[bench]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot(result: dict, path: Path) -> None:
-    plt = pyplot()
-
-    rows = [r for r in result["summary"] if r["set"] != "all"]
-    sets = list(dict.fromkeys(r["set"] for r in rows))
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    width = 0.8 / max(len(methods), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sets) * len(methods) ** 0.5), 4))
-    for j, m in enumerate(methods):
-        xs, ys = [], []
-        for i, s in enumerate(sets):
-            r = next((r for r in rows if r["set"] == s and r["method"] == m), None)
-            if r:
-                xs.append(i + j * width)
-                ys.append(r["tokens_per_second"])
-                if r.get("speedup") is not None and m not in ("target", "hf-target"):
-                    ax.annotate(f"{r['speedup']:.2f}x", (i + j * width, r["tokens_per_second"]),
-                                ha="center", va="bottom", fontsize=7)
-        ax.bar(xs, ys, width, label=m)
-    c = result["config"]
-    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(sets))], sets)
-    ax.set_ylabel("tokens / s")
-    ax.set_title(f"{c['target']} ({c['dtype']}) <- {c['draft']} ({c.get('draft_dtype', c['dtype'])}), "
-                 f"k={c['k']}, {c['threads']} threads",
-                 fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

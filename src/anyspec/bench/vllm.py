@@ -4,7 +4,7 @@
 ``use_heterogeneous_vocab=True``), greedy; ``vllm-target`` is vLLM with the target alone. vLLM
 runs in this process when it imports here, else with ``--vllm-python PATH`` (or
 ``ANYSPEC_VLLM_PYTHON``) in a long-lived subprocess of that interpreter
-(``isolated/vllm_runner.py``), one prompt per request, so the bench's rotation applies to it too.
+(``bench/isolated/vllm_runner.py``), one prompt per request, so the bench's rotation applies to it too.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from anyspec.bench.context import BenchContext
 
 
 class VllmUnavailable(Exception):
@@ -190,49 +192,48 @@ class VllmProcess:
             self._remove_log()
 
 
-def _vllm_engine(ctx: dict, draft: bool):
+def _vllm_engine(ctx: BenchContext, draft: bool):
     """The loaded vLLM for this method: a :class:`VllmProcess` with ``--vllm-python``, else an
     in-process ``vllm.LLM``."""
-    key = ("vllm", draft)
-    if key in ctx:
-        return ctx[key]
-    if ctx["dtype_name"] not in VLLM_DTYPES:
-        raise VllmUnavailable(f"vLLM has no dtype {ctx['dtype_name']}; bench vLLM with --dtype fp32 or bf16; "
+    if draft in ctx.vllm:
+        return ctx.vllm[draft]
+    if ctx.dtype_name not in VLLM_DTYPES:
+        raise VllmUnavailable(f"vLLM has no dtype {ctx.dtype_name}; bench vLLM with --dtype fp32 or bf16; "
                               "skipped")
-    target, draft_path = str(ctx["target_path"]), str(ctx["draft_path"]) if draft else None
-    if ctx.get("vllm_python"):
-        ctx[key] = VllmProcess(ctx["vllm_python"], target, draft_path, VLLM_DTYPES[ctx["dtype_name"]],
-                               ctx["k"], ctx.get("vllm_max_model_len"), ctx.get("threads"), ctx["seed"])
-        ctx.setdefault("vllm_info", {})["vllm" if draft else "vllm-target"] = ctx[key].info
+    dtype, method = VLLM_DTYPES[ctx.dtype_name], "vllm" if draft else "vllm-target"
+    target, draft_path = str(ctx.target_path), str(ctx.draft_path) if draft else None
+    if ctx.vllm_python:
+        engine = VllmProcess(ctx.vllm_python, target, draft_path, dtype, ctx.k, ctx.vllm_max_model_len,
+                             ctx.threads, ctx.seed)
+        ctx.vllm_info[method] = engine.info
     else:
-        from anyspec.isolated.vllm_runner import default_eager, load_llm, oneline
+        from anyspec.bench.isolated.vllm_runner import default_eager, load_llm, oneline
 
         try:
-            ctx[key] = load_llm(target, draft_path, VLLM_DTYPES[ctx["dtype_name"]], ctx["k"],
-                                ctx.get("vllm_max_model_len"), seed=ctx["seed"])
+            engine = load_llm(target, draft_path, dtype, ctx.k, ctx.vllm_max_model_len, seed=ctx.seed)
         except Exception as exc:
             raise VllmUnavailable(f"vLLM could not load the model(s) ({oneline(exc)}); skipped") from None
         import vllm
 
-        ctx.setdefault("vllm_info", {})["vllm" if draft else "vllm-target"] = {
-            "vllm": vllm.__version__, "python": "in-process", "dtype": VLLM_DTYPES[ctx["dtype_name"]],
-            "speculative": draft, "enforce_eager": default_eager()}
-    return ctx[key]
+        ctx.vllm_info[method] = {"vllm": vllm.__version__, "python": "in-process", "dtype": dtype,
+                                 "speculative": draft, "enforce_eager": default_eager()}
+    ctx.vllm[draft] = engine
+    return engine
 
 
-def run_vllm(ctx: dict, ids: list[int], draft: bool = True) -> dict:
+def run_vllm(ctx: BenchContext, ids: list[int], draft: bool = True) -> dict:
     """vLLM greedy on the target's prompt tokens ``ids``: its own speculative decoding with the same
     pair, or (``draft=False``) the target alone. Ids end before the first EOS, as the other methods' do."""
     engine = _vllm_engine(ctx, draft)
     if isinstance(engine, VllmProcess):
-        out = engine.generate(ids, ctx["max_new_tokens"])
+        out = engine.generate(ids, ctx.max_new_tokens)
     else:
-        from anyspec.isolated.vllm_runner import generate
+        from anyspec.bench.isolated.vllm_runner import generate
 
-        out = generate(engine, ids, ctx["max_new_tokens"], speculative=draft)
+        out = generate(engine, ids, ctx.max_new_tokens, speculative=draft)
     new = list(out["ids"])
     for i, token in enumerate(new):
-        if token in ctx["eos"]:
+        if token in ctx.eos:
             new = new[:i]
             break
     return {"ids": new, "text": out["text"], "seconds": out["seconds"],
@@ -265,8 +266,8 @@ def unavailable(vllm_python: str | Path | None) -> str | None:
     return None
 
 
-def close_all(ctx: dict) -> None:
+def close_all(ctx: BenchContext) -> None:
     """Ends the runner subprocesses that :func:`run_vllm` started in ``ctx``."""
-    for key in [key for key in ctx if isinstance(key, tuple) and key[0] == "vllm"]:
-        if isinstance(ctx[key], VllmProcess):
-            ctx[key].close()
+    for engine in ctx.vllm.values():
+        if isinstance(engine, VllmProcess):
+            engine.close()

@@ -1,5 +1,5 @@
 """``anyspec bench``: anyspec against the target alone, Hugging Face's assisted generation and vLLM
-(``anyspec/bench.py``), on the prompts shipped with the package unless ``--prompts`` names others."""
+(``anyspec/bench/``), on the prompts shipped with the package unless ``--prompts`` names others."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from anyspec.cli.options import (
 
 
 def add_parser(sub) -> None:
-    from anyspec.bench import DEFAULT_METHODS, METHODS
+    from anyspec.bench.methods import DEFAULT_METHODS, METHODS
 
     p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines")
     add_model_options(p, no_draft=False)
@@ -46,16 +46,19 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from anyspec.bench import DEFAULT_PROMPTS, markdown, plot, pyplot, run_bench
+    from anyspec.bench.prompts import DEFAULT_PROMPTS
+    from anyspec.bench.report import markdown, plot, pyplot
+    from anyspec.bench.run import run_bench
 
     for path, option in ((args.json, "--json"), (args.markdown, "--markdown"), (args.plot, "--plot")):
         check_output(path, option)
     if args.plot:
         pyplot()
     files = args.prompts or DEFAULT_PROMPTS
-    result = run_bench(args.target, args.draft, files, args.methods, args.max_new_tokens,
-                       args.num_speculative_tokens, args.dtype, args.temperature, args.seed, args.threads,
-                       args.limit, args.hf_assistant, args.draft_dtype, args.adaptive_k, args.vllm_python,
+    result = run_bench(args.target, args.draft, files, args.methods, max_new_tokens=args.max_new_tokens,
+                       k=args.num_speculative_tokens, dtype=args.dtype, temperature=args.temperature,
+                       seed=args.seed, threads=args.threads, limit=args.limit, hf_assistant=args.hf_assistant,
+                       draft_dtype=args.draft_dtype, adaptive_k=args.adaptive_k, vllm_python=args.vllm_python,
                        log=lambda s: print(s, file=sys.stderr, flush=True),
                        draft_confidence=args.draft_confidence, repeat=args.repeat)
     table = markdown(result)

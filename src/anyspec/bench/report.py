@@ -1,0 +1,115 @@
+"""The bench's results: the summary by prompt set and method, the Markdown table and a PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anyspec.bench.methods import BASELINE, METHODS, SECOND_BASELINE
+from anyspec.errors import ConfigError
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    rows = []
+    for s in sorted({r["set"] for r in runs}) + ["all"]:
+        sel = [r for r in runs if s in ("all", r["set"])]
+        tps = {}
+        for m in sorted({r["method"] for r in sel}, key=METHODS.index):
+            mine = [r for r in sel if r["method"] == m]
+            tokens, seconds = sum(len(r["ids"]) for r in mine), sum(r["seconds"] for r in mine)
+            tps[m] = tokens / seconds if seconds else 0.0
+            drafted = sum(r["drafted"] or 0 for r in mine)
+            compared = [r for r in mine if "identical" in r]
+            rows.append({
+                "set": s, "method": m, "prompts": len(mine), "tokens": tokens, "seconds": round(seconds, 3),
+                "tokens_per_second": round(tps[m], 3),
+                "acceptance": round(sum(r["accepted"] or 0 for r in mine) / drafted, 3) if drafted else None,
+                "identical": f"{sum(r['identical'] for r in compared)}/{len(compared)}" if compared else None,
+                "diffs": [(r["prompt"], r["diff_pos"], None if r["diff_margin"] is None
+                           else round(r["diff_margin"], 3)) for r in compared if not r["identical"]],
+            })
+        for row in rows:
+            if row["set"] == s:
+                base = BASELINE.get(row["method"])
+                row["speedup"] = round(row["tokens_per_second"] / tps[base], 3) if tps.get(base) else None
+                second = SECOND_BASELINE.get(row["method"])
+                if tps.get(second):
+                    row[f"speedup_vs_{second}"] = round(row["tokens_per_second"] / tps[second], 3)
+    return rows
+
+
+def sampled_at(result: dict) -> str:
+    """The header's word on sampling: its temperature when a sampled method ran, else greedy."""
+    ran = {r["method"] for r in result["summary"]}
+    return f"sampled at T={result['config']['temperature']}" if "anyspec-sampled" in ran else "greedy"
+
+
+def markdown(result: dict) -> str:
+    c = result["config"]
+    lines = [f"target `{c['target']}` ({c['dtype']}), draft `{c['draft']}` "
+             f"({c.get('draft_dtype', c['dtype'])}), k={c['k']}, "
+             f"{'draft confidence ' + str(c['draft_confidence']) + ', ' if c.get('draft_confidence') else ''}"
+             f"{str(c['repeat']) + ' runs of each, ' if c.get('repeat', 1) > 1 else ''}"
+             f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, "
+             f"{sampled_at(result)}",
+             "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | identical to target | "
+             "first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["summary"]:
+        vs = f"{r['speedup']:.2f}x ({BASELINE[r['method']]})" if r.get("speedup") is not None else "-"
+        second = SECOND_BASELINE.get(r["method"])
+        if r.get(f"speedup_vs_{second}") is not None:
+            vs += f", {r[f'speedup_vs_{second}']:.2f}x ({second})"
+        diffs = "; ".join(f"{p} @{pos} ({m})" for p, pos, m in r["diffs"][:4]) or "-"
+        lines.append(f"| {r['set']} | {r['method']} | {r['tokens']} | {r['tokens_per_second']:.2f} | {vs} | "
+                     f"{r['acceptance'] if r['acceptance'] is not None else '-'} | {r['identical'] or '-'} | "
+                     f"{diffs} |")
+    for m, info in c.get("vllm", {}).items():
+        models = "target and draft" if info.get("speculative") else "target"
+        lines.append(f"- {m}: vLLM {info.get('vllm')} ({info.get('python')}"
+                     f"{f', {models} in ' + info['dtype'] if info.get('dtype') else ''}"
+                     f"{', eager' if info.get('enforce_eager') else ''}"
+                     f"{', cores ' + info['cpus'] if info.get('cpus') else ''}"
+                     f"{', vocab mapping: ' + info['mapping'] if info.get('mapping') else ''})")
+    lines += [f"- {m}: {note}" for m, note in result["notes"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'anyspec[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(result: dict, path: Path) -> None:
+    plt = pyplot()
+
+    rows = [r for r in result["summary"] if r["set"] != "all"]
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    width = 0.8 / max(len(methods), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(sets) * len(methods) ** 0.5), 4))
+    for j, m in enumerate(methods):
+        xs, ys = [], []
+        for i, s in enumerate(sets):
+            r = next((r for r in rows if r["set"] == s and r["method"] == m), None)
+            if r:
+                xs.append(i + j * width)
+                ys.append(r["tokens_per_second"])
+                if r.get("speedup") is not None and m not in ("target", "hf-target"):
+                    ax.annotate(f"{r['speedup']:.2f}x", (i + j * width, r["tokens_per_second"]),
+                                ha="center", va="bottom", fontsize=7)
+        ax.bar(xs, ys, width, label=m)
+    c = result["config"]
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(sets))], sets)
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"{c['target']} ({c['dtype']}) <- {c['draft']} ({c.get('draft_dtype', c['dtype'])}), "
+                 f"k={c['k']}, {c['threads']} threads",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
