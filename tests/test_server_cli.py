@@ -136,3 +136,21 @@ def test_serve_max_prompt_tokens_reaches_the_settings():
     parse = build_parser().parse_args
     assert check_args(parse(["serve"]))[0].max_prompt_tokens is None
     assert check_args(parse(["serve", "--max-prompt-tokens", "512"]))[0].max_prompt_tokens == 512
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("max_batch", 0, "--max-batch must be >= 1, got 0"),
+    ("queue_size", -1, "--queue-size must be >= 1, got -1"),
+    ("max_prompt_tokens", 0, "--max-prompt-tokens must be >= 1, got 0"),
+    ("queue_timeout", 0.0, "--queue-timeout must be > 0 seconds, got 0.0"),
+    ("generation_timeout", float("nan"), "--generation-timeout must be > 0 seconds"),
+])
+def test_server_settings_check_themselves(field, value, says):
+    """The same checks for a server built in code (``create_app``) as for ``anyspec serve``."""
+    from anyspec.errors import ConfigError
+    from anyspec.server.app import Settings
+
+    with pytest.raises(ConfigError) as info:
+        Settings("m", **{field: value})
+    assert says in str(info.value)
+    assert Settings("m").max_batch == 4 and Settings("m", max_prompt_tokens=None).max_prompt_tokens is None

@@ -16,6 +16,7 @@ from anyspec.errors import ConfigError
 
 NUM_SPECULATIVE_TOKENS = 5
 DRAFT_CONFIDENCE = 0.5
+MAX_BATCH = 4  # generations run together (Engine.generate_batch, anyspec serve)
 MAX_SPECULATIVE_TOKENS = 64  # a round's draft; acceptance falls geometrically long before this
 # Sampling settings below these are refused: logits / temperature and the top-p mass are float32,
 # where smaller values overflow or round to 0 (temperature 0 is greedy; top_p 1e-6 is greedy already).

@@ -15,7 +15,7 @@ from anyspec.cli.options import (
     pair_plan,
     speculative_config,
 )
-from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS
+from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, MAX_BATCH
 from anyspec.errors import ConfigError
 
 
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the target)")
-    p.add_argument("--max-batch", type=int, default=4,
+    p.add_argument("--max-batch", type=int, default=MAX_BATCH,
                    help="generations run together (each keeps a KV cache of the target and the draft)")
     p.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more answer 429")
     p.add_argument("--queue-timeout", type=float, default=60.0, help="seconds a request may wait; then 503")
@@ -54,15 +54,8 @@ def check_args(args):
                                 draft_sample_method=args.draft_sample_method,
                                 draft_context=args.draft_context, prefix_cache=not args.no_prefix_cache)
     plan = pair_plan(args)
-    for name in ("max_batch", "queue_size", "max_body_bytes", "default_max_tokens", "port",
-                 "max_prompt_tokens"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.port > 65535:
-        raise ConfigError(f"--port must be at most 65535, got {args.port}")
-    for name in ("queue_timeout", "generation_timeout"):
-        if not getattr(args, name) > 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(args, name)}")
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port must be from 1 to 65535, got {args.port}")
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -72,14 +65,14 @@ def check_args(args):
                           "pip install 'anyspec[server]'") from None
     from anyspec.server.app import Settings
 
+    name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
+    settings = Settings(name, args.queue_size, args.queue_timeout, args.generation_timeout,  # checks them
+                        args.max_body_bytes, args.default_max_tokens, args.max_batch, args.max_prompt_tokens)
     with socket.socket() as probe:
         try:
             probe.bind((args.host, args.port))
         except OSError as exc:
             raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
-    settings = Settings(name, args.queue_size, args.queue_timeout, args.generation_timeout,
-                        args.max_body_bytes, args.default_max_tokens, args.max_batch, args.max_prompt_tokens)
     return settings, config, plan
 
 

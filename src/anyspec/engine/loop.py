@@ -17,7 +17,7 @@ import torch
 
 from anyspec.algorithms import tli
 from anyspec.algorithms.adaptive_k import AdaptiveK
-from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
@@ -132,8 +132,8 @@ class Engine:
                               "on anyspec's kernels); run these requests one at a time")
         return self.target.new_sequence(), self.draft.new_sequence() if self.draft is not None else None
 
-    def generate_batch(self, requests: list[tuple[str | list[dict], SamplingParams]], max_batch: int = 4
-                       ) -> list[GenerationResult]:
+    def generate_batch(self, requests: list[tuple[str | list[dict], SamplingParams]],
+                       max_batch: int = MAX_BATCH) -> list[GenerationResult]:
         """Every ``(prompt, params)``, up to ``max_batch`` at a time; a request joins as soon as
         another one ends. Each result is the same as ``generate`` gives the request alone."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:

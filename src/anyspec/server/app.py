@@ -33,22 +33,23 @@ import contextlib
 import copy
 import math
 import time
-import uuid
 from dataclasses import dataclass
 
+from anyspec.config import MAX_BATCH
 from anyspec.engine import Engine
 from anyspec.engine.prompt import context_length
+from anyspec.errors import ConfigError
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import (
     ApiError,
     ClientGone,
-    anyspec_stats,
     as_api_error,
     error_body,
+    full_response,
     parse_request,
     read_json,
-    sse,
-    usage,
+    response_head,
+    stream_chunks,
 )
 from anyspec.server.scheduler import Job, QueueFull, Scheduler
 
@@ -57,15 +58,28 @@ ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/
 
 @dataclass
 class Settings:
+    """The server's limits, checked here (a ``ConfigError`` names the ``anyspec serve`` option)."""
     model_name: str
     queue_size: int = 16
     queue_timeout: float = 60.0
     generation_timeout: float = 300.0
     max_body_bytes: int = 1_000_000
     default_max_tokens: int = 256
-    max_batch: int = 4
+    max_batch: int = MAX_BATCH
     max_prompt_tokens: int | None = None  # None: up to the target's context
     worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
+
+    def __post_init__(self):
+        for name in ("queue_size", "max_body_bytes", "default_max_tokens", "max_batch", "max_prompt_tokens"):
+            value = getattr(self, name)
+            if value is None and name == "max_prompt_tokens":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
+        for name in ("queue_timeout", "generation_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
 
 
 async def next_event(job: Job, request, deadline: float | None = None):
@@ -81,6 +95,29 @@ async def next_event(job: Job, request, deadline: float | None = None):
         except TimeoutError:
             if deadline is not None and time.monotonic() > deadline:
                 raise
+
+
+async def admit(job: Job, request, scheduler: Scheduler, settings: Settings, metrics: Metrics) -> bool:
+    """Queue the job and wait until the worker starts it: 429 when the queue is full, 503 past
+    ``queue_timeout``; False when the client went away first."""
+    retry = str(min(60, math.ceil(metrics.mean_generation_seconds() * (scheduler.depth + 1))))
+    try:
+        scheduler.submit(job)
+    except QueueFull:
+        raise ApiError(429, f"The server is busy: {settings.queue_size} requests are already waiting. "
+                            "Retry later.", None, "queue_full", {"Retry-After": retry}) from None
+    try:
+        kind, value = await next_event(job, request, time.monotonic() + settings.queue_timeout)
+        if kind == "error":
+            raise as_api_error(value)
+    except TimeoutError:
+        scheduler.cancel(job)
+        raise ApiError(503, f"The request waited longer than {settings.queue_timeout:g} s in the queue.",
+                       None, "queue_timeout", {"Retry-After": retry}) from None
+    except ClientGone:
+        scheduler.cancel(job)
+        return False
+    return True
 
 
 def count_requests(app, metrics: Metrics):
@@ -109,32 +146,11 @@ def count_requests(app, metrics: Metrics):
     return wrapped
 
 
-def create_app(engine: Engine, settings: Settings):
-    """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan
-    (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from prometheus_client import CONTENT_TYPE_LATEST
+def add_error_handlers(app) -> None:
+    """Every error answers ``{"error": {...}}``: an ``ApiError`` as it says, an HTTP error (an unknown
+    route) with its status, anything else as a 500."""
+    from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
-
-    metrics = Metrics()
-    target_only = Engine(engine.target, None, engine.config) if engine.draft is not None else None
-    scheduler = Scheduler(engine, target_only, settings.queue_size, settings.generation_timeout, metrics,
-                          settings.max_batch)
-    tokenizer = copy.deepcopy(engine.target.tokenizer)  # the worker uses the original
-    context = context_length(engine.target)
-    metrics.queue_state = lambda: (scheduler.depth, len(scheduler.running))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        if settings.worker_thread:
-            scheduler.start()
-        yield
-        scheduler.stop()
-
-    app = FastAPI(title="anyspec", lifespan=lifespan)
-    app.state.scheduler, app.state.metrics = scheduler, metrics
-    app.add_middleware(count_requests, metrics=metrics)
 
     def error(exc: ApiError) -> JSONResponse:
         return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), exc.status, exc.headers)
@@ -152,91 +168,11 @@ def create_app(engine: Engine, settings: Settings):
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(Exception, on_crash)
 
-    async def generate(request: Request, chat: bool):
-        parsed = parse_request(await read_json(request, settings.max_body_bytes), chat, settings.model_name,
-                               tokenizer, context, settings.default_max_tokens, settings.max_prompt_tokens)
-        job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
-                  asyncio.get_running_loop())
-        retry = str(min(60, math.ceil(metrics.mean_generation_seconds() * (scheduler.depth + 1))))
-        try:
-            scheduler.submit(job)
-        except QueueFull:
-            raise ApiError(429, f"The server is busy: {settings.queue_size} requests are already waiting. "
-                                "Retry later.", None, "queue_full", {"Retry-After": retry}) from None
-        try:
-            kind, value = await next_event(job, request, time.monotonic() + settings.queue_timeout)
-            if kind == "error":
-                raise as_api_error(value)
-        except TimeoutError:
-            scheduler.cancel(job)
-            raise ApiError(503, f"The request waited longer than {settings.queue_timeout:g} s in the queue.",
-                           None, "queue_timeout", {"Retry-After": retry}) from None
-        except ClientGone:
-            scheduler.cancel(job)
-            return Response(status_code=499)
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": created, "model": settings.model_name}
 
-        def choice(text: str | None, finish: str | None) -> dict:
-            if chat:
-                return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
-                        "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
-        if parsed.stream:
-            async def events():
-                extra = {"usage": None} if parsed.include_usage else {}
-                try:
-                    if chat:
-                        first = choice(None, None) | {"delta": {"role": "assistant", "content": ""}}
-                        yield sse(head | {"choices": [first]} | extra)
-                    while True:
-                        kind, value = await job.events.get()
-                        if kind == "text":
-                            yield sse(head | {"choices": [choice(value, None)]} | extra)
-                        elif kind == "error":
-                            exc = as_api_error(value)
-                            yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
-                            break
-                        else:
-                            yield sse(head | {"choices": [choice(None, value.finish_reason)]} | extra
-                                      | {"anyspec": anyspec_stats(value)})
-                            if parsed.include_usage:
-                                yield sse(head | {"choices": [], "usage": usage(value)})
-                            break
-                    yield "data: [DONE]\n\n"
-                finally:
-                    scheduler.cancel(job)
-
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-
-        try:
-            while (event := await next_event(job, request))[0] == "text":
-                pass
-        except ClientGone:
-            scheduler.cancel(job)
-            return Response(status_code=499)
-        kind, outcome = event
-        if kind == "error":
-            raise as_api_error(outcome)
-        if chat:
-            result = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": None,
-                      "finish_reason": outcome.finish_reason}
-        else:
-            result = {"index": 0, "text": outcome.text, "logprobs": None,
-                      "finish_reason": outcome.finish_reason}
-        return head | {"object": "chat.completion" if chat else "text_completion", "choices": [result],
-                       "usage": usage(outcome), "anyspec": anyspec_stats(outcome)}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await generate(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await generate(request, chat=True)
+def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Scheduler, metrics: Metrics) -> None:
+    """``GET /v1/models``, ``/v1/models/{model}``, ``/health`` and ``/metrics``."""
+    from fastapi.responses import Response
+    from prometheus_client import CONTENT_TYPE_LATEST
 
     @app.get("/v1/models")
     async def models():
@@ -260,4 +196,71 @@ def create_app(engine: Engine, settings: Settings):
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+
+def create_app(engine: Engine, settings: Settings):
+    """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan
+    (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``)."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response, StreamingResponse
+
+    metrics = Metrics()
+    target_only = Engine(engine.target, None, engine.config) if engine.draft is not None else None
+    scheduler = Scheduler(engine, target_only, settings.queue_size, settings.generation_timeout, metrics,
+                          settings.max_batch)
+    tokenizer = copy.deepcopy(engine.target.tokenizer)  # the worker uses the original
+    context = context_length(engine.target)
+    metrics.queue_state = lambda: (scheduler.depth, len(scheduler.running))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if settings.worker_thread:
+            scheduler.start()
+        yield
+        scheduler.stop()
+
+    app = FastAPI(title="anyspec", lifespan=lifespan)
+    app.state.scheduler, app.state.metrics = scheduler, metrics
+    app.add_middleware(count_requests, metrics=metrics)
+
+    add_error_handlers(app)
+
+    async def generate(request: Request, chat: bool):
+        parsed = parse_request(await read_json(request, settings.max_body_bytes), chat, settings.model_name,
+                               tokenizer, context, settings.default_max_tokens, settings.max_prompt_tokens)
+        job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
+                  asyncio.get_running_loop())
+        if not await admit(job, request, scheduler, settings, metrics):
+            return Response(status_code=499)
+        head = response_head(chat, settings.model_name)
+        if parsed.stream:
+            async def events():
+                try:
+                    async for chunk in stream_chunks(job.events.get, head, chat, parsed.include_usage):
+                        yield chunk
+                finally:
+                    scheduler.cancel(job)
+
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+
+        try:
+            while (event := await next_event(job, request))[0] == "text":
+                pass
+        except ClientGone:
+            scheduler.cancel(job)
+            return Response(status_code=499)
+        kind, outcome = event
+        if kind == "error":
+            raise as_api_error(outcome)
+        return full_response(head, chat, outcome)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    add_info_routes(app, engine, settings, scheduler, metrics)
     return app

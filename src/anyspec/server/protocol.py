@@ -1,4 +1,4 @@
-"""The OpenAI wire format: a request body checked field by field, and the answers' parts.
+"""The OpenAI wire format: a request body checked field by field, and the answers, whole or streamed.
 
 Every problem in a request is an ``ApiError`` naming the field (``param``), answered as
 ``{"error": {"message", "type", "param", "code"}}``.
@@ -7,6 +7,8 @@ Every problem in a request is an ``ApiError`` naming the field (``param``), answ
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from dataclasses import dataclass
 
 from anyspec.config import SamplingParams
@@ -244,5 +246,56 @@ def as_api_error(exc: Exception) -> ApiError:
 
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+# ---- the answers ----------------------------------------------------------------------------------
+
+def response_head(chat: bool, model_name: str) -> dict:
+    """The fields every answer and every streamed chunk of one request share."""
+    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model_name}
+
+
+def _choice(chat: bool, text: str | None, finish: str | None) -> dict:
+    if chat:
+        return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+                "finish_reason": finish}
+    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+
+async def stream_chunks(next_event, head: dict, chat: bool, include_usage: bool):
+    """The server-sent events of a streamed answer, from the job's ``("text" | "error" | "done",
+    value)`` events (``await next_event()``), through ``data: [DONE]``."""
+    extra = {"usage": None} if include_usage else {}
+    if chat:
+        first = _choice(True, None, None) | {"delta": {"role": "assistant", "content": ""}}
+        yield sse(head | {"choices": [first]} | extra)
+    while True:
+        kind, value = await next_event()
+        if kind == "text":
+            yield sse(head | {"choices": [_choice(chat, value, None)]} | extra)
+        elif kind == "error":
+            exc = as_api_error(value)
+            yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
+            break
+        else:
+            yield sse(head | {"choices": [_choice(chat, None, value.finish_reason)]} | extra
+                      | {"anyspec": anyspec_stats(value)})
+            if include_usage:
+                yield sse(head | {"choices": [], "usage": usage(value)})
+            break
+    yield "data: [DONE]\n\n"
+
+
+def full_response(head: dict, chat: bool, outcome: Outcome) -> dict:
+    """The answer of a request that does not stream."""
+    if chat:
+        result = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": None,
+                  "finish_reason": outcome.finish_reason}
+    else:
+        result = {"index": 0, "text": outcome.text, "logprobs": None, "finish_reason": outcome.finish_reason}
+    return head | {"object": "chat.completion" if chat else "text_completion", "choices": [result],
+                   "usage": usage(outcome), "anyspec": anyspec_stats(outcome)}
 
 

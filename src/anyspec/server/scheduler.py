@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from anyspec.config import SamplingParams
+from anyspec.config import MAX_BATCH, SamplingParams
 from anyspec.engine import Engine, Stats
 from anyspec.engine.batch import Batch
 from anyspec.engine.context import common_prefix, longest_prefix
@@ -77,7 +77,7 @@ class Running:
 
 class Scheduler:
     def __init__(self, engine: Engine, target_only: Engine | None, max_queue: int, generation_timeout: float,
-                 metrics: Metrics, max_batch: int = 1):
+                 metrics: Metrics, max_batch: int = MAX_BATCH):
         self.engines = {True: engine, False: target_only or engine}
         self.batched = engine.batchable
         self.max_batch = max_batch if self.batched else 1
