@@ -106,8 +106,7 @@ class SamplingParams:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        low, high = SEED_RANGE
-        if self.seed is not None and (not _is_int(self.seed) or not low <= self.seed < high):
+        if self.seed is not None and not seed_fits(self.seed):
             raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty strings")
@@ -115,12 +114,25 @@ class SamplingParams:
             check_text(s, "a stop string")
 
 
-def check_text(text: str, what: str) -> None:
-    """Text must be valid Unicode (no lone surrogates: what undecodable command-line bytes become)."""
+def seed_fits(seed) -> bool:
+    """An integer ``torch.Generator.manual_seed`` takes (64 bits, signed or not)."""
+    return _is_int(seed) and SEED_RANGE[0] <= seed < SEED_RANGE[1]
+
+
+def utf8_problem(text: str) -> int | None:
+    """Where the text stops being valid Unicode (a lone surrogate: what undecodable command-line
+    bytes become, and what JSON's ``"\\ud800"`` gives); None when it is valid."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ConfigError(f"{what} is not valid UTF-8 text (character {exc.start}); pass UTF-8") from None
+        return exc.start
+    return None
+
+
+def check_text(text: str, what: str) -> None:
+    """Text must be valid Unicode."""
+    if (at := utf8_problem(text)) is not None:
+        raise ConfigError(f"{what} is not valid UTF-8 text (character {at}); pass UTF-8")
 
 
 def check_prompt(prompt: str | list[dict]) -> None:

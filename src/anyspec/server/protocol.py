@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from anyspec.config import SamplingParams
+from anyspec.config import SamplingParams, seed_fits, utf8_problem
 from anyspec.engine import encode_prompt
 from anyspec.errors import ConfigError
 from anyspec.server.scheduler import Outcome
@@ -50,6 +50,8 @@ class Parsed:
     include_usage: bool
     speculative: bool
     prompt_tokens: int
+    ids: list[int]  # the prompt's target ids and rendered text, encoded once for the whole request
+    text: str
 
 
 def _field(body: dict, name: str, kinds: tuple, default=None):
@@ -66,11 +68,9 @@ def _field(body: dict, name: str, kinds: tuple, default=None):
 
 def _text(value: str, param: str) -> str:
     """JSON may carry lone surrogates (``"\\ud800"``), which no tokenizer can encode."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ApiError(400, f"'{param}' is not valid Unicode text (a lone surrogate at character "
-                            f"{exc.start}).", param, "invalid_value") from None
+    if (at := utf8_problem(value)) is not None:
+        raise ApiError(400, f"'{param}' is not valid Unicode text (a lone surrogate at character {at}).",
+                       param, "invalid_value")
     return value
 
 
@@ -159,7 +159,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     for s in [stop] if isinstance(stop, str) else stop:
         _text(s, "stop")
     seed = _field(body, "seed", (int,))
-    if seed is not None and not -(2**63) <= seed < 2**64:
+    if seed is not None and not seed_fits(seed):
         raise ApiError(400, "'seed' must fit in 64 bits.", "seed", "invalid_value")
     stream = _field(body, "stream", (bool,), False)
     include_usage = _field(_field(body, "stream_options", (dict,), {}), "include_usage", (bool,), False)
@@ -170,7 +170,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
 
     param = "messages" if chat else "prompt"
     try:
-        prompt_tokens = len(encode_prompt(tokenizer, prompt)[0])
+        ids, text, _ = encode_prompt(tokenizer, prompt)
+        prompt_tokens = len(ids)
     except Exception as exc:  # ConfigError, or the chat template refusing these messages
         raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
                        param, "invalid_value") from None
@@ -196,7 +197,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     except ConfigError as exc:
         param = next((f for f in ("temperature", "top_p", "top_k", "stop") if str(exc).startswith(f)), None)
         raise ApiError(400, str(exc), param, "invalid_value") from None
-    return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens)
+    return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text)
 
 
 async def read_json(request, limit: int):
