@@ -171,3 +171,24 @@ def test_prefix_cache_over_http_reuses_the_system_prompt_and_changes_no_answer(f
     assert [o.choices[0].message.content for o in outs] == want
     cached = [o.usage.prompt_tokens_details.cached_tokens for o in outs]
     assert cached[0] == 0 and 0 < cached[1] < outs[1].usage.prompt_tokens
+
+
+def test_a_request_renders_and_encodes_its_prompt_once(folders, reference):
+    """The request's check encodes the chat prompt (on the app's own copy of the tokenizer); the
+    worker reuses those ids for the prefix cache and the prefill instead of encoding it again."""
+    engine = load_engine(*folders)
+    with live_server(engine) as (url, _):
+        tokenizer, rendered = engine.target.tokenizer, []
+        original = tokenizer.apply_chat_template
+        tokenizer.apply_chat_template = lambda *a, **kw: rendered.append(1) or original(*a, **kw)
+        try:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+            for _ in range(2):  # the second runs in the slot the first left: the prefix cache looks
+                out = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=6,
+                                                     temperature=0)
+        finally:
+            del tokenizer.apply_chat_template
+    assert rendered == []  # the worker's tokenizer never rendered the template
+    alone = reference.generate(CHAT, greedy(6))
+    assert out.choices[0].message.content == alone.text
+    assert out.usage.prompt_tokens == alone.stats.prompt_tokens

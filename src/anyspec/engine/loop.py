@@ -110,14 +110,15 @@ class Engine:
         return alone(speculative_generate(self, prompt, params or SamplingParams()))
 
     def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft,
-              batch: Batch | None = None, key=None) -> Steps:
+              batch: Batch | None = None, key=None, encoded: tuple[list[int], str] | None = None) -> Steps:
         """The generation on the given sequences of the target and the draft, to run in ``batch``
         under ``key``: its k per round follows the batch (``adaptive_k.batch_ks``) unless
-        ``batch_k`` is off."""
+        ``batch_k`` is off. ``encoded``: the prompt's target ids and text (``encode_prompt``), when
+        the caller has them already."""
         schedule = None
         if batch is not None and self.draft is not None and self.config.batch_k:
             schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft)
-        return speculative_generate(self, prompt, params, target, draft, schedule)
+        return speculative_generate(self, prompt, params, target, draft, schedule, encoded)
 
     @property
     def batchable(self) -> bool:
@@ -163,7 +164,8 @@ class Engine:
 
 
 def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams,
-                         target=None, draft=None, schedule=None) -> Steps:
+                         target=None, draft=None, schedule=None, encoded: tuple[list[int], str] | None = None
+                         ) -> Steps:
     """``target`` and ``draft``: the sequences it runs on (the engine's models by default);
     ``schedule``: what chooses k each round (``AdaptiveK``'s interface; default: the config's)."""
     target = target if target is not None else engine.target
@@ -179,7 +181,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     elif schedule is None and engine.config.adaptive_k:
         schedule = AdaptiveK(k)
     t_start = time.perf_counter()
-    pending, ctx = yield from prefill(engine, target, draft, prompt, params, stats)
+    pending, ctx = yield from prefill(engine, target, draft, prompt, params, stats, encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
 
     while output.finish is None:
@@ -224,11 +226,11 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats)
 
 
-def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats
-            ) -> Steps:
+def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats,
+            encoded: tuple[list[int], str] | None = None) -> Steps:
     """The prompt into the target's cache but for its last token (returned: committed, not yet
     cached), and the draft's context; a prefix the sequence's previous request left may be kept."""
-    ids, text, _ = encode_prompt(engine.target.tokenizer, prompt)
+    ids, text = encoded if encoded is not None else encode_prompt(engine.target.tokenizer, prompt)[:2]
     check_room(len(ids), params.max_new_tokens, context_length(engine.target))
     stats.prompt_tokens = len(ids)
     reuse = engine.config.prefix_cache

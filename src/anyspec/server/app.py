@@ -228,7 +228,7 @@ def create_app(engine: Engine, settings: Settings):
         parsed = parse_request(await read_json(request, settings.max_body_bytes), chat, settings.model_name,
                                tokenizer, context, settings.default_max_tokens, settings.max_prompt_tokens)
         job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
-                  asyncio.get_running_loop())
+                  asyncio.get_running_loop(), ids=parsed.ids, text=parsed.text)
         if not await admit(job, request, scheduler, settings, metrics):
             return Response(status_code=499)
         head = response_head(chat, settings.model_name)

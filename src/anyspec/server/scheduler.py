@@ -58,7 +58,8 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     enqueued_at: float = field(default_factory=time.monotonic)
     polled: float = 0.0  # when the server last checked the client's connection
-    ids: list[int] | None = None  # the prompt's target ids, once the scheduler needed them
+    ids: list[int] | None = None  # the prompt's target ids and text (from the request's check, or
+    text: str | None = None  # encoded when the scheduler first needs them)
 
     def emit(self, kind: str, value=None) -> None:
         try:
@@ -126,8 +127,8 @@ class Scheduler:
             self.cond.notify()
 
     def _ids(self, job: Job) -> list[int]:
-        if job.ids is None:
-            job.ids = encode_prompt(self.engines[True].target.tokenizer, job.prompt)[0]
+        if job.ids is None or job.text is None:
+            job.ids, job.text, _ = encode_prompt(self.engines[True].target.tokenizer, job.prompt)
         return job.ids
 
     def _waits_for_prefix(self, job: Job, joining: list[Job]) -> bool:
@@ -187,7 +188,9 @@ class Scheduler:
         self.running[job] = Running(engine, slot)
         job.emit("start")
         draft = slot[1] if engine.draft is not None else None
-        self.batch.add(job, engine.steps(job.prompt, job.params, slot[0], draft, self.batch, job))
+        self._ids(job)
+        self.batch.add(job, engine.steps(job.prompt, job.params, slot[0], draft, self.batch, job,
+                                         encoded=(job.ids, job.text)))
 
     def _finish(self, job: Job) -> Running:
         run = self.running.pop(job)
