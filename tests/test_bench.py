@@ -8,6 +8,7 @@ from anyspec.bench import prompts as bench_prompts
 from anyspec.bench import report
 from anyspec.bench import run as bench_run
 from anyspec.bench import vllm as bench_vllm
+from anyspec.bench.context import BenchSettings
 from anyspec.errors import ConfigError
 
 
@@ -90,7 +91,7 @@ def test_plot_writes_png(tmp_path):
 
 def test_unknown_method_is_refused_before_loading(monkeypatch):
     with pytest.raises(ConfigError, match="unknown method"):
-        bench_run.run_bench("t", "d", [bench_prompts.PROMPTS_DIR / "code.jsonl"], ["target", "magic"])
+        BenchSettings("t", "d", [bench_prompts.PROMPTS_DIR / "code.jsonl"], ["target", "magic"])
 
 
 def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
@@ -102,8 +103,8 @@ def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
     prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]})
                                  for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
     methods = ["target", "anyspec-greedy", "anyspec-sampled", "hf-target", "hf-uag", "vllm"]
-    result = bench_run.run_bench(str(target), str(draft), [prompts], methods, max_new_tokens=6, dtype="fp32",
-                                 log=lambda s: None)
+    settings = BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=6, dtype="fp32")
+    result = bench_run.run_bench(settings, log=lambda s: None)
     runs = result["runs"]
     done = {r["method"] for r in runs}
     assert done | set(result["notes"]) == set(methods) and "target" in done and "hf-uag" in done
@@ -289,9 +290,9 @@ def test_run_bench_with_vllm(where, tmp_path, tok_qwen2, tok_smollm2, fake_vllm,
                                  for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
     methods = ["target", "vllm-target", "vllm"]
     try:
-        result = bench_run.run_bench(str(target), str(draft), [prompts], methods, max_new_tokens=5, k=3,
-                                     dtype="fp32", log=lambda s: None,
-                                     vllm_python=sys.executable if where == "subprocess" else None)
+        settings = BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=5, k=3,
+                                 dtype="fp32", vllm_python=sys.executable if where == "subprocess" else None)
+        result = bench_run.run_bench(settings, log=lambda s: None)
     finally:
         if where == "in-process":
             sys.modules.pop("vllm", None)
@@ -320,8 +321,9 @@ def test_run_bench_vllm_dies_midway_is_a_note(tmp_path, tok_qwen2, tok_smollm2, 
     prompts.write_text(json.dumps({"id": "p0", "prompt": "hello"}) + "\n")
     real = bench_run.prompt_ids
     monkeypatch.setattr(bench_run, "prompt_ids", lambda tok, p: [666] if p == "hello" else real(tok, p))
-    result = bench_run.run_bench(str(target), str(draft), [prompts], ["target", "vllm"], max_new_tokens=4,
-                                 dtype="fp32", log=lambda s: None, vllm_python=sys.executable)
+    settings = BenchSettings(str(target), str(draft), [prompts], ["target", "vllm"], max_new_tokens=4,
+                             dtype="fp32", vllm_python=sys.executable)
+    result = bench_run.run_bench(settings, log=lambda s: None)
     assert [r["method"] for r in result["runs"]] == ["target"]
     assert "exited with code 7" in result["notes"]["vllm"] and "boom" in result["notes"]["vllm"]
     os.unlink(result["notes"]["vllm"].split("full log: ")[1].split(")")[0])
@@ -334,8 +336,9 @@ def test_repeat_runs_every_prompt_again_in_its_next_rotation(tmp_path, tok_qwen2
     draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p0", "messages": [{"role": "user", "content": "Hi."}]}) + "\n")
-    result = bench_run.run_bench(str(target), str(draft), [prompts], ["target", "anyspec-slem"],
-                                 max_new_tokens=4, dtype="fp32", log=lambda s: None, repeat=3)
+    settings = BenchSettings(str(target), str(draft), [prompts], ["target", "anyspec-slem"], max_new_tokens=4,
+                             dtype="fp32", repeat=3)
+    result = bench_run.run_bench(settings, log=lambda s: None)
     runs = result["runs"]
     assert sorted((r["repeat"], r["method"]) for r in runs) == [
         (i, m) for i in range(3) for m in ("anyspec-slem", "target")]
@@ -346,7 +349,7 @@ def test_repeat_runs_every_prompt_again_in_its_next_rotation(tmp_path, tok_qwen2
     assert row["prompts"] == 3 and result["config"]["repeat"] == 3
     assert "3 runs of each" in report.markdown(result)
     with pytest.raises(ConfigError, match="--repeat"):
-        bench_run.run_bench(str(target), str(draft), [prompts], ["target"], repeat=0)
+        BenchSettings(str(target), str(draft), [prompts], ["target"], repeat=0)
 
 
 def test_logit_margin_is_the_reference_targets_own_top1_minus_top2(tok_qwen2):

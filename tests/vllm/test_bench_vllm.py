@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from anyspec.bench import prompts, report, run
+from anyspec.bench.context import BenchSettings
 from anyspec.models import fetch_model
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "vllm"
@@ -21,8 +22,9 @@ def test_bench_runs_vllm_in_its_venv(vllm_python):
     target = fetch_model("qwen2.5-coder-0.5b", progress=False)
     draft = fetch_model("smollm2-135m", progress=False)
     files = [prompts.PROMPTS_DIR / "code.jsonl", prompts.PROMPTS_DIR / "prose.jsonl"]
-    result = run.run_bench(str(target), str(draft), files, ["target", "vllm"], max_new_tokens=32, k=4,
+    settings = BenchSettings(str(target), str(draft), files, ["target", "vllm"], max_new_tokens=32, k=4,
                              dtype="fp32", threads=1, limit=1, vllm_python=str(vllm_python))
+    result = run.run_bench(settings)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_vllm_python.json").write_text(json.dumps(result, indent=1) + "\n")
     print("\n" + report.markdown(result))

@@ -1,12 +1,52 @@
-"""What every bench method reads: the loaded pair and the run's settings, and what the methods start
-on first use and keep for the run (anyspec engines, transformers copies, vLLM engines, one
-``llama-server``)."""
+"""``BenchSettings``: what a bench run is asked for, checked when made. ``BenchContext``: what every
+bench method reads, the loaded pair and the run's settings, and what the methods start on first use
+and keep for the run (anyspec engines, transformers copies, vLLM engines, one ``llama-server``)."""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from anyspec.bench.methods import METHODS
+from anyspec.config import DRAFT_CONFIDENCE, NUM_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
+from anyspec.errors import ConfigError
+
+
+@dataclass
+class BenchSettings:
+    target: str  # a built-in name, a folder or a GGUF file
+    draft: str
+    prompt_files: list[Path]
+    methods: list[str]
+    max_new_tokens: int = 64
+    k: int = NUM_SPECULATIVE_TOKENS
+    dtype: str | None = None
+    draft_dtype: str | None = None
+    temperature: float = 0.7  # for anyspec-sampled
+    seed: int = 0
+    threads: int | None = None
+    limit: int | None = None  # at most this many prompts from each file
+    repeat: int = 1  # the whole rotation this many times
+    hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k" (the same fixed k)
+    adaptive_k: bool = False
+    draft_confidence: float = DRAFT_CONFIDENCE
+    vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
+
+    def __post_init__(self):
+        SpeculativeConfig(num_speculative_tokens=self.k, **self.engine_options)
+        SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed)
+        for name, value in (("--repeat", self.repeat), ("--limit", 1 if self.limit is None else self.limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+
+    @property
+    def engine_options(self) -> dict:
+        """The SpeculativeConfig settings every anyspec method's engine shares."""
+        return {"adaptive_k": self.adaptive_k, "draft_confidence": self.draft_confidence}
 
 
 @dataclass

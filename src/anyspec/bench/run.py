@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from anyspec.bench.context import BenchContext
+from anyspec.bench.context import BenchContext, BenchSettings
 from anyspec.bench.hf import run_hf
 from anyspec.bench.llama import (
     LlamaCppUnavailable,
@@ -17,13 +17,12 @@ from anyspec.bench.llama import (
     run_llama_cpp,
     target_gguf,
 )
-from anyspec.bench.methods import METHODS, VLLM_METHODS
+from anyspec.bench.methods import VLLM_METHODS
 from anyspec.bench.prompts import load_prompts, prompt_ids
 from anyspec.bench.report import summarize
 from anyspec.bench.vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
-from anyspec.config import DRAFT_CONFIDENCE, NUM_SPECULATIVE_TOKENS, SpeculativeConfig
+from anyspec.config import SpeculativeConfig
 from anyspec.engine.prompt import end_ids
-from anyspec.errors import ConfigError
 
 UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 
@@ -109,62 +108,56 @@ def logit_margin(target, prompt, ref: list[int], pos: int) -> float:
 
 # ---- the run -------------------------------------------------------------------------------------
 
-def run_bench(target: str, draft: str, prompt_files: list[Path], methods: list[str], max_new_tokens: int = 64,
-              k: int = NUM_SPECULATIVE_TOKENS, dtype: str | None = None, temperature: float = 0.7,
-              seed: int = 0,
-              threads: int | None = None, limit: int | None = None, hf_assistant: str = "default",
-              draft_dtype: str | None = None, adaptive_k: bool = False, vllm_python: str | Path | None = None,
-              log=print, draft_confidence: float = DRAFT_CONFIDENCE, repeat: int = 1) -> dict:
-    """Every check first (settings, methods, prompt files, the pair), then load and run."""
+def run_bench(settings: BenchSettings, log=print) -> dict:
+    """Every check first (the settings when made, then the prompt files and the pair), then load
+    and run every prompt through every method."""
     import torch
 
-    from anyspec.config import SamplingParams
     from anyspec.pair import check_pair, load_pair
 
-    engine_options = {"adaptive_k": adaptive_k, "draft_confidence": draft_confidence}
-    SpeculativeConfig(num_speculative_tokens=k, **engine_options)
-    SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    for name, value in (("--repeat", repeat), ("--limit", 1 if limit is None else limit)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
-    prompts = [p for f in prompt_files for p in load_prompts(f)[:limit]]
-    plan = check_pair(target, draft, dtype, draft_dtype, threads)
-    methods, notes = available(methods, vllm_python, target)
+    s = settings
+    prompts = [p for f in s.prompt_files for p in load_prompts(f)[:s.limit]]
+    plan = check_pair(s.target, s.draft, s.dtype, s.draft_dtype, s.threads)
+    methods, notes = available(s.methods, s.vllm_python, s.target)
     t = time.perf_counter()
     tgt, drf, _ = load_pair(plan)
-    dtype, draft_dtype = plan.dtype, plan.draft_dtype
-    log(f"loaded {target} ({dtype}) + {draft} ({draft_dtype}) in {time.perf_counter() - t:.1f}s; "
-        f"{torch.get_num_threads()} threads")
-    from anyspec.models import MODELS, resolve_model
-
-    ctx = BenchContext(target=tgt, draft=drf, k=k, temperature=temperature, seed=seed,
-                       max_new_tokens=max_new_tokens, eos=end_ids(tgt), dtype_name=dtype,
-                       draft_dtype=draft_dtype, threads=threads or torch.get_num_threads(),
-                       engine_options=engine_options, hf_assistant=hf_assistant, target_spec=target,
-                       draft_spec=draft, target_path=resolve_model(target) if target in MODELS else target,
-                       draft_path=resolve_model(draft) if draft in MODELS else draft,
-                       llama_cpp_gguf=target_gguf(target), vllm_python=vllm_python)
+    log(f"loaded {s.target} ({plan.dtype}) + {s.draft} ({plan.draft_dtype}) in "
+        f"{time.perf_counter() - t:.1f}s; {torch.get_num_threads()} threads")
+    ctx = context(s, plan, tgt, drf)
     if any(m in VLLM_METHODS for m in methods):
         ctx.vllm_max_model_len = vllm_max_model_len(
-            [len(prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], max_new_tokens, k)
+            [len(prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], s.max_new_tokens, s.k)
     try:
-        runs = _run_all(ctx, prompts * repeat, methods, notes, log)
+        runs = _run_all(ctx, prompts * s.repeat, methods, notes, log)
     finally:
         close_all(ctx)
         close_llama_cpp(ctx)
-    return {"config": {"target": target, "draft": draft, "dtype": dtype, "draft_dtype": draft_dtype, "k": k,
-                       **engine_options, "repeat": repeat,
-                       "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
-                       "threads": torch.get_num_threads(), "prompts": [str(f) for f in prompt_files],
+    return {"config": {"target": s.target, "draft": s.draft, "dtype": plan.dtype,
+                       "draft_dtype": plan.draft_dtype, "k": s.k, **s.engine_options, "repeat": s.repeat,
+                       "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
+                       "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                        "torch": torch.__version__, "python": sys.version.split()[0],
                        "hf_uag": "transformers generate() defaults (adaptive number of assistant tokens)"
-                       if hf_assistant == "default" else f"fixed {k} assistant tokens",
+                       if s.hf_assistant == "default" else f"fixed {s.k} assistant tokens",
                        **({"vllm": ctx.vllm_info} if ctx.vllm_info else {})},
             "notes": notes, "runs": runs, "summary": summarize(runs)}
+
+
+def context(s: BenchSettings, plan, target, draft) -> BenchContext:
+    """What the methods read, for the loaded ``target`` and ``draft`` of the checked ``plan``."""
+    import torch
+
+    from anyspec.models import MODELS, resolve_model
+
+    return BenchContext(target=target, draft=draft, k=s.k, temperature=s.temperature, seed=s.seed,
+                        max_new_tokens=s.max_new_tokens, eos=end_ids(target), dtype_name=plan.dtype,
+                        draft_dtype=plan.draft_dtype, threads=s.threads or torch.get_num_threads(),
+                        engine_options=s.engine_options, hf_assistant=s.hf_assistant, target_spec=s.target,
+                        draft_spec=s.draft,
+                        target_path=resolve_model(s.target) if s.target in MODELS else s.target,
+                        draft_path=resolve_model(s.draft) if s.draft in MODELS else s.draft,
+                        llama_cpp_gguf=target_gguf(s.target), vllm_python=s.vllm_python)
 
 
 def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: dict, log) -> list[dict]:

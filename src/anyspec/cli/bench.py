@@ -46,6 +46,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from anyspec.bench.context import BenchSettings
     from anyspec.bench.prompts import DEFAULT_PROMPTS
     from anyspec.bench.report import markdown, plot, pyplot
     from anyspec.bench.run import run_bench
@@ -54,13 +55,13 @@ def run(args) -> int:
         check_output(path, option)
     if args.plot:
         pyplot()
-    files = args.prompts or DEFAULT_PROMPTS
-    result = run_bench(args.target, args.draft, files, args.methods, max_new_tokens=args.max_new_tokens,
-                       k=args.num_speculative_tokens, dtype=args.dtype, temperature=args.temperature,
-                       seed=args.seed, threads=args.threads, limit=args.limit, hf_assistant=args.hf_assistant,
-                       draft_dtype=args.draft_dtype, adaptive_k=args.adaptive_k, vllm_python=args.vllm_python,
-                       log=lambda s: print(s, file=sys.stderr, flush=True),
-                       draft_confidence=args.draft_confidence, repeat=args.repeat)
+    settings = BenchSettings(args.target, args.draft, args.prompts or DEFAULT_PROMPTS, args.methods,
+                             max_new_tokens=args.max_new_tokens, k=args.num_speculative_tokens,
+                             dtype=args.dtype, draft_dtype=args.draft_dtype, temperature=args.temperature,
+                             seed=args.seed, threads=args.threads, limit=args.limit, repeat=args.repeat,
+                             hf_assistant=args.hf_assistant, adaptive_k=args.adaptive_k,
+                             draft_confidence=args.draft_confidence, vllm_python=args.vllm_python)
+    result = run_bench(settings, log=lambda s: print(s, file=sys.stderr, flush=True))
     table = markdown(result)
     print(table)
     if args.json:
