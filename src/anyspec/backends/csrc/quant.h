@@ -9,9 +9,10 @@ namespace anyspec {
 
 // ggml's type numbers for the formats kept as they are; F32 and BF16 matrices use the row-wise
 // kernel in rowwise_linear.cpp, and I8S is anyspec's int8 with an fp32 scale per row.
-enum Type : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30,
+enum Type : int64_t { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q3_K = 11, Q4_K = 12,
+                      Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30,
                       I8S = 1000, Q4_0_X16 = 1002, Q4_1_X16 = 1003, Q8_0_X16 = 1008, Q4_K_X16 = 1012,
-                      Q6_K_X16 = 1014 };
+                      Q6_K_X16 = 1014, S8_X16 = 1100 };
 
 // ggml's blocks (little-endian; d, m, dmin are fp16), described in quant.cpp.
 struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };
@@ -19,6 +20,25 @@ struct BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };
 struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };
 struct BlockQ4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
 struct BlockQ6_K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };
+struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; };
+struct BlockQ3_K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; };
+struct BlockQ5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+struct BlockIQ4_NL { uint16_t d; uint8_t qs[16]; };
+struct BlockIQ4_XS { uint16_t d, scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 && sizeof(BlockQ3_K) == 110 &&
+              sizeof(BlockQ5_K) == 176 && sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136, "ggml's sizes");
+
+// Every block as integer weights and the float scale and offset of each group of them:
+// weight i = d[i / g] * q[i] + m[i / g], with g = 16 or 32 (quant.cpp's `unpack`).
+struct Unpacked {
+  int32_t q[256];
+  float d[16], m[16];
+  int g;  // weights per scale
+  int32_t sc[16];  // Q3_K: its integer scales (d[s] = fp16 dh * sc[s])
+  uint16_t dh;
+};
+void unpack(int64_t type, const uint8_t* block, Unpacked& u);
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }  // fp16 -> fp32, exact (F16C)
 
@@ -66,6 +86,10 @@ void qmatmul_rows(int64_t type, const uint8_t* w, int64_t K, const Act& act, con
 void dequant_row(int64_t type, const uint8_t* row, int64_t K, float* out);
 
 // ---- blocks interleaved 16 rows at a time (x16.cpp) ----
+// Q5_0 and IQ4_NL are regrouped as Q8_0_X16 (their integer weights fit int8 with the same fp16 d),
+// Q3_K as Q6_K_X16 (its 3-bit weights and 6-bit scales fit Q6_K's), and Q5_1, Q5_K and IQ4_XS as
+// S8_X16: 32-weight blocks of int8 weights with an fp32 scale and offset each, which hold every
+// product of their fp16 scales and small integer scales exactly.
 // The same weights, scales and mins, regrouped so that SIMD lanes are 16 output rows: a product
 // then sums each block's integers exactly per row, with no horizontal reductions.
 int64_t x16_type(int64_t type);          // Q4_K -> Q4_K_X16, ..., Q8_0 -> Q8_0_X16; else 0

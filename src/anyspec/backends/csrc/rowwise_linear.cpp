@@ -283,11 +283,12 @@ torch::Tensor dequant_rows(torch::Tensor weight, int64_t type, int64_t K, torch:
 // group block / 16 * blocks]; the type of the result is x16_type(type).
 torch::Tensor repack_x16(torch::Tensor weight, int64_t type, int64_t K) {
   TORCH_CHECK(anyspec::x16_type(type) && weight.dim() == 2 && weight.scalar_type() == torch::kUInt8,
-              "repack_x16: rows of bytes of Q4_0, Q4_1, Q8_0, Q4_K or Q6_K");
+              "repack_x16: rows of bytes of a quantized type");
   weight = weight.contiguous();
-  const int64_t N = weight.size(0), nb = K / anyspec::block_size(type);
-  const int64_t gbytes = anyspec::x16_group_bytes(anyspec::x16_type(type));
-  TORCH_CHECK(weight.size(1) == nb * anyspec::block_bytes(type), "repack_x16: row bytes do not match K");
+  const int64_t target = anyspec::x16_type(type), N = weight.size(0);
+  const int64_t gbytes = anyspec::x16_group_bytes(target), nb = K / anyspec::block_size(target);
+  TORCH_CHECK(weight.size(1) == K / anyspec::block_size(type) * anyspec::block_bytes(type),
+              "repack_x16: row bytes do not match K");
   auto out = torch::empty({(N + 15) / 16 * 16, nb * gbytes / 16}, weight.options());
   anyspec::repack_x16(type, weight.data_ptr<uint8_t>(), N, K, out.data_ptr<uint8_t>());
   return out;

@@ -10,6 +10,7 @@
 //   Q8_0, 576 bytes: d[16] fp16 | 32 unused | qs[8][16][4] (int8 weight 4c + i)
 //   Q4_K, 2368 bytes: d[16] fp16 | dmin[16] fp16 | sc[8][16] | mn pairs[4][16][2] | qs[8][4][16][4]
 //         qs[j][c][n][i]: low nibble = weight 32j + 4c + i of row n, high nibble = weight 32j + 16 + 4c + i
+//   S8,   640 bytes: d[16] fp32 | m[16] fp32 | qs[8][16][4] (int8 weight 4c + i); w = d * q + m
 //   Q6_K, 3392 bytes: d[16] fp16 | 32 unused | sc[16][16] int8 | ql[16][2][16][4] | qh[16][16][4]
 //         ql[s][c][n][i]: low nibble = low 4 bits of weight 16s + 4c + i, high nibble = of 16s + 8 + 4c + i;
 //         qh[s][n][i]: bits 2t..2t+1 = the top 2 bits of weight 16s + 4t + i
@@ -20,8 +21,9 @@
 //       (Q6_K: the dot minus 32 * the activations' sum, for its offset of 32)
 //   M = sum over sub-blocks of min * (sum of the activations)                           (exact, Q4_K)
 //   acc = fma(d * dx, float(I), acc);  acc = fma(-(dmin * dx), float(M), acc)
-// 32-weight blocks: I = the integer dot minus 8 (Q4_0) or 0 (Q4_1, Q8_0) times the activations' sum;
-//   acc = fma(d * dx, float(I), acc), then for Q4_1 acc = fma(m, dx * sum, acc).
+// 32-weight blocks: I = the integer dot minus 8 (Q4_0) or 0 (Q4_1, Q8_0, S8) times the activations' sum;
+//   acc = fma(d * dx, float(I), acc), then for Q4_1 and S8 acc = fma(m, dx * sum, acc).
+// S8 has no AVX-512 code of its own: its products take the AVX2 path there too.
 // and y = acc + bias. With the lanes being rows, vpdpbusd multiplies 16 rows' 4 weights by 4
 // broadcast activations at a time, and no lane ever needs summing with another.
 #include <immintrin.h>
@@ -36,7 +38,7 @@ namespace anyspec {
 namespace {
 
 // Every section starts on a 64-byte line, so no vector load straddles two lines.
-constexpr int64_t GB4 = 2368, GB6 = 3392, GB40 = 320, GB41 = 320, GB80 = 576;
+constexpr int64_t GB4 = 2368, GB6 = 3392, GB40 = 320, GB41 = 320, GB80 = 576, GB8S = 640;
 constexpr int64_t SC6 = 64, QL6 = 320, QH6 = 2368;
 constexpr int64_t PREFETCH_BLOCKS = 4;  // how far ahead the weight stream is fetched, in group blocks
 
@@ -52,8 +54,10 @@ inline void fetch_part(const uint8_t* p, int64_t bytes, int64_t i, int64_t parts
   for (int64_t l = from; l < to; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * l), _MM_HINT_T1);
 }
 
-bool small(int64_t type) { return type == Q4_0_X16 || type == Q4_1_X16 || type == Q8_0_X16; }
-constexpr int64_t QS = 64;  // where a 32-weight group block's weights start
+bool small(int64_t type) { return type == Q4_0_X16 || type == Q4_1_X16 || type == Q8_0_X16 || type == S8_X16; }
+constexpr int64_t QS = 64;  // where a 32-weight group block's weights start (S8: QS8)
+constexpr int64_t QS8 = 128;
+inline bool with_m(int64_t type) { return type == Q4_1_X16 || type == S8_X16; }
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 inline int32_t word(const int8_t* p) {
@@ -116,11 +120,16 @@ void read_small(int64_t type, const uint8_t* gb, int n, int32_t* q, float& d, fl
     std::memcpy(&h, gb + 32 + 2 * n, 2);
     m = half(h);
   }
-  const uint8_t* qs = gb + QS;
-  for (int c = 0; c < (type == Q8_0_X16 ? 8 : 4); ++c)
+  const bool wide = type == Q8_0_X16 || type == S8_X16;
+  if (type == S8_X16) {
+    std::memcpy(&d, gb + 4 * n, 4);
+    std::memcpy(&m, gb + 64 + 4 * n, 4);
+  }
+  const uint8_t* qs = gb + (type == S8_X16 ? QS8 : QS);
+  for (int c = 0; c < (wide ? 8 : 4); ++c)
     for (int i = 0; i < 4; ++i) {
       const uint8_t byte = qs[(16 * c + n) * 4 + i];
-      if (type == Q8_0_X16) {
+      if (wide) {
         q[4 * c + i] = static_cast<int8_t>(byte);
       } else {
         q[4 * c + i] = byte & 15;
@@ -144,7 +153,7 @@ void small_rows_ref(int64_t type, const uint8_t* w, int64_t K, const Act& a, con
         for (int i = 0; i < 32; ++i) I += q[i] * x[i];
         I -= (type == Q4_0_X16 ? 8 : 0) * a.bsum32[r * nb + b];
         acc = std::fma(d * a.d[r * nb + b], static_cast<float>(I), acc);
-        if (type == Q4_1_X16) acc = std::fma(m, a.sx[r * nb + b], acc);
+        if (with_m(type)) acc = std::fma(m, a.sx[r * nb + b], acc);
       }
       y[r * ldy + n] = acc + (bias ? bias[n] : 0.0f);
     }
@@ -429,7 +438,7 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
 // Rows 8h..8h+7 of a 32-weight group against R (at most 4) activation rows; Q8_0 through |w| and sign.
 template <int R>
 void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h, __m256* F) {
-  const int64_t K = a.K, gbytes = x16_group_bytes(type), off = QS;
+  const int64_t K = a.K, gbytes = x16_group_bytes(type), off = type == S8_X16 ? QS8 : QS;
   const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const int32_t offset = type == Q4_0_X16 ? 8 : 0;
   for (int r = 0; r < R; ++r) F[r] = _mm256_setzero_ps();
@@ -438,7 +447,7 @@ void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
     if (h == 0) fetch_ahead(gb + 4 * PREFETCH_BLOCKS * gbytes, gbytes);
     __m256i S[R];
     for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
-    if (type == Q8_0_X16) {
+    if (type == Q8_0_X16 || type == S8_X16) {  // no weight is -128, so |w| and the sign are exact
       for (int c = 0; c < 8; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + off + 64 * c + 32 * h));
         const __m256i mag = _mm256_sign_epi8(v, v);
@@ -460,14 +469,17 @@ void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
       }
       for (int r = 0; r < R; ++r) S[r] = widen(P[r]);
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
-    const __m256 m = type == Q4_1_X16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
-                                      : _mm256_setzero_ps();
+    const float* d32 = reinterpret_cast<const float*>(gb);
+    const __m256 d = type == S8_X16 ? _mm256_loadu_ps(d32 + 8 * h)
+                                    : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+    const __m256 m = type == S8_X16    ? _mm256_loadu_ps(d32 + 16 + 8 * h)
+                     : type == Q4_1_X16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
+                                        : _mm256_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const int64_t i = (r0 + r) * nb + b;
       const __m256i I = _mm256_sub_epi32(S[r], _mm256_set1_epi32(offset * a.bsum32[i]));
       F[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a.d[i])), _mm256_cvtepi32_ps(I), F[r]);
-      if (type == Q4_1_X16) F[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.sx[i]), F[r]);
+      if (with_m(type)) F[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.sx[i]), F[r]);
     }
   }
 }
@@ -513,7 +525,9 @@ int64_t x16_type(int64_t type) {
     case Q6_K: return Q6_K_X16;
     case Q4_0: return Q4_0_X16;
     case Q4_1: return Q4_1_X16;
-    case Q8_0: return Q8_0_X16;
+    case Q8_0: case Q5_0: case IQ4_NL: return Q8_0_X16;
+    case Q3_K: return Q6_K_X16;
+    case Q5_1: case Q5_K: case IQ4_XS: return S8_X16;
     default: return 0;
   }
 }
@@ -525,6 +539,7 @@ int64_t x16_group_bytes(int64_t type) {
     case Q4_0_X16: return GB40;
     case Q4_1_X16: return GB41;
     case Q8_0_X16: return GB80;
+    case S8_X16: return GB8S;
     default: return 0;
   }
 }
@@ -544,11 +559,61 @@ void repack_small(int64_t type, const uint8_t* src, uint8_t* gb, int r) {
   for (int c = 0; c < 4; ++c) std::memcpy(qs + (16 * c + r) * 4, nibbles + 4 * c, 4);
 }
 
+// Q6_K_X16's weights of row r (q: 256 values 0..63) into its group block.
+void write_q6(uint8_t* gb, int r, const uint8_t* q) {
+  for (int s = 0; s < 16; ++s)
+    for (int i = 0; i < 4; ++i) {
+      uint8_t h = 0;
+      for (int t = 0; t < 4; ++t) h |= (q[16 * s + 4 * t + i] >> 4) << (2 * t);
+      gb[QH6 + (16 * s + r) * 4 + i] = h;
+      for (int c = 0; c < 2; ++c)
+        gb[QL6 + ((2 * s + c) * 16 + r) * 4 + i] = (q[16 * s + 4 * c + i] & 15) | ((q[16 * s + 8 + 4 * c + i] & 15) << 4);
+    }
+}
+
+// Block b of row r of a type kept in another type's layout (x16_type): its integer weights, unchanged,
+// with its scales; `group` is the start of the row's group of 16.
+void repack_other(int64_t type, const uint8_t* blk, uint8_t* group, int64_t b, int r) {
+  Unpacked u;
+  unpack(type, blk, u);
+  const int64_t target = x16_type(type), gbytes = x16_group_bytes(target);
+  if (target == Q8_0_X16) {  // Q5_0, IQ4_NL: the fp16 d is their first field
+    uint8_t* gb = group + b * gbytes;
+    std::memcpy(gb + 2 * r, blk, 2);
+    for (int e = 0; e < 32; ++e) gb[QS + (16 * (e / 4) + r) * 4 + e % 4] = static_cast<uint8_t>(static_cast<int8_t>(u.q[e]));
+  } else if (target == S8_X16) {
+    const int64_t parts = block_size(type) / 32;
+    for (int64_t j = 0; j < parts; ++j) {
+      uint8_t* gb = group + (b * parts + j) * gbytes;
+      std::memcpy(gb + 4 * r, &u.d[32 * j / u.g], 4);
+      std::memcpy(gb + 64 + 4 * r, &u.m[32 * j / u.g], 4);
+      for (int e = 0; e < 32; ++e)
+        gb[QS8 + (16 * (e / 4) + r) * 4 + e % 4] = static_cast<uint8_t>(static_cast<int8_t>(u.q[32 * j + e]));
+    }
+  } else {  // Q3_K: weights -4..3 as 28..35, scales -32..31 as Q6_K's int8 ones
+    uint8_t* gb = group + b * gbytes;
+    std::memcpy(gb + 2 * r, &u.dh, 2);
+    uint8_t q[256];
+    for (int s = 0; s < 16; ++s) gb[SC6 + 16 * s + r] = static_cast<uint8_t>(static_cast<int8_t>(u.sc[s]));
+    for (int e = 0; e < 256; ++e) q[e] = static_cast<uint8_t>(u.q[e] + 32);
+    write_q6(gb, r, q);
+  }
+}
+
 }  // namespace
 
 void repack_x16(int64_t type, const uint8_t* src, int64_t N, int64_t K, uint8_t* dst) {
-  const int64_t nb = K / block_size(type), groups = (N + 15) / 16, gbytes = x16_group_bytes(x16_type(type));
-  std::memset(dst, 0, groups * nb * gbytes);
+  const int64_t target = x16_type(type), nb = K / block_size(type), groups = (N + 15) / 16;
+  const int64_t gbytes = x16_group_bytes(target), group_bytes = (K / block_size(target)) * gbytes;
+  std::memset(dst, 0, groups * group_bytes);
+  const bool own = type == Q4_0 || type == Q4_1 || type == Q8_0 || type == Q4_K || type == Q6_K;
+  if (!own) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t b = 0; b < nb; ++b)
+        repack_other(type, src + (n * nb + b) * block_bytes(type), dst + (n / 16) * group_bytes, b,
+                     static_cast<int>(n % 16));
+    return;
+  }
   if (type == Q4_0 || type == Q4_1 || type == Q8_0) {
     for (int64_t n = 0; n < N; ++n)
       for (int64_t b = 0; b < nb; ++b)
@@ -579,15 +644,7 @@ void repack_x16(int64_t type, const uint8_t* src, int64_t N, int64_t K, uint8_t*
         decode(blk, kb);
         std::memcpy(gb + 2 * r, &blk->d, 2);
         for (int s = 0; s < 16; ++s) gb[SC6 + 16 * s + r] = static_cast<uint8_t>(blk->scales[s]);
-        for (int s = 0; s < 16; ++s)
-          for (int i = 0; i < 4; ++i) {
-            uint8_t h = 0;
-            for (int t = 0; t < 4; ++t) h |= (kb.q[16 * s + 4 * t + i] >> 4) << (2 * t);
-            gb[QH6 + (16 * s + r) * 4 + i] = h;
-            for (int c = 0; c < 2; ++c)
-              gb[QL6 + ((2 * s + c) * 16 + r) * 4 + i] =
-                  (kb.q[16 * s + 4 * c + i] & 15) | ((kb.q[16 * s + 8 + 4 * c + i] & 15) << 4);
-          }
+        write_q6(gb, r, kb.q);
       }
     }
 }
@@ -595,7 +652,10 @@ void repack_x16(int64_t type, const uint8_t* src, int64_t N, int64_t K, uint8_t*
 void x16_rows(int64_t type, const uint8_t* w, int64_t K, const Act& a, const float* bias, float* y, int64_t ldy,
               int64_t n0, int64_t n1) {
   switch (isa()) {
-    case 2: x16_rows_avx512(type, w, K, a, bias, y, ldy, n0, n1); break;
+    case 2:
+      if (type == S8_X16) x16_rows_avx2(type, w, K, a, bias, y, ldy, n0, n1);
+      else x16_rows_avx512(type, w, K, a, bias, y, ldy, n0, n1);
+      break;
     case 1: x16_rows_avx2(type, w, K, a, bias, y, ldy, n0, n1); break;
     default: x16_rows_ref(type, w, K, a, bias, y, ldy, n0, n1); break;
   }
@@ -609,7 +669,7 @@ void x16_dequant_row(int64_t type, const uint8_t* w, int64_t K, int64_t n, float
     for (int64_t b = 0; b < nb; ++b) {
       read_small(type, w + ((n / 16) * nb + b) * gbytes, static_cast<int>(n % 16), q, d, m);
       for (int i = 0; i < 32; ++i)
-        out[32 * b + i] = type == Q4_1_X16 ? d * q[i] + m : d * (q[i] - (type == Q4_0_X16 ? 8 : 0));
+        out[32 * b + i] = with_m(type) ? d * q[i] + m : d * (q[i] - (type == Q4_0_X16 ? 8 : 0));
     }
     return;
   }
