@@ -72,3 +72,26 @@ def test_verifying_five_tokens_scores_each_as_decoding_it_alone(pair):
         assert torch.equal(together, alone)
     else:  # fp32 with oneDNN: equal up to fp32 rounding
         torch.testing.assert_close(together, alone, rtol=0, atol=1e-3)
+
+
+def test_gemma3_drafting_on_the_kernels_for_the_default_target_equals_the_target_alone():
+    """SentencePiece draft (Gemma 3, on the GGUF kernels) for the Qwen2.5 target: SLEM and TLI greedy
+    answers token-identical to the target alone, and the draft gets tokens accepted."""
+    from anyspec.backends.gguf import GGUFModel
+    from anyspec.backends.load import load_model
+    from anyspec.models import DEFAULT_TARGET
+
+    target = load_model(DEFAULT_TARGET, dtype="auto", name="target")
+    draft = load_model("gemma3-270m", dtype="auto", name="draft")
+    assert isinstance(draft, GGUFModel) and isinstance(target, GGUFModel)
+    params = SamplingParams(temperature=0.0, max_new_tokens=32)
+    for content in ("Write a Python function that reverses a string.", "Explain recursion in two sentences."):
+        messages = [{"role": "user", "content": content}]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            alone = Engine(target, None).generate(messages, params)
+            for algorithm in ("slem", "tli"):
+                config = SpeculativeConfig(num_speculative_tokens=4, algorithm=algorithm)
+                spec = Engine(target, draft, config).generate(messages, params)
+                assert spec.token_ids == alone.token_ids, (algorithm, content)
+                assert spec.stats.accepted > 0

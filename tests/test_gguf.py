@@ -333,3 +333,11 @@ def test_sampling_with_gguf_models_draws_from_the_targets_distribution(smollm2, 
         counts[(cells == cell).nonzero()[0, 0]] += 1
     assert out.stats.drafted > 0
     assert chi_square_pvalue(counts, joint.flatten()[cells].float()) > 1e-3
+
+
+def test_a_file_neither_the_kernels_nor_transformers_run_is_refused_under_auto(tmp_path):
+    from anyspec.backends.load import resolve_dtype
+
+    path = write_gguf(tmp_path / "m.gguf", arch="olmo2")
+    with pytest.raises(ConfigError, match="architecture olmo2 .*nor de-quantized .*no GGUF architecture"):
+        resolve_dtype("auto", spec=str(path))

@@ -109,6 +109,25 @@ def gguf_problem(path: Path, reader=None) -> str | None:
     return rowwise_problem()
 
 
+def dequantized_problem(reader) -> str | None:
+    """Why transformers cannot load this file de-quantized (None: it can), from the metadata alone."""
+    from gguf import GGMLQuantizationType
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    arch = field_of(reader, "general.architecture", "?")
+    if not {arch, arch.replace("moe", "_moe")} & set(GGUF_SUPPORTED_ARCHITECTURES):
+        return f"transformers reads no GGUF architecture {arch}"
+    for t in reader.tensors:
+        if GGMLQuantizationType(int(t.tensor_type)).name not in DEQUANTIZABLE_NAMES:
+            return f"the gguf package de-quantizes no {GGMLQuantizationType(int(t.tensor_type)).name}"
+    return None
+
+
+# what the gguf package de-quantizes (gguf.quants), for transformers' loading of a GGUF file
+DEQUANTIZABLE_NAMES = ("F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ2_XXS IQ2_XS IQ2_S "
+                       "IQ3_XXS IQ3_S IQ1_S IQ1_M IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4 NVFP4").split()
+
+
 class GGUFModel:
     """A GGUF decoder and its KV cache: ``extend`` appends tokens and returns their logits.
 

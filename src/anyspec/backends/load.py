@@ -61,7 +61,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
     it, else fp32; for a *draft* on the CPU it is int8, since the draft's numbers only change how much
     is accepted, never the output.
     """
-    from anyspec.backends.gguf import gguf_problem, read_gguf
+    from anyspec.backends.gguf import dequantized_problem, gguf_problem, read_gguf
 
     if dtype is None or dtype == "auto":
         if spec is not None and is_gguf(spec) and not torch.cuda.is_available() and rowwise_possible():
@@ -71,6 +71,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
             problem = gguf_problem(source, read_gguf(source)) if source is not None else "its block types"
             if problem is None:
                 return "gguf"
+            if source is not None and (other := dequantized_problem(read_gguf(source))):
+                raise ConfigError(f"{source.name} cannot run on anyspec's GGUF kernels ({problem}), nor "
+                                  f"de-quantized ({other}); convert it to a supported architecture or type")
             print(f"anyspec: {source.name if source else spec} cannot run on the GGUF kernels ({problem}); "
                   "loading it de-quantized through transformers instead", file=sys.stderr)
         if draft and not torch.cuda.is_available():
