@@ -157,6 +157,25 @@ def test_a_model_with_one_cache_cannot_batch(tok_qwen2, tmp_path):
         Engine(target).new_slot()
 
 
+def test_the_model_protocols_tell_the_backends_apart(tok_qwen2, tmp_path):
+    """A GGUF model holds several caches and its sequences share prefixes; a transformers model
+    holds one cache and shares nothing: what the loop and the scheduler decide batching by."""
+    from tiny_models import save_tiny_model
+
+    from anyspec.backends.gguf import GGUFModel
+    from anyspec.backends.load import load_model
+    from anyspec.engine.model import Model, MultiSequence, PrefixSharing
+    from anyspec.models import gguf_path
+
+    gguf = GGUFModel(gguf_path("smollm2-135m"), name="draft")
+    seq = gguf.new_sequence()
+    assert isinstance(gguf, MultiSequence) and isinstance(seq, PrefixSharing)
+    assert not isinstance(seq, MultiSequence)
+    folder = load_model(str(save_tiny_model(tok_qwen2, tmp_path / "t", arch="qwen2")), name="target")
+    assert isinstance(folder, Model) and not isinstance(folder, (MultiSequence, PrefixSharing))
+    assert Engine(gguf).batchable and not Engine(folder).batchable
+
+
 def test_a_forward_is_what_a_generation_yields(engine):
     steps = engine.steps("def f(x):", greedy(3), *engine.new_slot())
     first = next(steps)

@@ -21,6 +21,7 @@ from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
+from anyspec.engine.model import MultiSequence, PrefixSharing, row_invariant
 from anyspec.engine.output import Output
 from anyspec.engine.prompt import check_room, context_length, encode_prompt, end_ids
 from anyspec.engine.proposers import SLEM, TLI, Proposal, Proposer, algorithm_for, propose
@@ -123,7 +124,7 @@ class Engine:
     @property
     def batchable(self) -> bool:
         """Whether its models hold several KV caches, so that generations can share their passes."""
-        return all(hasattr(m, "new_sequence") for m in (self.target, self.draft) if m is not None)
+        return all(isinstance(m, MultiSequence) for m in (self.target, self.draft) if m is not None)
 
     def new_slot(self) -> tuple:
         """A sequence of the target and one of the draft (None without a draft), each with its own
@@ -276,7 +277,7 @@ def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
         model.reset()
         return 0
     keep = common_prefix(model.cached_ids, ids)
-    donor, most = longest_prefix(model.donors() if hasattr(model, "donors") else [], ids)
+    donor, most = longest_prefix(model.donors() if isinstance(model, PrefixSharing) else [], ids)
     if most > keep:
         model.adopt(donor, most)
         return most
@@ -288,4 +289,4 @@ def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
 
 
 def reusable(model, enabled: bool) -> bool:
-    return enabled and getattr(model, "row_invariant", False)
+    return enabled and row_invariant(model)

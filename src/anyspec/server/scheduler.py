@@ -25,6 +25,7 @@ from anyspec.config import MAX_BATCH, SamplingParams
 from anyspec.engine import Engine, Stats
 from anyspec.engine.batch import Batch
 from anyspec.engine.context import common_prefix, longest_prefix
+from anyspec.engine.model import MultiSequence
 from anyspec.engine.prompt import encode_prompt
 from anyspec.server.metrics import Metrics
 
@@ -142,7 +143,8 @@ class Scheduler:
         coming = max(common_prefix(self._ids(other), ids) for other in others)
         if coming < SHARED:
             return False
-        held = longest_prefix(getattr(self.engines[True].target, "sequences", ()), ids)[1]
+        target = self.engines[True].target
+        held = longest_prefix(target.sequences if isinstance(target, MultiSequence) else (), ids)[1]
         return coming - held >= SHARED
 
     def _slot(self, job: Job) -> tuple:

@@ -1,0 +1,49 @@
+"""What the engine asks of a model, as ``typing.Protocol`` s: the loop, the batch and the server's
+scheduler check these instead of probing for attributes one by one.
+
+- ``Model``: one KV cache the engine extends, crops and resets (every backend, and each
+  ``stack.Sequence`` of a model that holds several);
+- ``PrefixSharing``: a cache whose prefix can be copied from another sequence of the same model
+  (``donors``, ``adopt``), on a row-invariant model;
+- ``MultiSequence``: a model that holds several caches (``new_sequence``) and runs rows of many in one
+  ``forward``, as anyspec's GGUF models do; generations can then be batched.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Model(Protocol):
+    row_invariant: bool  # a row's numbers do not depend on the rows computed with it
+
+    @property
+    def num_cached(self) -> int: ...
+
+    def extend(self, ids: list[int], last: int | None = None): ...
+
+    def crop(self, n: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+@runtime_checkable
+class PrefixSharing(Model, Protocol):
+    def donors(self) -> list: ...
+
+    def adopt(self, donor, n: int) -> None: ...
+
+
+@runtime_checkable
+class MultiSequence(Protocol):
+    sequences: object  # every live sequence
+
+    def new_sequence(self): ...
+
+    def forward(self, batch: list[tuple]) -> list: ...
+
+
+def row_invariant(model) -> bool:
+    """Whether ``model`` computes each row alone (False for a model that does not say)."""
+    return bool(getattr(model, "row_invariant", False))
