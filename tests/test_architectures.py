@@ -212,3 +212,22 @@ def test_a_builtin_on_the_kernels_equals_transformers_on_its_dequantized_weights
     wide_worst, wide_agree, wide_margins = _compare(model, reference, sequences)
     print(f"{name} widened to fp32: max |diff| {wide_worst:.2e}, top-1 {wide_agree:.4f}")
     assert wide_worst < 0.02 and wide_agree >= 0.998 and all(m < 20 * wide_worst for m in wide_margins)
+
+
+@pytest.mark.parametrize("outtype", ["f16", "bf16", "q8_0"])
+def test_the_converters_other_types_run_on_the_kernels(outtype, tok_smollm2, tmp_path):
+    """A Llama written as F16, BF16 or Q8_0 matrices by the converter, against transformers on the file's
+    own (de-quantized) weights: F16 and BF16 exactly widened, Q8_0 through int8 activations."""
+    from transformers import AutoModelForCausalLM
+
+    from anyspec.backends.gguf import GGUFModel, gguf_problem
+
+    tiny_model("llama", tok_smollm2, tmp_path, head_dim=None)  # transformers reads heads of hidden / heads
+    path = to_gguf(tmp_path, tmp_path / f"model-{outtype}.gguf", outtype)
+    assert gguf_problem(path) is None
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                     dtype=torch.float32).eval()
+    model = GGUFModel(path)
+    worst, agree, _ = _compare(model, reference, _positions(model.vocab_size))
+    print(f"\nllama as {outtype}: max |diff| {worst:.2e}, top-1 {agree:.4f}")
+    assert (worst < 1e-5 and agree == 1.0) if outtype != "q8_0" else (worst < 0.05 and agree >= 0.97)
