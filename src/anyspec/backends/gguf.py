@@ -1,14 +1,14 @@
 """GGUF models run in their own block formats on anyspec's CPU kernel (``csrc/quant.cpp``).
 
-The file is memory-mapped with the ``gguf`` package and every matrix stays in the quantization
-type it was stored in (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; F16, BF16 and F32 for small tensors), so
+The file is memory-mapped with the ``gguf`` package and every matrix keeps the integer weights and
+scales of the quantization type it was stored in (``MATRIX_TYPES``; F16, BF16 and F32 too), so
 the model that runs is the file the user has, and loading it takes seconds. Each activation row
 is quantized to int8 by itself and multiplied with integer dot products, so a row's logits are
 the same bits whatever number of rows is computed with it: verifying k draft tokens scores each
 one exactly as decoding it alone would.
 
-Llama-family decoders only (llama, mistral, qwen2). ``gguf_problem`` says why another file
-cannot run here, before any heavy work.
+The architectures are arch.py's table. ``gguf_problem`` says why another file cannot run here,
+before any heavy work.
 """
 
 from __future__ import annotations
