@@ -239,6 +239,48 @@ void add_branch(float* x, float* y, int64_t M, int64_t H, const float* post, flo
   for (int64_t i = 0; i < M * H; ++i) x[i] += scale == 1.0f ? y[i] : y[i] * scale;
 }
 
+// The shapes decoder_forward relies on, each a one-line error.
+void check_inputs(int64_t M, const Arch& arch, const std::vector<Layer>& layers, const torch::Tensor& positions,
+                  const torch::Tensor& seqs, const std::vector<torch::Tensor>& keys,
+                  const std::vector<torch::Tensor>& values, const std::vector<torch::Tensor>& cos,
+                  const std::vector<torch::Tensor>& sin) {
+  const int64_t L = layers.size(), D = arch.head_dim, R = arch.rope_dim ? arch.rope_dim : D;
+  const int64_t S = L ? keys.size() / L : 0;
+  TORCH_CHECK(L && S && static_cast<int64_t>(keys.size()) == S * L && keys.size() == values.size(),
+              "decoder_forward: a key and a value tensor per layer and sequence");
+  TORCH_CHECK(arch.heads > 0 && arch.kv_heads > 0 && arch.heads % arch.kv_heads == 0 && R <= D && R % 2 == 0 &&
+                  cos.size() == sin.size(),
+              "decoder_forward: bad attention shape");
+  TORCH_CHECK(positions.numel() == M && seqs.numel() == M, "decoder_forward: a position and a sequence per row");
+  for (size_t t = 0; t < cos.size(); ++t)
+    TORCH_CHECK(cos[t].size(0) == M && cos[t].size(1) == R / 2 && sin[t].sizes() == cos[t].sizes(),
+                "decoder_forward: rotary tables of [rows, rope_dim / 2]");
+  for (const Layer& layer : layers)
+    TORCH_CHECK(layer.rope < static_cast<int64_t>(cos.size()), "decoder_forward: a layer's rotary table is missing");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* seq = seqs.data_ptr<int64_t>();
+  for (int64_t r = 0; r < M; ++r)
+    TORCH_CHECK(seq[r] >= 0 && seq[r] < S && pos[r] >= 0 && pos[r] < keys[seq[r] * L].size(1),
+                "decoder_forward: row ", r, " is outside its sequence's cache");
+}
+
+// One row's q and k after its products: per-head norms, rotary with angles cos / sin; then its keys and
+// values into its cache.
+void queries_and_keys(float* row, const Layer& layer, const Arch& arch, const float* cos, const float* sin,
+                      const RowCache& cache, float eps) {
+  const int64_t D = arch.head_dim, R = arch.rope_dim ? arch.rope_dim : D;
+  const int64_t q_size = arch.heads * D, kv_size = arch.kv_heads * D;
+  if (const float* w = ptr_or_null(layer.q_norm)) norm_each(row, arch.heads, D, w, eps);
+  if (const float* w = ptr_or_null(layer.k_norm)) norm_each(row + q_size, arch.kv_heads, D, w, eps);
+  if (layer.rope >= 0)
+    for (int64_t i = 0; i < arch.heads + arch.kv_heads; ++i) rotate(row + i * D, cos, sin, R, arch.rope_pairs);
+  for (int64_t g = 0; g < arch.kv_heads; ++g) {
+    const int64_t at = (g * cache.cap + cache.pos) * D;
+    std::memcpy(const_cast<float*>(cache.k) + at, row + q_size + g * D, D * sizeof(float));
+    std::memcpy(const_cast<float*>(cache.v) + at, row + q_size + kv_size + g * D, D * sizeof(float));
+  }
+}
+
 // x: [M, H] embeddings of new tokens of one or more sequences: row m belongs to sequence seqs[m] at
 // position positions[m], and keys / values hold each sequence's cache, one tensor
 // [kv_heads, capacity, head_dim] per layer, sequence after sequence. cos[t] and sin[t] are table t's
@@ -252,24 +294,11 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
   const int64_t M = x.size(0), H = x.size(1), D = arch.head_dim, L = layers.size();
   const int64_t heads = arch.heads, kv_heads = arch.kv_heads, R = arch.rope_dim ? arch.rope_dim : D;
   const int64_t q_size = heads * D, kv_size = kv_heads * D, qkv_size = q_size + 2 * kv_size;
-  const int64_t S = L ? keys.size() / L : 0;
-  TORCH_CHECK(L && S && static_cast<int64_t>(keys.size()) == S * L && keys.size() == values.size(),
-              "decoder_forward: a key and a value tensor per layer and sequence");
-  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && R <= D && R % 2 == 0 && cos.size() == sin.size(),
-              "decoder_forward: bad attention shape");
   positions = positions.to(torch::kLong).contiguous();
   seqs = seqs.to(torch::kLong).contiguous();
-  TORCH_CHECK(positions.numel() == M && seqs.numel() == M, "decoder_forward: a position and a sequence per row");
-  for (size_t t = 0; t < cos.size(); ++t)
-    TORCH_CHECK(cos[t].size(0) == M && cos[t].size(1) == R / 2 && sin[t].sizes() == cos[t].sizes(),
-                "decoder_forward: rotary tables of [rows, rope_dim / 2]");
-  for (const Layer& layer : layers)
-    TORCH_CHECK(layer.rope < static_cast<int64_t>(cos.size()), "decoder_forward: a layer's rotary table is missing");
+  check_inputs(M, arch, layers, positions, seqs, keys, values, cos, sin);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* seq = seqs.data_ptr<int64_t>();
-  for (int64_t r = 0; r < M; ++r)
-    TORCH_CHECK(seq[r] >= 0 && seq[r] < S && pos[r] >= 0 && pos[r] < keys[seq[r] * L].size(1),
-                "decoder_forward: row ", r, " is outside its sequence's cache");
   const float eps = static_cast<float>(arch.eps), residual = static_cast<float>(arch.residual_scale);
   const float scaling = arch.attn_scale > 0 ? static_cast<float>(arch.attn_scale) : 1.0f / std::sqrt(static_cast<float>(D));
   float* xp = x.data_ptr<float>();
@@ -303,19 +332,10 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
       apply(h.data(), M, m, 3, qkv.data(), qkv_size, acts[0]);
 #pragma omp single
       for (int64_t r = 0; r < M; ++r) {
-        float* row = qkv.data() + r * qkv_size;
-        if (const float* w = ptr_or_null(layer.q_norm)) norm_each(row, heads, D, w, eps);
-        if (const float* w = ptr_or_null(layer.k_norm)) norm_each(row + q_size, kv_heads, D, w, eps);
-        if (layer.rope >= 0) {
-          const float* c = cos[layer.rope].data_ptr<float>() + r * (R / 2);
-          const float* s = sin[layer.rope].data_ptr<float>() + r * (R / 2);
-          for (int64_t i = 0; i < heads + kv_heads; ++i) rotate(row + i * D, c, s, R, arch.rope_pairs);
-        }
-        for (int64_t g = 0; g < kv_heads; ++g) {
-          const int64_t at = (g * rows[r].cap + pos[r]) * D;
-          std::memcpy(const_cast<float*>(rows[r].k) + at, row + q_size + g * D, D * sizeof(float));
-          std::memcpy(const_cast<float*>(rows[r].v) + at, row + q_size + kv_size + g * D, D * sizeof(float));
-        }
+        const int64_t t = std::max<int64_t>(layer.rope, 0);
+        const float* c = layer.rope >= 0 ? cos[t].data_ptr<float>() + r * (R / 2) : nullptr;
+        const float* s = layer.rope >= 0 ? sin[t].data_ptr<float>() + r * (R / 2) : nullptr;
+        queries_and_keys(qkv.data() + r * qkv_size, layer, arch, c, s, rows[r], eps);
       }
       attend(qkv.data(), qkv_size, M, heads, kv_heads, D, rows.data(), scaling, static_cast<float>(arch.attn_softcap),
              attn.data());
