@@ -239,7 +239,7 @@ def test_a_native_bf16_cpu_still_takes_the_row_invariant_paths(monkeypatch):
     assert load.cpu_kernel("bf16") == "bf16"  # anyspec's row-wise kernel, not torch's native bf16
     assert load.resolve_dtype("auto", spec="qwen2.5-coder-1.5b") == "gguf"
     assert load.resolve_dtype("auto", draft=True, spec="smollm2-135m") == "gguf"
-    assert load.resolve_dtype("auto", spec="gemma3-270m") in ("bf16", "fp32")  # not on the GGUF kernels
+    assert load.resolve_dtype("auto", spec="gemma3-270m") == "gguf"
 
 
 # ---- the real built-in GGUF files ----
