@@ -185,6 +185,12 @@ def test_a_truncated_or_foreign_file_is_one_line(tmp_path):
     short = write_gguf(tmp_path / "short.gguf", truncate=100)
     with pytest.raises(ConfigError, match="truncated .* fetch it again"):
         check_model_path(str(short))
+    whole = write_gguf(tmp_path / "header.gguf")
+    cut = tmp_path / "cut.gguf"  # ends inside the tensor table: the reader itself fails
+    cut.write_bytes(whole.read_bytes()[:whole.read_bytes().index(b"blk.0.attn_k") + 4])
+    with pytest.raises(ConfigError, match=r"cut.gguf is truncated or damaged \(.* bytes, its header") as err:
+        check_model_path(str(cut))
+    assert not any(word in str(err.value) for word in ("numpy", "buffer", "mmap", "dtype"))
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all" * 10)
     with pytest.raises(ConfigError, match="not a readable GGUF file") as err:

@@ -70,12 +70,13 @@ def _read(path: str, size: int, mtime_ns: int):
         reader = gguf.GGUFReader(path, "r")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except Exception as exc:  # the reader raises ValueError, struct and numpy errors on bad bytes
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except Exception:  # the reader raises ValueError, struct and numpy errors on bad bytes
         with open(path, "rb") as fh:
             magic = fh.read(4)
-        if magic == b"GGUF":
-            raise ConfigError(f"{path} is truncated or damaged ({reason}); fetch it again") from None
+        if magic == b"GGUF":  # the reader's own words name numpy internals, not the file's fault
+            size = Path(path).stat().st_size
+            raise ConfigError(f"{path} is truncated or damaged ({size:,} bytes, its header or tensor table "
+                              "cannot be read); fetch it again") from None
         raise ConfigError(f"{path} is not a readable GGUF file (it does not start with GGUF); "
                           "give a .gguf model file") from None
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
