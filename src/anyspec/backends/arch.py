@@ -190,18 +190,16 @@ def shape_problem(reader, d: Description) -> str | None:
     """A tensor whose shape contradicts the metadata (None: all agree), before the stack reads any."""
     tensors = {t.name: [int(n) for n in t.shape] for t in reader.tensors}
     q, kv, hidden = d.heads * d.head_dim, d.kv_heads * d.head_dim, d.hidden
-    inter = None
+    # the stack takes every layer's feed-forward width from the first one
+    inter = tensors.get(layer_tensors(d.family, 0)["gate"], [0, 0])[1] // (2 if d.family.fused else 1)
     for i in range(d.n_layers):
         names = layer_tensors(d.family, i)
         want = {"q": [hidden, q + 2 * kv]} if d.family.fused else {"q": [hidden, q], "k": [hidden, kv],
                                                                    "v": [hidden, kv]}
         want.update({"attn_norm": [hidden], "ffn_norm": [hidden], "o": [q, hidden], "q_norm": [d.head_dim],
-                     "k_norm": [d.head_dim], "post_attn_norm": [hidden], "post_ffn_norm": [hidden]})
-        gate = tensors.get(names["gate"], [0, 0])
-        inter = gate[1] // 2 if d.family.fused else gate[1]
-        want.update(gate=[hidden, 2 * inter if d.family.fused else inter], down=[inter, hidden])
-        if not d.family.fused:
-            want["up"] = [hidden, inter]
+                     "k_norm": [d.head_dim], "post_attn_norm": [hidden], "post_ffn_norm": [hidden],
+                     "gate": [hidden, 2 * inter if d.family.fused else inter], "up": [hidden, inter],
+                     "down": [inter, hidden]})
         for key, shape in want.items():
             if key in names and tensors.get(names[key]) != shape:
                 return f"tensor {names[key]} is {tensors.get(names[key])}, its metadata says {shape}"

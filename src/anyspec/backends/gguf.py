@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 import weakref
 from pathlib import Path
@@ -119,8 +120,9 @@ def dequantized_problem(reader) -> str | None:
     if not {arch, arch.replace("moe", "_moe")} & set(GGUF_SUPPORTED_ARCHITECTURES):
         return f"transformers reads no GGUF architecture {arch}"
     for t in reader.tensors:
-        if GGMLQuantizationType(int(t.tensor_type)).name not in DEQUANTIZABLE_NAMES:
-            return f"the gguf package de-quantizes no {GGMLQuantizationType(int(t.tensor_type)).name}"
+        kind = GGMLQuantizationType(int(t.tensor_type)).name
+        if kind not in DEQUANTIZABLE_NAMES:
+            return f"the gguf package de-quantizes no {kind}"
     return None
 
 
@@ -150,6 +152,8 @@ class GGUFModel:
         self.name, self.dtype, self.device = name, "gguf", torch.device("cpu")
         tensors = {t.name: t for t in reader.tensors}
         d = self.description = describe(reader, lambda n: _vector(tensors[n]))
+        for note in d.notes:
+            print(f"anyspec: {self.path.name}: {note}", file=sys.stderr)
         self.heads, self.kv_heads, self.head_dim, self.eps = d.heads, d.kv_heads, d.head_dim, d.eps
         self.context_length, self.n_layers = d.context_length, d.n_layers
         self.kernel = rowwise_kernel()

@@ -1,4 +1,4 @@
-"""The KV caches and rotary angles of anyspec's C++ decoder stack (lean and GGUF models).
+"""The KV caches of anyspec's C++ decoder stack (lean and GGUF models); the rotary angles are arch.py's.
 
 A model that holds several sequences at once (``GGUFModel.new_sequence``) gives each its own
 ``KVCache``; one ``decoder_forward`` then computes new rows of any of them together, each row over
@@ -43,7 +43,6 @@ class KVCache:
         self.reserve(0, n)
         for mine, theirs in zip(self.keys + self.values, donor.keys + donor.values, strict=True):
             mine[:, :n] = theirs[:, :n]
-
 
 
 class Sequence:

@@ -212,15 +212,6 @@ struct Layer {
 Mat mat_of(const Product& p) { return mat(p.weight, p.scale, p.bias, p.type, p.K); }
 
 
-// In place: each of n vectors of D values RMS-normed by itself times weight.
-void norm_each(float* v, int64_t n, int64_t D, const float* weight, float eps) {
-  std::vector<float> tmp(D);
-  for (int64_t i = 0; i < n; ++i) {
-    rms_norm(v + i * D, 1, D, weight, eps, tmp.data());
-    std::memcpy(v + i * D, tmp.data(), D * sizeof(float));
-  }
-}
-
 // Rotate the first R values of a head: pairs (2i, 2i+1) or halves (i, i + R/2) by angle i, whose
 // cos and sin are cos[i], sin[i] for i < R/2.
 void rotate(float* v, const float* cos, const float* sin, int64_t R, bool pairs) {
@@ -235,7 +226,7 @@ void rotate(float* v, const float* cos, const float* sin, int64_t R, bool pairs)
 
 // x [M, H] += scale * y, each row first RMS-normed by `post` where there is one (in place in y).
 void add_branch(float* x, float* y, int64_t M, int64_t H, const float* post, float eps, float scale) {
-  if (post) norm_each(y, M, H, post, eps);
+  if (post) rms_norm(y, M, H, post, eps, y);
   for (int64_t i = 0; i < M * H; ++i) x[i] += scale == 1.0f ? y[i] : y[i] * scale;
 }
 
@@ -270,8 +261,8 @@ void queries_and_keys(float* row, const Layer& layer, const Arch& arch, const fl
                       const RowCache& cache, float eps) {
   const int64_t D = arch.head_dim, R = arch.rope_dim ? arch.rope_dim : D;
   const int64_t q_size = arch.heads * D, kv_size = arch.kv_heads * D;
-  if (const float* w = ptr_or_null(layer.q_norm)) norm_each(row, arch.heads, D, w, eps);
-  if (const float* w = ptr_or_null(layer.k_norm)) norm_each(row + q_size, arch.kv_heads, D, w, eps);
+  if (const float* w = ptr_or_null(layer.q_norm)) rms_norm(row, arch.heads, D, w, eps, row);
+  if (const float* w = ptr_or_null(layer.k_norm)) rms_norm(row + q_size, arch.kv_heads, D, w, eps, row + q_size);
   if (layer.rope >= 0)
     for (int64_t i = 0; i < arch.heads + arch.kv_heads; ++i) rotate(row + i * D, cos, sin, R, arch.rope_pairs);
   for (int64_t g = 0; g < arch.kv_heads; ++g) {

@@ -60,7 +60,8 @@ void size_for(Acts& acts, const Mat& m, int64_t M);  // room in acts for M rows 
 // y[M, sum of N] = x[M, K] . [W_0; W_1; ...]^T: the outputs of `mats` side by side (row stride ldy).
 void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts);
 
-// RMS norm of each of M rows of H values by itself (the sum of squares in double, in order), times weight.
+// RMS norm of each of M rows of H values by itself (the sum of squares in double, in order), times weight;
+// y may be x (each value is read before it is written).
 void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* y);
 
 void bind_decoder(pybind11::module_& m);  // decoder_forward, attention and their types

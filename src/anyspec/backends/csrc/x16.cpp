@@ -113,18 +113,19 @@ void read_row(int64_t type, const uint8_t* gb, int n, RowBlock& o) {
 // Row n of a 32-weight group block: weights (Q4 unsigned, Q8_0 signed), d and Q4_1's m.
 void read_small(int64_t type, const uint8_t* gb, int n, int32_t* q, float& d, float& m) {
   uint16_t h;
-  std::memcpy(&h, gb + 2 * n, 2);
-  d = half(h);
   m = 0;
+  if (type == S8_X16) {  // fp32 d and m
+    std::memcpy(&d, gb + 4 * n, 4);
+    std::memcpy(&m, gb + 64 + 4 * n, 4);
+  } else {
+    std::memcpy(&h, gb + 2 * n, 2);
+    d = half(h);
+  }
   if (type == Q4_1_X16) {
     std::memcpy(&h, gb + 32 + 2 * n, 2);
     m = half(h);
   }
   const bool wide = type == Q8_0_X16 || type == S8_X16;
-  if (type == S8_X16) {
-    std::memcpy(&d, gb + 4 * n, 4);
-    std::memcpy(&m, gb + 64 + 4 * n, 4);
-  }
   const uint8_t* qs = gb + (type == S8_X16 ? QS8 : QS);
   for (int c = 0; c < (wide ? 8 : 4); ++c)
     for (int i = 0; i < 4; ++i) {
