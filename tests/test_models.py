@@ -301,9 +301,10 @@ def test_a_cache_dir_that_is_a_file_is_one_line(monkeypatch, tmp_path):
 
 def test_models_path_and_fetch_give_the_gguf_file_that_runs(monkeypatch, tmp_path, capsys):
     from anyspec.cli import main
+    from anyspec.cli import models as command
 
-    monkeypatch.setattr(models, "gguf_path", lambda name, progress=True: tmp_path / f"{name}.gguf")
-    monkeypatch.setattr(models, "fetch_model", lambda name, progress=True: tmp_path / name)
+    monkeypatch.setattr(command, "gguf_path", lambda name, progress=True: tmp_path / f"{name}.gguf")
+    monkeypatch.setattr(command, "fetch_model", lambda name, progress=True: tmp_path / name)
     assert main(["models", "path", "smollm2-135m"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "smollm2-135m.gguf")
     assert main(["models", "fetch", "smollm2-135m", "--bf16", "--quiet"]) == 0

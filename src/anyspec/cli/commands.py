@@ -6,14 +6,12 @@ import argparse
 import os
 import sys
 
-from anyspec.cli import analyze, bench, demo, generate, serve
+from anyspec.cli import analyze, bench, demo, generate, models, serve
 from anyspec.cli.options import check_cache_dir
 from anyspec.errors import AnyspecError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from anyspec import models
-
     parser = argparse.ArgumentParser(prog="anyspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (analyze, generate, models, bench, demo, serve):
