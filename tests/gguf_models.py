@@ -19,7 +19,8 @@ from pathlib import Path
 
 from tokenizer_files import LLAMA_CPP, _registry
 
-from anyspec.fetch import cache_dir, download_package, sha256_file
+from anyspec.fetch import download_package, sha256_file
+from anyspec.paths import cache_dir
 
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")

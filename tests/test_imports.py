@@ -107,3 +107,11 @@ def test_the_bench_sits_on_top_and_its_runner_imports_nothing_of_anyspec():
     assert importers == {"anyspec.cli.bench"}
     assert graph["anyspec.bench.isolated.vllm_runner"] == set()
     assert not list((SRC / "anyspec").glob("bench*.py")) and not list((SRC / "anyspec").glob("isolated/*.py"))
+
+
+def test_the_cache_folder_is_a_bottom_layer():
+    """``paths`` needs only ``errors``, so the vocabulary, the kernels and the fetching can all use it."""
+    graph = import_graph(SRC)
+    assert graph["anyspec.paths"] == {"anyspec.errors"} and graph["anyspec.errors"] == set()
+    users = {m for m, targets in graph.items() if "anyspec.paths" in targets}
+    assert {"anyspec.fetch", "anyspec.models", "anyspec.vocab.cache", "anyspec.vocab.loading"} <= users

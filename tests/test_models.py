@@ -289,7 +289,7 @@ def test_convert_tiny_gguf_keeps_weights_template_and_eos(tmp_path):
 
 def test_a_cache_dir_that_is_a_file_is_one_line(monkeypatch, tmp_path):
     from anyspec.errors import ConfigError
-    from anyspec.fetch import cache_dir
+    from anyspec.paths import cache_dir
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

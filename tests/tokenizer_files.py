@@ -14,7 +14,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from anyspec.fetch import FetchError, cache_dir, join_members, package_file  # noqa: E402
+from anyspec.fetch import FetchError, join_members, package_file  # noqa: E402
+from anyspec.paths import cache_dir  # noqa: E402
 
 LLAMA_CPP = ("llama-cpp-python", "0.3.36")
 MISTRAL_COMMON = ("mistral-common", "1.13.1")

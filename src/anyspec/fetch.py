@@ -17,25 +17,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-import platformdirs
-
-from anyspec.errors import AnyspecError, ConfigError
+from anyspec.errors import AnyspecError
+from anyspec.paths import cache_dir
 
 
 class FetchError(AnyspecError):
     """A registry package or a file inside it could not be had or did not verify."""
-
-
-def cache_dir() -> Path:
-    """Root of anyspec's on-disk cache: ``$ANYSPEC_CACHE_DIR`` or the per-user cache folder."""
-    root = os.environ.get("ANYSPEC_CACHE_DIR") or platformdirs.user_cache_dir("anyspec")
-    path = Path(root).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot use {path} as anyspec's cache ({exc.strerror or exc}); "
-                          "set ANYSPEC_CACHE_DIR to a writable folder") from None
-    return path
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anyspec.errors import ConfigError
-from anyspec.fetch import FetchError, cache_dir, join_members
+from anyspec.fetch import FetchError, join_members
+from anyspec.paths import cache_dir
 
 FORMAT = 1  # bump when the converted layout changes; older conversions are then rebuilt
 

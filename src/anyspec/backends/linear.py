@@ -164,7 +164,7 @@ def compile_kernel(name: str, sources: list[Path], build: Path, include: Path):
 def _build_rowwise():
     import hashlib
 
-    from anyspec.fetch import cache_dir
+    from anyspec.paths import cache_dir
 
     if os.environ.get("ANYSPEC_KERNELS", "1") == "0":
         return "turned off with ANYSPEC_KERNELS=0"

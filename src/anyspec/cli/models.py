@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anyspec.fetch import cache_dir
 from anyspec.models import MODELS, fetch_model, gguf_cached, gguf_path, is_cached, model_dir
+from anyspec.paths import cache_dir
 
 
 def add_parser(sub) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from anyspec.fetch import cache_dir
+from anyspec.paths import cache_dir
 from anyspec.vocab.bytes import TokenTable, byte_piece_ids, strings_to_bytes
 from anyspec.vocab.family import backend_of, detect_family
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from anyspec.errors import ConfigError
-from anyspec.fetch import cache_dir
+from anyspec.paths import cache_dir
 from anyspec.vocab.bytes import bytes_to_unicode, tiktoken_ranks
 
 _KINDS = ("a tokenizer folder, a .gguf file, a tokenizer.json, a SentencePiece .model "
