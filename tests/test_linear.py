@@ -200,7 +200,8 @@ def test_bf16_without_the_kernel_warns_with_the_reason(monkeypatch, capsys, tok_
 
 @needs_rowwise
 def test_anyspec_isa_caps_the_instruction_set_level(monkeypatch):
-    from anyspec.backends.linear import limit_isa, rowwise_kernel
+    from anyspec.backends.build import limit_isa
+    from anyspec.backends.linear import rowwise_kernel
 
     lib = rowwise_kernel()
     best = lib.best_isa()

@@ -29,13 +29,12 @@ oneDNN.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from anyspec.errors import ConfigError
+from anyspec.backends.build import build_kernel, limit_isa
+from anyspec.backends.build import compile_kernel as compile_kernel  # benchmarks/kernel_ab.py uses it
 
 PREPACK_ROWS = 5  # oneDNN picks its weight layout for this many rows: k+1 at k=4
 
@@ -118,13 +117,11 @@ KERNELS = {"onednn": OneDNNLinear, "int8-torch": Int8Linear,
            "bf16": lambda linear: RowwiseLinear(linear, "bf16"),
            "int8": lambda linear: RowwiseLinear(linear, "int8")}
 _ROWWISE: list = []  # the built extension, or the reason it could not be built
-CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "rowwise_linear.cpp", CSRC / "decoder.cpp", CSRC / "quant.cpp", CSRC / "x16.cpp"]
 
 
 def rowwise_kernel():
     """anyspec's CPU kernel (row-wise and GGUF products, the decoder stack), compiled on first use
-    into ``cache_dir()/kernels`` (about a minute)."""
+    into ``cache_dir()/kernels`` (about a minute; ``backends/build.py``)."""
     if not _ROWWISE:
         kernel = _build_rowwise()
         if not isinstance(kernel, str):
@@ -135,55 +132,12 @@ def rowwise_kernel():
     return _ROWWISE[0]
 
 
-ISA_LEVELS = {"0": 0, "plain": 0, "1": 1, "avx2": 1, "2": 2, "avx512": 2}
-
-
-def limit_isa(kernel) -> None:
-    """``ANYSPEC_ISA`` caps the kernel's instruction-set level (0 or plain: the C++ reference, 1 or
-    avx2, 2 or avx512: AVX-512 VNNI), to run an AVX-512 machine the way an AVX2-only one runs. Every
-    level computes the same bits; a level the CPU lacks gives its best one."""
-    wanted = os.environ.get("ANYSPEC_ISA")
-    if wanted is None:
-        return
-    if wanted.strip().lower() not in ISA_LEVELS:
-        raise ConfigError(f"ANYSPEC_ISA must be 0, 1 or 2 (plain, avx2, avx512), got {wanted!r}")
-    kernel.set_isa(ISA_LEVELS[wanted.strip().lower()])
-
-
-def compile_kernel(name: str, sources: list[Path], build: Path, include: Path):
-    """The kernel's C++ sources compiled (or loaded, if ``build`` has them) as module ``name``."""
-    from torch.utils.cpp_extension import load
-
-    # -ffp-contract=off: every multiply-add is written out, so each instruction-set path (and the
-    # plain C++ reference) rounds the same way
-    return load(name, [str(s) for s in sources], build_directory=str(build),
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"],
-                extra_include_paths=[str(include)], verbose=False)
-
-
 def _build_rowwise():
-    import hashlib
-
-    from anyspec.paths import cache_dir
-
     if os.environ.get("ANYSPEC_KERNELS", "1") == "0":
         return "turned off with ANYSPEC_KERNELS=0"
     if not rowwise_possible():
         return f"this CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
-    digest = hashlib.sha256(torch.__version__.encode())
-    for path in [*SOURCES, CSRC / "quant.h", CSRC / "stack.h"]:
-        digest.update(path.read_bytes())
-    tag = digest.hexdigest()[:16]
-    build = cache_dir() / "kernels" / f"rowwise-{tag}"
-    build.mkdir(parents=True, exist_ok=True)
-    if not list(build.glob("*.so")):
-        print("anyspec: compiling its CPU kernel once (about a minute) ...", file=sys.stderr)
-    try:
-        return compile_kernel("anyspec_rowwise", SOURCES, build, CSRC)
-    except Exception as exc:  # no compiler, no ninja, ...: say why, the caller picks another kernel
-        reason = f"anyspec's CPU kernel could not be built ({type(exc).__name__}: {str(exc).splitlines()[0]})"
-        print(f"anyspec: warning: {reason}", file=sys.stderr)
-        return reason
+    return build_kernel()
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
