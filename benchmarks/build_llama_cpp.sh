@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-bench, llama-completion and llama-server from the llama.cpp vendored in
-# the llama-cpp-python sdist (pinned), for side-by-side benchmarks. Usage: build_llama_cpp.sh DEST
-# DEST/bin gets the three programs; anyspec finds them there (or via $ANYSPEC_LLAMA_CPP).
+# Build llama.cpp's llama-bench, llama-completion, llama-server and llama-quantize from the
+# llama.cpp vendored in the llama-cpp-python sdist (pinned), for side-by-side benchmarks and test
+# files of every block type. Usage: build_llama_cpp.sh DEST
+# DEST/bin gets the four programs; anyspec finds them there (or via $ANYSPEC_LLAMA_CPP).
 # LLAMA_CMAKE_FLAGS replaces -DGGML_NATIVE=ON, e.g. an AVX2-only build on an AVX-512 machine:
 #   LLAMA_CMAKE_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 # After the build, a two-token completion on a small GGUF (SMOKE_GGUF, else the built-in
@@ -10,6 +11,7 @@
 # GGML_NATIVE=OFF and the AVX/AVX2/AVX-512/VNNI flags this CPU reports, without AMX.
 set -euo pipefail
 VERSION=0.3.36
+PROGRAMS="llama-bench llama-completion llama-server llama-quantize"
 DEST=${1:?usage: build_llama_cpp.sh DEST}
 PY=${PY:-python3}
 # absolute paths: the script changes directory before it uses them
@@ -49,15 +51,24 @@ build() {  # build FLAGS...: configure, compile and copy the programs into DEST/
   (
     cd src/vendor/llama.cpp
     cmake -B build "$@" -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > "$DEST/cmake.log"
-    cmake --build build -j "$(nproc)" --target llama-bench llama-completion llama-server >> "$DEST/cmake.log"
+    cmake --build build -j "$(nproc)" --target $PROGRAMS >> "$DEST/cmake.log"
     rm -rf "$DEST/bin" && mkdir -p "$DEST/bin"
-    cp build/bin/llama-bench build/bin/llama-completion build/bin/llama-server "$DEST/bin/"
+    for p in $PROGRAMS; do cp "build/bin/$p" "$DEST/bin/"; done
     # shared libraries, when the build made any
     find build -name '*.so*' -exec cp -P {} "$DEST/bin/" \; 2>/dev/null || true
   )
 }
 
-if [ -x bin/llama-server ] && [ -x bin/llama-bench ] && [ -x bin/llama-completion ]; then
+# An earlier build without llama-quantize: add it from the kept build tree.
+if [ -x bin/llama-server ] && [ ! -x bin/llama-quantize ] && [ -d src/vendor/llama.cpp/build ]; then
+  (
+    cd src/vendor/llama.cpp
+    cmake --build build -j "$(nproc)" --target llama-quantize >> "$DEST/cmake.log"
+    cp build/bin/llama-quantize "$DEST/bin/"
+    find build -name '*.so*' -exec cp -P {} "$DEST/bin/" \; 2>/dev/null || true
+  ) && echo "added llama-quantize to $DEST/bin"
+fi
+if [ -x bin/llama-server ] && [ -x bin/llama-bench ] && [ -x bin/llama-completion ] && [ -x bin/llama-quantize ]; then
   if smoke_test; then echo "llama.cpp already built in $DEST/bin (smoke test passed)"; exit 0; fi
   echo "llama.cpp in $DEST/bin fails its smoke test (see $DEST/smoke.log); rebuilding"
 fi

@@ -121,11 +121,14 @@ def test_rows_past_eight_reuse_the_block_and_change_nothing():
 
 
 def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0, key_length: int = 0,
-               experts: int = 0):
-    """A small GGUF file: llama-style metadata, one layer of 64 x 64 fp32 weights, attn_q of ``kind``."""
+               experts: int = 0, tokens: int = 0):
+    """A small GGUF file: llama-style metadata, one layer of 64 x 64 fp32 weights, attn_q of ``kind``;
+    ``tokens``: a vocabulary of that many tokens in the metadata."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), arch)
+    if tokens:
+        writer.add_token_list([f"t{i}" for i in range(tokens)])
     writer.add_block_count(1)
     writer.add_embedding_length(64)
     writer.add_head_count(4)
@@ -176,6 +179,19 @@ def test_a_file_whose_shapes_contradict_its_metadata_is_refused_in_one_line(tmp_
     assert gguf_problem(path) == "tensor blk.0.attn_q.weight is [64, 64], its metadata says [64, 128]"
     with pytest.raises(ConfigError, match="cannot run on anyspec's GGUF kernels: tensor blk.0.attn_q"):
         GGUFModel(path)
+
+
+def test_a_vocabulary_longer_than_the_embedding_is_refused_as_inconsistent(tmp_path):
+    from anyspec.backends.gguf import gguf_problem
+    from anyspec.backends.load import resolve_dtype
+
+    assert gguf_problem(write_gguf(tmp_path / "ok.gguf", tokens=64)) is None
+    path = write_gguf(tmp_path / "m.gguf", tokens=100)  # token_embd and output have 64 rows
+    assert gguf_problem(path) == ("tensor token_embd.weight has 64 rows but the vocabulary lists 100 tokens; "
+                                  "the file is inconsistent (convert it again)")
+    for dtype in ("auto", "gguf"):  # not "use --dtype bf16", nor a fall-back: nothing can run it
+        with pytest.raises(ConfigError, match=r"m.gguf is inconsistent: tensor token_embd.weight .* again$"):
+            resolve_dtype(dtype, spec=str(path))
 
 
 def test_a_truncated_or_foreign_file_is_one_line(tmp_path):

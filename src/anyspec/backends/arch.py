@@ -190,6 +190,12 @@ def shape_problem(reader, d: Description) -> str | None:
     """A tensor whose shape contradicts the metadata (None: all agree), before the stack reads any."""
     tensors = {t.name: [int(n) for n in t.shape] for t in reader.tensors}
     q, kv, hidden = d.heads * d.head_dim, d.kv_heads * d.head_dim, d.hidden
+    listed = reader.fields.get("tokenizer.ggml.tokens")
+    for name in ("token_embd.weight", "output.weight"):
+        rows = tensors.get(name, [0, 0])[1]
+        if listed is not None and name in tensors and rows != len(listed.data):
+            return (f"tensor {name} has {rows} rows but the vocabulary lists {len(listed.data)} tokens; "
+                    "the file is inconsistent (convert it again)")
     # the stack takes every layer's feed-forward width from the first one
     inter = tensors.get(layer_tensors(d.family, 0)["gate"], [0, 0])[1] // (2 if d.family.fused else 1)
     for i in range(d.n_layers):

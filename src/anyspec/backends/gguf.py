@@ -99,16 +99,21 @@ def gguf_problem(path: Path, reader=None) -> str | None:
         if kind not in MATRIX_TYPES:
             kinds = ", ".join(MATRIX_TYPES.values())
             return f"tensor {t.name} is {t.tensor_type.name} (GGUF kernels: {kinds})"
+    return broken_problem(reader) or rowwise_problem()
+
+
+def broken_problem(reader) -> str | None:
+    """A tensor that an architecture of the table needs and the file lacks, or one whose shape
+    contradicts the metadata (None: all there and consistent, or an architecture the table lacks)."""
+    if arch_problem(reader):
+        return None
     d = describe(reader, lambda name: None)
     names = {t.name for t in reader.tensors}
     for i in range(d.n_layers):
         missing = [n for n in layer_tensors(d.family, i).values() if n not in names]
         if missing:
             return f"tensor {missing[0]} is missing"
-    problem = shape_problem(reader, d)
-    if problem:
-        return problem
-    return rowwise_problem()
+    return shape_problem(reader, d)
 
 
 def dequantized_problem(reader) -> str | None:
