@@ -46,9 +46,9 @@ def run(method, prompt, n, seconds, s="code", **kw):
 
 def test_summary_speedups_acceptance_and_exactness():
     runs = [run("target", "a", 10, 2.0), run("anyspec-greedy", "a", 10, 1.0, drafted=8, accepted=6,
-                                             identical=True),
+                                             identical=True, draft_seconds=0.05),
             run("target", "b", 10, 2.0), run("anyspec-greedy", "b", 10, 1.0, drafted=8, accepted=2,
-                                             identical=False, diff_pos=3, diff_margin=0.01),
+                                             identical=False, diff_pos=3, diff_margin=0.01, draft_seconds=0.03),
             run("hf-target", "a", 10, 4.0, identical=True), run("hf-uag", "a", 10, 2.0, identical=True)]
     rows = {(r["set"], r["method"]): r for r in report.summarize(runs)}
     g = rows[("code", "anyspec-greedy")]
@@ -62,7 +62,7 @@ def test_summary_speedups_acceptance_and_exactness():
                                         "max_new_tokens": 8, "threads": 2, "temperature": 0.7},
                              "notes": {"vllm": "not installed"}, "runs": runs,
                              "summary": report.summarize(runs)})
-    assert "| code | anyspec-greedy | 20 | 10.00 | 2.00x (target) | 0.5 | 1/2 | b @3 (0.01) |" in table
+    assert "| code | anyspec-greedy | 20 | 10.00 | 2.00x (target) | 0.5 | 5.0 | 1/2 | b @3 (0.01) |" in table
     assert "- vllm: not installed" in table
 
 
@@ -271,7 +271,7 @@ def test_vllm_speedups_in_summary():
                                         "max_new_tokens": 8, "threads": 2, "temperature": 0.7,
                                         "vllm": {"vllm": info}},
                              "notes": {}, "runs": runs, "summary": report.summarize(runs)})
-    assert "| all | vllm | 10 | 2.50 | 0.50x (target), 0.25x (vllm-target) | 0.25 | 1/1 | - |" in table
+    assert "| all | vllm | 10 | 2.50 | 0.50x (target), 0.25x (vllm-target) | 0.25 | - | 1/1 | - |" in table
     assert ("- vllm: vLLM 0.32.0 (/v/bin/python, target and draft in float32, eager, cores 1, "
             "vocab mapping: anyspec plugin)") in table
 
@@ -366,3 +366,31 @@ def test_logit_margin_is_the_reference_targets_own_top1_minus_top2(tok_qwen2):
     margin = bench_run.logit_margin(target, prompt, ref, 2)
     assert margin == pytest.approx(float(top[0] - top[1]), abs=1e-6) and margin >= 0
     assert target.num_cached == 0
+
+
+def test_a_second_draft_dtype_runs_as_a_variant_in_the_same_rotation(tmp_path, tok_qwen2, tok_smollm2):
+    from tiny_models import CHATML, save_tiny_model
+
+    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
+    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]})
+                                 for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
+    settings = BenchSettings(str(target), str(draft), [prompts], ["target", "anyspec-slem"], max_new_tokens=5,
+                             dtype="fp32", draft_dtype="fp32", also_draft_dtypes=["bf16"])
+    log = []
+    result = bench_run.run_bench(settings, log=log.append)
+    assert any(line.startswith(f"loaded {draft} again (bf16)") for line in log)
+    runs = result["runs"]
+    assert sorted({r["method"] for r in runs}) == ["anyspec-slem", "anyspec-slem@bf16", "target"]
+    assert [r["order"] for r in runs if r["prompt"] == "p0" and r["method"] == "anyspec-slem@bf16"] != \
+        [r["order"] for r in runs if r["prompt"] == "p1" and r["method"] == "anyspec-slem@bf16"]
+    assert all(r["identical"] for r in runs if r["method"].startswith("anyspec"))
+    assert result["config"]["draft_dtype"] == "fp32" and result["config"]["also_draft_dtypes"] == ["bf16"]
+    rows = {r["method"]: r for r in result["summary"] if r["set"] == "all"}
+    assert rows["anyspec-slem@bf16"]["speedup"] is not None and rows["anyspec-slem@bf16"]["draft_ms_per_token"] > 0
+    assert rows["target"]["draft_ms_per_token"] is None
+    assert "| all | anyspec-slem@bf16 |" in report.markdown(result)
+    with pytest.raises(ConfigError, match="unknown dtype 'bf17'"):
+        bench_run.run_bench(BenchSettings(str(target), str(draft), [prompts], ["anyspec-slem"],
+                                          also_draft_dtypes=["bf17"]), log=lambda s: None)

@@ -23,6 +23,7 @@ class BenchSettings:
     k: int = NUM_SPECULATIVE_TOKENS
     dtype: str | None = None
     draft_dtype: str | None = None
+    also_draft_dtypes: list[str] = field(default_factory=list)  # each draft method again, as METHOD@DTYPE
     temperature: float = 0.7  # for anyspec-sampled
     seed: int = 0
     threads: int | None = None
@@ -71,6 +72,7 @@ class BenchContext:
     llama_cpp_ctx: int = 4096
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
     vllm_max_model_len: int | None = None
+    drafts: dict = field(default_factory=dict)  # the draft again in another dtype (METHOD@DTYPE): dtype -> model
     # started on first use, kept for the run
     engines: dict = field(default_factory=dict)  # (draft, sampled, algorithm) -> Engine
     hf_target: object | None = None

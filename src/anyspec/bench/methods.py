@@ -10,3 +10,9 @@ BASELINE = {"anyspec-greedy": "target", "anyspec-slem": "target", "anyspec-sampl
 SECOND_BASELINE = {"vllm": "vllm-target", "anyspec-greedy": "llama.cpp", "anyspec-slem": "llama.cpp",
                    "target": "llama.cpp", "hf-uag": "llama.cpp"}
 VLLM_METHODS = ("vllm", "vllm-target")
+DRAFT_METHODS = ("anyspec-greedy", "anyspec-slem", "anyspec-sampled")  # the ones a draft dtype changes
+
+
+def base(method: str) -> str:
+    """The method a variant runs: ``anyspec-slem@bf16`` (its draft in bf16) runs ``anyspec-slem``."""
+    return method.split("@")[0]

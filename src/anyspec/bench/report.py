@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from anyspec.bench.methods import BASELINE, METHODS, SECOND_BASELINE
+from anyspec.bench.methods import BASELINE, METHODS, SECOND_BASELINE, base
 from anyspec.errors import ConfigError
 
 
@@ -13,25 +13,27 @@ def summarize(runs: list[dict]) -> list[dict]:
     for s in sorted({r["set"] for r in runs}) + ["all"]:
         sel = [r for r in runs if s in ("all", r["set"])]
         tps = {}
-        for m in sorted({r["method"] for r in sel}, key=METHODS.index):
+        for m in sorted({r["method"] for r in sel}, key=lambda m: (METHODS.index(base(m)), m)):
             mine = [r for r in sel if r["method"] == m]
             tokens, seconds = sum(len(r["ids"]) for r in mine), sum(r["seconds"] for r in mine)
             tps[m] = tokens / seconds if seconds else 0.0
             drafted = sum(r["drafted"] or 0 for r in mine)
+            timed = [r["draft_seconds"] for r in mine if r.get("draft_seconds") is not None]
             compared = [r for r in mine if "identical" in r]
             rows.append({
                 "set": s, "method": m, "prompts": len(mine), "tokens": tokens, "seconds": round(seconds, 3),
                 "tokens_per_second": round(tps[m], 3),
                 "acceptance": round(sum(r["accepted"] or 0 for r in mine) / drafted, 3) if drafted else None,
+                "draft_ms_per_token": round(1000 * sum(timed) / drafted, 2) if drafted and timed else None,
                 "identical": f"{sum(r['identical'] for r in compared)}/{len(compared)}" if compared else None,
                 "diffs": [(r["prompt"], r["diff_pos"], None if r["diff_margin"] is None
                            else round(r["diff_margin"], 3)) for r in compared if not r["identical"]],
             })
         for row in rows:
             if row["set"] == s:
-                base = BASELINE.get(row["method"])
-                row["speedup"] = round(row["tokens_per_second"] / tps[base], 3) if tps.get(base) else None
-                second = SECOND_BASELINE.get(row["method"])
+                first = BASELINE.get(base(row["method"]))
+                row["speedup"] = round(row["tokens_per_second"] / tps[first], 3) if tps.get(first) else None
+                second = SECOND_BASELINE.get(base(row["method"]))
                 if tps.get(second):
                     row[f"speedup_vs_{second}"] = round(row["tokens_per_second"] / tps[second], 3)
     return rows
@@ -39,7 +41,7 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 def sampled_at(result: dict) -> str:
     """The header's word on sampling: its temperature when a sampled method ran, else greedy."""
-    ran = {r["method"] for r in result["summary"]}
+    ran = {base(r["method"]) for r in result["summary"]}
     return f"sampled at T={result['config']['temperature']}" if "anyspec-sampled" in ran else "greedy"
 
 
@@ -51,16 +53,18 @@ def markdown(result: dict) -> str:
              f"{str(c['repeat']) + ' runs of each, ' if c.get('repeat', 1) > 1 else ''}"
              f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, "
              f"{sampled_at(result)}",
-             "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | identical to target | "
-             "first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|"]
+             "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | draft ms/token | identical to target "
+             "| first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["summary"]:
-        vs = f"{r['speedup']:.2f}x ({BASELINE[r['method']]})" if r.get("speedup") is not None else "-"
-        second = SECOND_BASELINE.get(r["method"])
+        vs = f"{r['speedup']:.2f}x ({BASELINE[base(r['method'])]})" if r.get("speedup") is not None else "-"
+        second = SECOND_BASELINE.get(base(r["method"]))
         if r.get(f"speedup_vs_{second}") is not None:
             vs += f", {r[f'speedup_vs_{second}']:.2f}x ({second})"
         diffs = "; ".join(f"{p} @{pos} ({m})" for p, pos, m in r["diffs"][:4]) or "-"
         lines.append(f"| {r['set']} | {r['method']} | {r['tokens']} | {r['tokens_per_second']:.2f} | {vs} | "
-                     f"{r['acceptance'] if r['acceptance'] is not None else '-'} | {r['identical'] or '-'} | "
+                     f"{r['acceptance'] if r['acceptance'] is not None else '-'} | "
+                     f"{r['draft_ms_per_token'] if r.get('draft_ms_per_token') is not None else '-'} | "
+                     f"{r['identical'] or '-'} | "
                      f"{diffs} |")
     for m, info in c.get("vllm", {}).items():
         models = "target and draft" if info.get("speculative") else "target"

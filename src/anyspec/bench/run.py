@@ -17,7 +17,7 @@ from anyspec.bench.llama import (
     run_llama_cpp,
     target_gguf,
 )
-from anyspec.bench.methods import VLLM_METHODS
+from anyspec.bench.methods import DRAFT_METHODS, VLLM_METHODS, base
 from anyspec.bench.prompts import load_prompts, prompt_ids
 from anyspec.bench.report import summarize
 from anyspec.bench.vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
@@ -29,16 +29,19 @@ UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 
 # ---- methods: each returns {"ids", "text", "seconds", "drafted", "accepted"} -------------------------
 
-def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli") -> dict:
+def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli",
+                draft_dtype: str | None = None) -> dict:
+    """``draft_dtype``: one of ``ctx.drafts``, the draft loaded again in that dtype (else the pair's)."""
     from anyspec.engine import Engine, SamplingParams
 
-    key = (draft, sampled, algorithm)
+    key = (draft, sampled, algorithm, draft_dtype)
     if key not in ctx.engines:
         config = SpeculativeConfig(num_speculative_tokens=ctx.k, algorithm=algorithm,
                                    draft_sample_method="sample" if sampled else "greedy",
                                    prefix_cache=False,  # every run prefills its whole prompt, as HF's does
                                    **ctx.engine_options)
-        ctx.engines[key] = Engine(ctx.target, ctx.draft if draft else None, config)
+        model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
+        ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
                             max_new_tokens=ctx.max_new_tokens, seed=ctx.seed if sampled else None)
     t = time.perf_counter()
@@ -46,20 +49,32 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
     dt = time.perf_counter() - t
     return {"ids": list(res.token_ids), "text": res.text, "seconds": dt,
             "drafted": res.stats.drafted if draft else None,
-            "accepted": res.stats.accepted if draft else None}
+            "accepted": res.stats.accepted if draft else None,
+            "draft_seconds": res.stats.draft_seconds if draft else None}
 
 
 RUNNERS = {
-    "target": lambda ctx, p: run_anyspec(ctx, p, sampled=False, draft=False),
-    "anyspec-greedy": lambda ctx, p: run_anyspec(ctx, p, sampled=False),
-    "anyspec-slem": lambda ctx, p: run_anyspec(ctx, p, sampled=False, algorithm="slem"),
-    "anyspec-sampled": lambda ctx, p: run_anyspec(ctx, p, sampled=True),
+    "target": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False),
+    "anyspec-greedy": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft_dtype=d),
+    "anyspec-slem": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem", draft_dtype=d),
+    "anyspec-sampled": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=True, draft_dtype=d),
     "hf-target": lambda ctx, p: run_hf(ctx, p, assisted=False),
     "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
     "vllm-target": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx.target.tokenizer, p), draft=False),
     "vllm": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx.target.tokenizer, p)),
     "llama.cpp": lambda ctx, p: run_llama_cpp(ctx, prompt_ids(ctx.target.tokenizer, p)),
 }
+
+
+def run_method(ctx: BenchContext, method: str, prompt) -> dict:
+    """One prompt through ``method``, or through a draft-dtype variant ``METHOD@DTYPE``."""
+    name, _, dtype = method.partition("@")
+    return RUNNERS[name](ctx, prompt, dtype) if dtype else RUNNERS[name](ctx, prompt)
+
+
+def with_draft_dtypes(methods: list[str], dtypes: list[str]) -> list[str]:
+    """Each draft method followed by its variants ``METHOD@DTYPE``, one per dtype."""
+    return [v for m in methods for v in [m] + ([f"{m}@{d}" for d in dtypes] if m in DRAFT_METHODS else [])]
 
 
 def available(methods: list[str], vllm_python: str | Path | None = None,
@@ -113,17 +128,24 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
     and run every prompt through every method."""
     import torch
 
+    from anyspec.backends.load import load_model
     from anyspec.pair import check_pair, load_pair
 
     s = settings
     prompts = [p for f in s.prompt_files for p in load_prompts(f)[:s.limit]]
     plan = check_pair(s.target, s.draft, s.dtype, s.draft_dtype, s.threads)
+    also = [check_pair(s.target, s.draft, s.dtype, d, s.threads).draft_dtype for d in s.also_draft_dtypes]
     methods, notes = available(s.methods, s.vllm_python, s.target)
+    methods = with_draft_dtypes(methods, also)
     t = time.perf_counter()
     tgt, drf, _ = load_pair(plan)
     log(f"loaded {s.target} ({plan.dtype}) + {s.draft} ({plan.draft_dtype}) in "
         f"{time.perf_counter() - t:.1f}s; {torch.get_num_threads()} threads")
     ctx = context(s, plan, tgt, drf)
+    for d in also:
+        t = time.perf_counter()
+        ctx.drafts[d] = load_model(s.draft, dtype=d, name=f"draft ({d})")
+        log(f"loaded {s.draft} again ({d}) in {time.perf_counter() - t:.1f}s")
     if any(m in VLLM_METHODS for m in methods):
         ctx.vllm_max_model_len = vllm_max_model_len(
             [len(prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], s.max_new_tokens, s.k)
@@ -133,7 +155,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         close_all(ctx)
         close_llama_cpp(ctx)
     return {"config": {"target": s.target, "draft": s.draft, "dtype": plan.dtype,
-                       "draft_dtype": plan.draft_dtype, "k": s.k, **s.engine_options, "repeat": s.repeat,
+                       "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": s.k, **s.engine_options, "repeat": s.repeat,
                        "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -168,7 +190,7 @@ def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: 
     max_new_tokens, ctx.max_new_tokens = ctx.max_new_tokens, 4
     for m in list(methods):
         try:
-            RUNNERS[m](ctx, [{"role": "user", "content": "Say hi."}])
+            run_method(ctx, m, [{"role": "user", "content": "Say hi."}])
         except UNAVAILABLE as exc:
             notes[m] = str(exc)
             methods.remove(m)
@@ -182,7 +204,7 @@ def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: 
         order = methods[i % len(methods):] + methods[:i % len(methods)]
         for m in order:
             try:
-                r = RUNNERS[m](ctx, p["prompt"])
+                r = run_method(ctx, m, p["prompt"])
             except UNAVAILABLE as exc:
                 notes[m] = str(exc)
                 methods.remove(m)
@@ -195,7 +217,7 @@ def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: 
                 f"{len(r['ids']) / r['seconds']:6.2f} tok/s")
         ref = next((r for r in runs if r["prompt"] == p["id"] and r["method"] == "target"), None)
         for r in runs:
-            if r["prompt"] != p["id"] or r["method"] == "target" or r["method"] == "anyspec-sampled" \
+            if r["prompt"] != p["id"] or r["method"] == "target" or base(r["method"]) == "anyspec-sampled" \
                     or ref is None:
                 continue
             pos = first_difference(ref["ids"], r["ids"])

@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
                    help="run the whole rotation N times (tok/s then pools every run; a noisy machine)")
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS,
                    help="default: all but vllm-target (a second vLLM instance)")
+    p.add_argument("--also-draft-dtype", nargs="+", default=[], metavar="DTYPE",
+                   help="run each anyspec method with a draft again with the draft in DTYPE (named "
+                        "METHOD@DTYPE), in the same alternating rotation: e.g. gguf against bf16")
     p.add_argument("--max-new-tokens", type=int, default=64)
     add_k_option(p)
     add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
@@ -57,7 +60,8 @@ def run(args) -> int:
         pyplot()
     settings = BenchSettings(args.target, args.draft, args.prompts or DEFAULT_PROMPTS, args.methods,
                              max_new_tokens=args.max_new_tokens, k=args.num_speculative_tokens,
-                             dtype=args.dtype, draft_dtype=args.draft_dtype, temperature=args.temperature,
+                             dtype=args.dtype, draft_dtype=args.draft_dtype,
+                             also_draft_dtypes=args.also_draft_dtype, temperature=args.temperature,
                              seed=args.seed, threads=args.threads, limit=args.limit, repeat=args.repeat,
                              hf_assistant=args.hf_assistant, adaptive_k=args.adaptive_k,
                              draft_confidence=args.draft_confidence, vllm_python=args.vllm_python)
