@@ -48,7 +48,8 @@ def test_summary_speedups_acceptance_and_exactness():
     runs = [run("target", "a", 10, 2.0), run("anyspec-greedy", "a", 10, 1.0, drafted=8, accepted=6,
                                              identical=True, draft_seconds=0.05),
             run("target", "b", 10, 2.0), run("anyspec-greedy", "b", 10, 1.0, drafted=8, accepted=2,
-                                             identical=False, diff_pos=3, diff_margin=0.01, draft_seconds=0.03),
+                                             identical=False, diff_pos=3, diff_margin=0.01,
+                                             draft_seconds=0.03),
             run("hf-target", "a", 10, 4.0, identical=True), run("hf-uag", "a", 10, 2.0, identical=True)]
     rows = {(r["set"], r["method"]): r for r in report.summarize(runs)}
     g = rows[("code", "anyspec-greedy")]
@@ -388,7 +389,8 @@ def test_a_second_draft_dtype_runs_as_a_variant_in_the_same_rotation(tmp_path, t
     assert all(r["identical"] for r in runs if r["method"].startswith("anyspec"))
     assert result["config"]["draft_dtype"] == "fp32" and result["config"]["also_draft_dtypes"] == ["bf16"]
     rows = {r["method"]: r for r in result["summary"] if r["set"] == "all"}
-    assert rows["anyspec-slem@bf16"]["speedup"] is not None and rows["anyspec-slem@bf16"]["draft_ms_per_token"] > 0
+    variant = rows["anyspec-slem@bf16"]
+    assert variant["speedup"] is not None and variant["draft_ms_per_token"] > 0
     assert rows["target"]["draft_ms_per_token"] is None
     assert "| all | anyspec-slem@bf16 |" in report.markdown(result)
     with pytest.raises(ConfigError, match="unknown dtype 'bf17'"):

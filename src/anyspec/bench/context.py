@@ -72,7 +72,7 @@ class BenchContext:
     llama_cpp_ctx: int = 4096
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
     vllm_max_model_len: int | None = None
-    drafts: dict = field(default_factory=dict)  # the draft again in another dtype (METHOD@DTYPE): dtype -> model
+    drafts: dict = field(default_factory=dict)  # dtype -> the draft again in that dtype (METHOD@DTYPE)
     # started on first use, kept for the run
     engines: dict = field(default_factory=dict)  # (draft, sampled, algorithm) -> Engine
     hf_target: object | None = None

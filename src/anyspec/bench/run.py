@@ -56,7 +56,8 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
 RUNNERS = {
     "target": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False),
     "anyspec-greedy": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft_dtype=d),
-    "anyspec-slem": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem", draft_dtype=d),
+    "anyspec-slem": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
+                                                       draft_dtype=d),
     "anyspec-sampled": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=True, draft_dtype=d),
     "hf-target": lambda ctx, p: run_hf(ctx, p, assisted=False),
     "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
@@ -155,7 +156,8 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         close_all(ctx)
         close_llama_cpp(ctx)
     return {"config": {"target": s.target, "draft": s.draft, "dtype": plan.dtype,
-                       "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": s.k, **s.engine_options, "repeat": s.repeat,
+                       "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": s.k,
+                       **s.engine_options, "repeat": s.repeat,
                        "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
