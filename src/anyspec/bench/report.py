@@ -54,7 +54,8 @@ def markdown(result: dict) -> str:
              f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, "
              f"{sampled_at(result)}",
              "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | draft ms/token "
-             "| identical to target | first differences (prompt, pos, top1-top2 logit) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| identical to target | first differences (prompt, pos, top1-top2 logit) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["summary"]:
         vs = f"{r['speedup']:.2f}x ({BASELINE[base(r['method'])]})" if r.get("speedup") is not None else "-"
         second = SECOND_BASELINE.get(base(r["method"]))
