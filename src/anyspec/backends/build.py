@@ -1,10 +1,16 @@
-"""Building anyspec's CPU kernel: its C++ sources (``csrc/``), compiled once per torch version and
-source into ``cache_dir()/kernels``, and the instruction-set level it runs at (``ANYSPEC_ISA``)."""
+"""Building anyspec's CPU kernel: its C++ sources (``csrc/``), compiled once per torch version,
+source and flags into ``cache_dir()/kernels``, and the instruction-set level it runs at (``ANYSPEC_ISA``).
+
+On x86 the kernel is built with AVX2, FMA and F16C, and picks AVX2 or AVX-512 VNNI at run time; on any
+other machine it is built without x86 flags and runs its plain C++ (level 0), which computes the same
+bits (``csrc/vec8.h``).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -14,14 +20,15 @@ from anyspec.errors import ConfigError
 from anyspec.paths import cache_dir
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "rowwise_linear.cpp", CSRC / "decoder.cpp", CSRC / "quant.cpp", CSRC / "x16.cpp"]
+SOURCES = sorted(CSRC.glob("*.cpp"))
+X86_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
 ISA_LEVELS = {"0": 0, "plain": 0, "1": 1, "avx2": 1, "2": 2, "avx512": 2}
 
 
 def limit_isa(kernel) -> None:
     """``ANYSPEC_ISA`` caps the kernel's instruction-set level (0 or plain: the C++ reference, 1 or
     avx2, 2 or avx512: AVX-512 VNNI), to run an AVX-512 machine the way an AVX2-only one runs. Every
-    level computes the same bits; a level the CPU lacks gives its best one."""
+    level computes the same bits; a level the CPU (or the build) lacks gives its best one."""
     wanted = os.environ.get("ANYSPEC_ISA")
     if wanted is None:
         return
@@ -30,21 +37,31 @@ def limit_isa(kernel) -> None:
     kernel.set_isa(ISA_LEVELS[wanted.strip().lower()])
 
 
-def compile_kernel(name: str, sources: list[Path], build: Path, include: Path):
+def is_x86(machine: str | None = None) -> bool:
+    return (machine or platform.machine()).lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def kernel_flags(machine: str | None = None) -> list[str]:
+    """The compiler flags of the kernel on ``machine`` (default: this one)."""
+    # -ffp-contract=off: every multiply-add is written out, so each instruction-set path (and the
+    # plain C++ reference) rounds the same way
+    return ["-O3", *(X86_FLAGS if is_x86(machine) else []), "-ffp-contract=off", "-fopenmp"]
+
+
+def compile_kernel(name: str, sources: list[Path], build: Path, include: Path,
+                   flags: list[str] | None = None):
     """The kernel's C++ sources compiled (or loaded, if ``build`` has them) as module ``name``."""
     from torch.utils.cpp_extension import load
 
-    # -ffp-contract=off: every multiply-add is written out, so each instruction-set path (and the
-    # plain C++ reference) rounds the same way
     return load(name, [str(s) for s in sources], build_directory=str(build),
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp"],
+                extra_cflags=kernel_flags() if flags is None else flags,
                 extra_include_paths=[str(include)], verbose=False)
 
 
 def build_kernel():
     """The kernel, built on first use and then loaded from the cache; or why it could not be built."""
-    digest = hashlib.sha256(torch.__version__.encode())
-    for path in [*SOURCES, CSRC / "quant.h", CSRC / "stack.h"]:
+    digest = hashlib.sha256(f"{torch.__version__} {' '.join(kernel_flags())}".encode())
+    for path in sorted(CSRC.glob("*.[ch]*")):
         digest.update(path.read_bytes())
     build = cache_dir() / "kernels" / f"rowwise-{digest.hexdigest()[:16]}"
     build.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ computation, written out once:
 * norms, rotary embeddings and attention run in fp32.
 
 With anyspec's row-wise kernel in every product (int8 and bf16 models) the whole stack is one C++ call
-(``decoder_forward`` in ``csrc/rowwise_linear.cpp``); otherwise ``extend`` runs the same steps in
+(``decoder_forward`` in ``csrc/decoder.cpp``); otherwise ``extend`` runs the same steps in
 Python below, the readable reference that the tests compare with transformers.
 
 Used for int8 and bf16 model folders on anyspec's row-wise kernel (GGUF files run the same C++

@@ -6,11 +6,12 @@ torch's bf16 matmul is emulated on CPUs without native bf16, and where bf16 is n
 row differently when other rows come with it. These kernels keep the cost nearly flat and each
 row's numbers fixed:
 
-* ``bf16`` and ``int8`` (``RowwiseLinear``): anyspec's own AVX2 kernel (``csrc/rowwise_linear.cpp``,
-  built once with the system's C++ compiler into the cache). The weights stay bf16 (or int8 with a
-  scale per output channel) in memory and are widened to fp32 in registers; every input row is
-  accumulated in fp32 in a fixed order. Reading the weights once per call is the cost. Used for
-  bf16 and int8 models on every CPU with AVX2.
+* ``bf16`` and ``int8`` (``RowwiseLinear``): anyspec's own kernel (``csrc/dense.cpp``, built once
+  with the system's C++ compiler into the cache: AVX2 on x86, plain C++ on other machines). The
+  weights stay bf16 (or int8 with a scale per output channel) in memory and are widened to fp32 in
+  registers; every input row is accumulated in fp32 in a fixed order. Reading the weights once per
+  call is the cost. Used for bf16 and int8 models on every x86 CPU with AVX2, and on every CPU that
+  is not x86.
 * ``onednn``: fp32 weights prepacked once for oneDNN (``torch.ops.mkldnn``), exactly the model's
   numbers (fp32 rounding differences only). Used for fp32 models on the CPU.
 * ``int8-torch``: the same int8 weights through ``torch._weight_int8pack_mm``, where anyspec's
@@ -33,7 +34,7 @@ import os
 import torch
 from torch import nn
 
-from anyspec.backends.build import build_kernel, limit_isa
+from anyspec.backends.build import build_kernel, is_x86, limit_isa
 from anyspec.backends.build import compile_kernel as compile_kernel  # benchmarks/kernel_ab.py uses it
 
 PREPACK_ROWS = 5  # oneDNN picks its weight layout for this many rows: k+1 at k=4
@@ -82,7 +83,7 @@ def int8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class RowwiseLinear(nn.Module):
-    """``nn.Linear`` on anyspec's AVX2 kernel: bf16 or int8 weights, fp32 accumulation."""
+    """``nn.Linear`` on anyspec's kernel: bf16 or int8 weights, fp32 accumulation."""
 
     def __init__(self, linear: nn.Linear, weights: str = "bf16"):
         super().__init__()
@@ -116,6 +117,7 @@ class RowwiseLinear(nn.Module):
 KERNELS = {"onednn": OneDNNLinear, "int8-torch": Int8Linear,
            "bf16": lambda linear: RowwiseLinear(linear, "bf16"),
            "int8": lambda linear: RowwiseLinear(linear, "int8")}
+AVX2_OR_BETTER = ("AVX2", "AVX512", "AVX512_BF16", "AMX")  # torch's names for the CPU's capability
 _ROWWISE: list = []  # the built extension, or the reason it could not be built
 
 
@@ -159,13 +161,14 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
 
 
 def rowwise_possible() -> bool:
-    """This CPU can run anyspec's AVX2 kernel and it is not turned off (it may still fail to build)."""
+    """This CPU can run anyspec's kernel and it is not turned off (it may still fail to build): an
+    x86 CPU with AVX2, or any CPU that is not x86 (the kernel's plain C++ build)."""
     return (os.environ.get("ANYSPEC_KERNELS", "1") != "0"
-            and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "AVX512_BF16", "AMX"))
+            and (not is_x86() or torch.backends.cpu.get_cpu_capability() in AVX2_OR_BETTER))
 
 
 def rowwise_problem() -> str | None:
-    """Why anyspec's AVX2 kernel cannot run here (None: it is built, or builds now)."""
+    """Why anyspec's kernel cannot run here (None: it is built, or builds now)."""
     try:
         rowwise_kernel()
     except RuntimeError as exc:
@@ -174,7 +177,7 @@ def rowwise_problem() -> str | None:
 
 
 def rowwise_available() -> bool:
-    """anyspec's AVX2 kernel is built (or builds now) on this machine; off with ANYSPEC_KERNELS=0."""
+    """anyspec's kernel is built (or builds now) on this machine; off with ANYSPEC_KERNELS=0."""
     return rowwise_problem() is None
 
 

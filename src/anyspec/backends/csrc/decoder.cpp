@@ -16,7 +16,6 @@
 // Every step is computed row by row in a fixed order, so a row's result is the same bits whatever
 // other rows (of its own sequence or of others) are computed with it.
 #include <torch/extension.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -30,106 +29,6 @@
 
 namespace anyspec {
 namespace {
-
-// out[j] = q . k_j * scaling for the len keys k_j (rows of D), eight keys at a time; each key's sum
-// runs in a fixed order (8 fp32 lanes over d, a fixed horizontal sum, then a scalar tail).
-void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out) {
-  const int64_t D8 = D - D % 8;
-  for (int64_t j0 = 0; j0 < len; j0 += 8) {
-    const int64_t n = std::min<int64_t>(8, len - j0);
-    __m256 acc[8];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D8; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      for (int64_t i = 0; i < n; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (j0 + i) * D + d), acc[i]);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      float s = hsum(acc[i]);
-      for (int64_t d = D8; d < D; ++d) s += q[d] * keys[(j0 + i) * D + d];
-      out[j0 + i] = s * scaling;
-    }
-  }
-}
-
-// o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j, 64 d at a time in registers
-// (a narrower tail: 8 d at a time, then one by one).
-void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o) {
-  int64_t d0 = 0;
-  for (; d0 + 64 <= D; d0 += 64) {
-    __m256 acc[8];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    for (int64_t j = 0; j < len; ++j) {
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values + j * D + d0 + 8 * i), acc[i]);
-    }
-    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
-  }
-  for (; d0 + 8 <= D; d0 += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < len; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(values + j * D + d0), acc);
-    _mm256_storeu_ps(o + d0, acc);
-  }
-  for (int64_t d = d0; d < D; ++d) {
-    float s = 0;
-    for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], values[j * D + d], s);
-    o[d] = s;
-  }
-}
-
-// exp of 8 floats (Cephes' expf: 2^n times a degree-6 polynomial of the remainder), arguments
-// clamped to [-87.3, 88.4] so the result stays finite and normal.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.37626f));
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(c));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(pow2n));
-}
-
-// v[i] = exp(v[i] - shift) for i < n, eight at a time (a short tail through a padded copy).
-void exp_shifted(float* v, int64_t n, float shift) {
-  const __m256 s = _mm256_set1_ps(shift);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(v + i), s)));
-  if (i < n) {
-    float tail[8] = {};
-    std::copy(v + i, v + n, tail);
-    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), s)));
-    std::copy(tail, tail + (n - i), v + i);
-  }
-}
-
-// SiLU(g) = g * sigmoid(g); GELU with the tanh approximation, 0.5 g (1 + tanh(y)), is g * sigmoid(2y)
-// for y = sqrt(2 / pi) (g + 0.044715 g^3).
-template <bool GELU>
-inline __m256 gated(__m256 gate, __m256 up) {
-  __m256 z = gate;
-  if (GELU) {
-    const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(gate, gate), gate);
-    z = _mm256_mul_ps(_mm256_set1_ps(2 * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cube, gate));
-  }
-  const __m256 sig = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), z)));
-  return _mm256_mul_ps(_mm256_div_ps(gate, sig), up);
-}
-
-// out[i] = act(gate[i]) * up[i] for i < n, eight at a time (a short tail through a padded copy).
-template <bool GELU>
-void gated(const float* gate, const float* up, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, gated<GELU>(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
-  if (i < n) {
-    float g[8] = {}, u[8] = {}, o[8];
-    std::copy(gate + i, gate + n, g);
-    std::copy(up + i, up + n, u);
-    _mm256_storeu_ps(o, gated<GELU>(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
-    std::copy(o, o + (n - i), out + i);
-  }
-}
 
 // Where one query row attends: its sequence's cache of keys and values [kv_heads, cap, D] and its
 // position there. The row attends to positions first..pos (first > 0 in a sliding window), its own
@@ -342,8 +241,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
         for (int64_t b = begin; b < end; ++b) {
           const int64_t r = b / blocks, i = b % blocks * 64, n = std::min<int64_t>(64, inter - i);
           const float* g = &gate_up[r * 2 * inter + i];
-          if (arch.gelu) gated<true>(g, g + inter, &act[r * inter + i], n);
-          else gated<false>(g, g + inter, &act[r * inter + i], n);
+          gated(arch.gelu, g, g + inter, &act[r * inter + i], n);
         }
       });
       apply(act.data(), M, m + 6, 1, out.data(), H, acts[3]);

@@ -27,24 +27,12 @@
 // at a time (x16.cpp), where the arithmetic of each output is written out.
 #include "quant.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 
 namespace anyspec {
-namespace {
-
-inline float bf16(uint16_t v) {
-  uint32_t u = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-}  // namespace
 
 void decode(const BlockQ4_K* b, KBlock& o) {
   // scales[0..3]: low 6 bits of sc[0..3] (top 2 bits: high bits of sc[4..7]); scales[4..7] likewise
@@ -215,11 +203,15 @@ int64_t block_bytes(int64_t type) {
 bool is_quantized(int64_t type) { return block_size(type) > 1; }
 
 int best_isa() {
+#if ANYSPEC_X86
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
     return 2;
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+#else
+  return 0;
+#endif
 }
 
 int isa() {
@@ -241,11 +233,7 @@ void prepare(Act& a, int64_t M, int64_t K, int64_t blk) {
 
 namespace {
 
-inline float hmax8(__m256 v) {  // exact in any order
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
+#if ANYSPEC_X86
 
 inline int32_t hsum8(__m256i v) {  // exact
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -253,31 +241,56 @@ inline int32_t hsum8(__m256i v) {  // exact
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
+// 32 values times id, rounded to int8 (q), and the sums of each 16 of them (wrapping, as int32)
+inline void round32(const float* v, F8 id, int8_t* q, int32_t* sums) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  __m256i t[4];
+  for (int k = 0; k < 4; ++k) t[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * k), id));
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(t[0], t[1]), _mm256_packs_epi32(t[2], t[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(packed, order));
+  sums[0] = hsum8(_mm256_add_epi32(t[0], t[1]));
+  sums[1] = hsum8(_mm256_add_epi32(t[2], t[3]));
+}
+
+#else
+
+// As cvtps2dq: to nearest, ties to even; INT32_MIN for a NaN or a value out of range
+inline int32_t cvt(float x) {
+  return x >= -2147483648.0f && x < 2147483648.0f ? static_cast<int32_t>(std::nearbyint(x)) : INT32_MIN;
+}
+
+inline void round32(const float* v, F8 id, int8_t* q, int32_t* sums) {
+  uint32_t total[2] = {0, 0};
+  for (int i = 0; i < 32; ++i) {
+    const int32_t t = cvt(v[i] * id.v[i % 8]);
+    q[i] = static_cast<int8_t>(std::min(std::max(t, -128), 127));  // the two saturating packs
+    total[i / 16] += static_cast<uint32_t>(t);
+  }
+  for (int h = 0; h < 2; ++h) sums[h] = static_cast<int32_t>(total[h]);
+}
+
+#endif
+
 }  // namespace
 
 // Each value is nearbyint(x * 127 / amax) (round half to even, as cvtps2dq does), which is within
 // [-127, 127] since |x| <= amax, so the saturating packs never clip.
 void quantize_rows(const float* x, Act& a, int64_t r0, int64_t r1) {
   const int64_t K = a.K, blk = a.blk, nb = K / blk;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const float* v = x + r * K + b * blk;
-      __m256 mx = _mm256_setzero_ps();
-      for (int64_t i = 0; i < blk; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
-      const float amax = hmax8(mx);
-      const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      F8 mx = zero8();
+      for (int64_t i = 0; i < blk; i += 8) mx = max8(mx, abs8(load8(v + i)));
+      const float amax = hmax(mx);
+      const F8 id = set8(amax > 0 ? 127.0f / amax : 0.0f);
       a.d[r * nb + b] = amax / 127.0f;
       for (int64_t i = 0; i < blk; i += 32) {
-        __m256i q[4];
-        for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * k), id));
-        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + r * K + b * blk + i),
-                            _mm256_permutevar8x32_epi32(packed, order));
+        int32_t sums[2];
+        round32(v + i, id, a.q.data() + r * K + b * blk + i, sums);
         const int64_t j = (r * K + b * blk + i) / 16;  // the two sums of 16 in these 32 values
-        a.bsum[j] = static_cast<int16_t>(hsum8(_mm256_add_epi32(q[0], q[1])));
-        a.bsum[j + 1] = static_cast<int16_t>(hsum8(_mm256_add_epi32(q[2], q[3])));
+        a.bsum[j] = static_cast<int16_t>(sums[0]);
+        a.bsum[j + 1] = static_cast<int16_t>(sums[1]);
         a.bsum32[j / 2] = static_cast<int16_t>(a.bsum[j] + a.bsum[j + 1]);
         a.b16x32[j] = 32 * a.bsum[j];
         a.b16x32[j + 1] = 32 * a.bsum[j + 1];
@@ -299,7 +312,7 @@ void dequant_row(int64_t type, const uint8_t* row, int64_t K, float* out) {
   }
   if (type == F16 || type == BF16) {
     const uint16_t* v = reinterpret_cast<const uint16_t*>(row);
-    for (int64_t i = 0; i < K; ++i) out[i] = type == F16 ? half(v[i]) : bf16(v[i]);
+    for (int64_t i = 0; i < K; ++i) out[i] = type == F16 ? half(v[i]) : bf16_to_float(v[i]);
     return;
   }
   const int64_t bs = block_size(type), nb = K / bs, bb = block_bytes(type);

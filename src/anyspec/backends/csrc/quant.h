@@ -1,9 +1,9 @@
 // GGUF block formats and row-invariant quantized matrix products (quant.cpp).
 #pragma once
-#include <immintrin.h>
-
 #include <cstdint>
 #include <vector>
+
+#include "vec8.h"
 
 namespace anyspec {
 
@@ -40,8 +40,6 @@ struct Unpacked {
 };
 void unpack(int64_t type, const uint8_t* block, Unpacked& u);
 
-inline float half(uint16_t h) { return _cvtsh_ss(h); }  // fp16 -> fp32, exact (F16C)
-
 // A K-quant block's 256 weights (unsigned: 0..15 for Q4_K, 0..63 for Q6_K), its scales and mins.
 struct KBlock {
   alignas(64) uint8_t q[256];
@@ -72,8 +70,9 @@ struct Act {
 void prepare(Act& act, int64_t M, int64_t K, int64_t blk);           // sizes the buffers
 void quantize_rows(const float* x, Act& act, int64_t r0, int64_t r1);  // rows r0..r1-1 of x [M, K]
 
-// Instruction sets: 0 plain C++ (the reference), 1 AVX2, 2 AVX-512 VNNI. The best one this CPU has is
-// chosen at first use; every level computes the same bits.
+// Instruction sets of the quantized products: 0 plain C++ (the reference), 1 AVX2, 2 AVX-512 VNNI. The
+// best one this CPU has is chosen at first use; every level computes the same bits. A build without
+// x86 flags (vec8.h's ANYSPEC_X86 is 0, as on every machine that is not x86) has level 0 only.
 int isa();
 int best_isa();
 void set_isa(int level);

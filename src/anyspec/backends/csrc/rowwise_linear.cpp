@@ -1,15 +1,11 @@
-// y[M, N] = x[M, K] . W[N, K]^T for few rows M (the k+1 tokens of a verify), AVX2 + FMA.
+// The kernel's Python module: row-wise products (bf16, or int8 with a scale per row), products of
+// GGUF-quantized weights of any type, and how one matrix product is split across the threads.
 //
 // W is stored as bf16 (the top half of an fp32) or as int8 with one fp32 scale per output row;
-// x and y are fp32. Every output y[m, n] is the same sequence of operations whatever M is and
-// whichever rows are computed together: 8 fp32 lanes accumulate k in order, then a fixed
-// horizontal sum and a scalar tail. So scoring k+1 tokens at once gives bit-identical rows to
-// scoring them one by one, which speculative decoding needs for its output to equal the
-// target's. The weights are read from memory once per call however many rows there are, which
-// is what makes a multi-token forward cost about as much as a one-token forward.
+// x and y are fp32. Each output row is computed alone (dense.cpp, x16.cpp), so scoring k+1 tokens
+// at once gives the same bits as scoring them one by one.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <omp.h>
 #include <cstdint>
 #include <cmath>
@@ -17,91 +13,13 @@
 #include <algorithm>
 #include <vector>
 
+#include "dense.h"
 #include "quant.h"
 #include "stack.h"
 
 namespace {
 
-using anyspec::hsum;
-
 constexpr int64_t CHUNK = 8;  // weight rows per parallel task
-constexpr int64_t MAX_RX = 6;  // input rows per pass
-constexpr int64_t PREFETCH = 8192;  // bytes ahead of the weight stream: keeps DRAM busy while FMAs run
-constexpr int64_t LINE = 64;
-
-inline __m256 load8(const uint16_t* p) {  // bf16 -> fp32: widen and shift into the high half
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline __m256 load8(const int8_t* p) {
-  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-}
-
-inline float scalar(uint16_t v) {
-  uint32_t u = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline float scalar(int8_t v) { return static_cast<float>(v); }
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-
-inline float scalar(float v) { return v; }
-
-
-// RW weight rows times RX input rows, each weight vector converted once and used RX times.
-template <typename T, int RW, int RX>
-inline void block(const float* x, const T* w, int64_t K, const float* scale, const float* bias,
-                  float* y, int64_t N) {
-  __m256 acc[RW][RX];
-  for (int i = 0; i < RW; ++i)
-    for (int j = 0; j < RX; ++j) acc[i][j] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv[RW];
-    if ((k & (LINE / sizeof(T) - 1)) == 0)
-      for (int i = 0; i < RW; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k) + PREFETCH, _MM_HINT_T0);
-    for (int i = 0; i < RW; ++i) wv[i] = load8(w + i * K + k);
-    for (int j = 0; j < RX; ++j) {
-      __m256 xv = _mm256_loadu_ps(x + j * K + k);
-      for (int i = 0; i < RW; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
-    }
-  }
-  for (int i = 0; i < RW; ++i)
-    for (int j = 0; j < RX; ++j) {
-      float s = hsum(acc[i][j]);
-      for (int64_t t = k; t < K; ++t) s += scalar(w[i * K + t]) * x[j * K + t];
-      if (scale) s *= scale[i];
-      if (bias) s += bias[i];
-      y[j * N + i] = s;
-    }
-}
-
-// rows weight rows (at most CHUNK) against RX input rows; RW keeps the accumulators in registers.
-template <typename T, int RX>
-inline void chunk(const float* x, const T* w, int64_t rows, int64_t K, const float* scale,
-                  const float* bias, float* y, int64_t N) {
-  constexpr int RW = RX <= 2 ? 4 : RX <= 4 ? 3 : 2;  // RW * RX accumulators, at most 12 registers
-  for (int64_t n = 0; n < rows;) {
-    const float* sn = scale ? scale + n : nullptr;
-    const float* bn = bias ? bias + n : nullptr;
-    if (n + RW <= rows) {
-      block<T, RW, RX>(x, w + n * K, K, sn, bn, y + n, N);
-      n += RW;
-    } else if (RW > 2 && n + 2 <= rows) {  // 8 rows as 3 + 3 + 2
-      block<T, 2, RX>(x, w + n * K, K, sn, bn, y + n, N);
-      n += 2;
-    } else {
-      block<T, 1, RX>(x, w + n * K, K, sn, bn, y + n, N);
-      n += 1;
-    }
-  }
-}
 
 }  // namespace
 
@@ -118,20 +36,7 @@ void matmul(const float* x, int64_t M, const T* w, int64_t N, int64_t K, const f
   split(chunks, 8, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       int64_t n = c * CHUNK, rows = std::min(CHUNK, N - n);
-      for (int64_t m = 0; m < M; m += MAX_RX) {
-        const float* xm = x + m * K;
-        const float* sn = scale ? scale + n : nullptr;
-        const float* bn = bias ? bias + n : nullptr;
-        float* ym = y + m * ldy + n;
-        switch (std::min(MAX_RX, M - m)) {
-          case 6: chunk<T, 6>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
-          case 5: chunk<T, 5>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
-          case 4: chunk<T, 4>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
-          case 3: chunk<T, 3>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
-          case 2: chunk<T, 2>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
-          default: chunk<T, 1>(xm, w + n * K, rows, K, sn, bn, ym, ldy); break;
-        }
-      }
+      rowwise_rows(x, M, w + n * K, rows, K, scale ? scale + n : nullptr, bias ? bias + n : nullptr, y + n, ldy);
     }
   });
 }
@@ -203,15 +108,6 @@ void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int6
     } else {
       matmul(x, M, static_cast<const float*>(m.w), m.N, m.K, m.scale, m.bias, out, ldy);
     }
-  }
-}
-
-void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* y) {
-  for (int64_t m = 0; m < M; ++m) {
-    double sum = 0;
-    for (int64_t i = 0; i < H; ++i) sum += x[m * H + i] * x[m * H + i];
-    float inv = 1.0f / std::sqrt(static_cast<float>(sum / H) + eps);
-    for (int64_t i = 0; i < H; ++i) y[m * H + i] = x[m * H + i] * inv * weight[i];
   }
 }
 
@@ -300,7 +196,7 @@ torch::Tensor repack_x16(torch::Tensor weight, int64_t type, int64_t K) {
 // instead of waiting for it and then holding up the next one.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using free_gil = py::call_guard<py::gil_scoped_release>;
-  m.def("linear", &linear, "few-row linear, AVX2", free_gil());
+  m.def("linear", &linear, "few-row linear, bf16 or int8 weights", free_gil());
   anyspec::bind_decoder(m);
   m.def("typed_linear", &typed_linear, "few-row linear over weights of any supported type", free_gil());
   m.def("rms_norm_rows", &rms_norm_rows, "RMS norm of each row by itself");

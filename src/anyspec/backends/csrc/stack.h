@@ -2,11 +2,11 @@
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <cstdint>
 
+#include "dense.h"
 #include "quant.h"
 
 namespace anyspec {
@@ -27,13 +27,6 @@ void split(int64_t n, int64_t grain, const F& fn) {
   const int64_t begin = n * tid / threads, end = n * (tid + 1) / threads;
   if (begin < end) fn(begin, end);
 #pragma omp barrier
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 const float* ptr_or_null(const torch::Tensor& t);
@@ -59,10 +52,6 @@ void size_for(Acts& acts, const Mat& m, int64_t M);  // room in acts for M rows 
 
 // y[M, sum of N] = x[M, K] . [W_0; W_1; ...]^T: the outputs of `mats` side by side (row stride ldy).
 void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts);
-
-// RMS norm of each of M rows of H values by itself (the sum of squares in double, in order), times weight;
-// y may be x (each value is read before it is written).
-void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* y);
 
 void bind_decoder(pybind11::module_& m);  // decoder_forward, attention and their types
 

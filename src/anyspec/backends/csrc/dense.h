@@ -1,0 +1,34 @@
+// The kernel's fp32 arithmetic outside the quantized products (dense.cpp): row-wise products over
+// bf16, int8 and fp32 weights, attention's scores and weighted sums, exp, the gates and RMS norms.
+// No torch and no threads here: each call computes what it is given, in a fixed order.
+#pragma once
+#include <cstdint>
+
+namespace anyspec {
+
+// y[m, n] (row stride ldy) = x[m, :] . w[n, :] (* scale[n]) (+ bias[n]) for m < M and n < rows, where
+// w holds `rows` rows of K values (bf16, int8 or fp32); scale and bias may be null.
+void rowwise_rows(const float* x, int64_t M, const uint16_t* w, int64_t rows, int64_t K, const float* scale,
+                  const float* bias, float* y, int64_t ldy);
+void rowwise_rows(const float* x, int64_t M, const int8_t* w, int64_t rows, int64_t K, const float* scale,
+                  const float* bias, float* y, int64_t ldy);
+void rowwise_rows(const float* x, int64_t M, const float* w, int64_t rows, int64_t K, const float* scale,
+                  const float* bias, float* y, int64_t ldy);
+
+// out[j] = q . k_j * scaling for the len keys k_j (rows of D).
+void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out);
+
+// o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j (rows of D).
+void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o);
+
+// v[i] = exp(v[i] - shift) for i < n.
+void exp_shifted(float* v, int64_t n, float shift);
+
+// out[i] = act(gate[i]) * up[i] for i < n; act: GELU (tanh approximation) or SiLU.
+void gated(bool gelu, const float* gate, const float* up, float* out, int64_t n);
+
+// RMS norm of each of M rows of H values by itself (the sum of squares in double, in order), times weight;
+// y may be x (each value is read before it is written).
+void rms_norm(const float* x, int64_t M, int64_t H, const float* weight, float eps, float* y);
+
+}  // namespace anyspec
