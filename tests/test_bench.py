@@ -396,3 +396,26 @@ def test_a_second_draft_dtype_runs_as_a_variant_in_the_same_rotation(tmp_path, t
     with pytest.raises(ConfigError, match="unknown dtype 'bf17'"):
         bench_run.run_bench(BenchSettings(str(target), str(draft), [prompts], ["anyspec-slem"],
                                           also_draft_dtypes=["bf17"]), log=lambda s: None)
+
+
+def test_rounds_by_cause_and_the_ngram_methods_reach_the_summary(tmp_path, tok_qwen2, tok_smollm2):
+    from tiny_models import CHATML, save_tiny_model
+
+    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
+    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
+    prompts = tmp_path / "p.jsonl"
+    message = {"role": "user", "content": "a b a b a b a"}
+    prompts.write_text(json.dumps({"id": "p0", "messages": [message]}) + "\n")
+    methods = ["target", "target-ngram", "anyspec-slem", "anyspec-slem-ngram"]
+    result = bench_run.run_bench(BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=12,
+                                               dtype="fp32", ngram=1), log=lambda s: None)
+    assert result["config"]["ngram"] == 1
+    rows = {r["method"]: r for r in result["summary"] if r["set"] == "all"}
+    for m in methods[1:]:
+        assert rows[m]["identical"] == "1/1" and sum(rows[m]["ended_by"].values()) == rows[m]["rounds"]
+    assert set(rows["target"]["ended_by"]) == {"none"}
+    assert any(c.startswith("ngram:") for c in rows["target-ngram"]["ended_by"])
+    assert not any(c.startswith("ngram:") for c in rows["anyspec-slem"]["ended_by"])
+    assert rows["target-ngram"]["ngram_acceptance"] is not None
+    table = report.markdown(result)
+    assert "Why rounds ended" in table and "| anyspec-slem | " in table.split("Why rounds ended")[1]

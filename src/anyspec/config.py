@@ -18,6 +18,7 @@ NUM_SPECULATIVE_TOKENS = 5
 DRAFT_CONFIDENCE = 0.5
 MAX_BATCH = 4  # generations run together (Engine.generate_batch, anyspec serve)
 MAX_SPECULATIVE_TOKENS = 64  # a round's draft; acceptance falls geometrically long before this
+MAX_NGRAM = 4  # the longest context suffix prompt lookup matches (algorithms/ngram.py MAX_N)
 # Sampling settings below these are refused: logits / temperature and the top-p mass are float32,
 # where smaller values overflow or round to 0 (temperature 0 is greedy; top_p 1e-6 is greedy already).
 MIN_TEMPERATURE = 1e-4
@@ -52,6 +53,8 @@ class SpeculativeConfig:
     prefix_cache: bool = True  # start from the KV cache of the prompt prefix a request shares with
     #                            the one before or another slot (row-invariant models only: reuse_prefix)
     batch_k: bool = True  # in a batch: each generation's k per round from pass costs and its acceptance
+    ngram: int = 0  # propose a continuation found earlier in the context when its last n >= ngram
+    #                 tokens occurred before, instead of drafting (0 = off; algorithms/ngram.py)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -71,6 +74,8 @@ class SpeculativeConfig:
         if not _is_number(self.draft_confidence) or not 0 <= self.draft_confidence < 1:
             raise ConfigError(f"draft_confidence must be a probability in [0, 1) (0 = off), got "
                               f"{self.draft_confidence!r}")
+        if not _is_int(self.ngram) or not 0 <= self.ngram <= MAX_NGRAM:
+            raise ConfigError(f"ngram must be an integer from 0 (off) to {MAX_NGRAM}, got {self.ngram!r}")
         for name in ("prefix_cache", "batch_k"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")

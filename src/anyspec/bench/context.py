@@ -32,10 +32,11 @@ class BenchSettings:
     hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k" (the same fixed k)
     adaptive_k: bool = False
     draft_confidence: float = DRAFT_CONFIDENCE
+    ngram: int = 2  # the *-ngram methods' shortest context match (SpeculativeConfig.ngram)
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
 
     def __post_init__(self):
-        SpeculativeConfig(num_speculative_tokens=self.k, **self.engine_options)
+        SpeculativeConfig(num_speculative_tokens=self.k, ngram=self.ngram, **self.engine_options)
         SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed)
         for name, value in (("--repeat", self.repeat), ("--limit", 1 if self.limit is None else self.limit)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -63,6 +64,7 @@ class BenchContext:
     draft_dtype: str | None
     threads: int
     engine_options: dict = field(default_factory=dict)  # SpeculativeConfig settings of every engine
+    ngram: int = 2  # the *-ngram methods' SpeculativeConfig.ngram
     hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k"
     target_spec: str = ""  # as given: a built-in name, a folder or a GGUF file
     draft_spec: str = ""

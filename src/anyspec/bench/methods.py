@@ -1,16 +1,19 @@
 """The bench's methods by name, and what each one's speedup is measured against."""
 
-METHODS = ("target", "anyspec-greedy", "anyspec-slem", "anyspec-sampled", "llama.cpp", "hf-target", "hf-uag",
-           "vllm-target", "vllm")
-DEFAULT_METHODS = [m for m in METHODS if m != "vllm-target"]  # a second vLLM instance: opt-in (memory)
+METHODS = ("target", "target-ngram", "anyspec-greedy", "anyspec-slem", "anyspec-slem-ngram",
+           "anyspec-sampled", "llama.cpp", "hf-target", "hf-uag", "vllm-target", "vllm")
+# opt-in: a second vLLM instance (memory), and the prompt-lookup variants
+DEFAULT_METHODS = [m for m in METHODS if m not in ("vllm-target", "target-ngram", "anyspec-slem-ngram")]
 BASELINE = {"anyspec-greedy": "target", "anyspec-slem": "target", "anyspec-sampled": "target",
+            "target-ngram": "target", "anyspec-slem-ngram": "target",
             "hf-uag": "hf-target", "hf-target": "target", "vllm-target": "target", "vllm": "target",
             "llama.cpp": "target"}
 # vLLM's own speedup, when vllm-target ran too; anyspec against llama.cpp's target alone
 SECOND_BASELINE = {"vllm": "vllm-target", "anyspec-greedy": "llama.cpp", "anyspec-slem": "llama.cpp",
                    "target": "llama.cpp", "hf-uag": "llama.cpp"}
 VLLM_METHODS = ("vllm", "vllm-target")
-DRAFT_METHODS = ("anyspec-greedy", "anyspec-slem", "anyspec-sampled")  # the ones a draft dtype changes
+# the ones a draft dtype changes
+DRAFT_METHODS = ("anyspec-greedy", "anyspec-slem", "anyspec-slem-ngram", "anyspec-sampled")
 
 
 def base(method: str) -> str:

@@ -25,6 +25,7 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "tokens_per_second": round(tps[m], 3),
                 "acceptance": round(sum(r["accepted"] or 0 for r in mine) / drafted, 3) if drafted else None,
                 "draft_ms_per_token": round(1000 * sum(timed) / drafted, 2) if drafted and timed else None,
+                **round_causes(mine),
                 "identical": f"{sum(r['identical'] for r in compared)}/{len(compared)}" if compared else None,
                 "diffs": [(r["prompt"], r["diff_pos"], None if r["diff_margin"] is None
                            else round(r["diff_margin"], 3)) for r in compared if not r["identical"]],
@@ -37,6 +38,45 @@ def summarize(runs: list[dict]) -> list[dict]:
                 if tps.get(second):
                     row[f"speedup_vs_{second}"] = round(row["tokens_per_second"] / tps[second], 3)
     return rows
+
+
+CAUSES = ("rejected", "boundary", "confidence", "k", "eos", "none")
+
+
+def round_causes(runs: list[dict]) -> dict:
+    """Why the runs' rounds ended (``proposers.round_end``: n-gram rounds as "ngram:<cause>"), the
+    rounds whose first rejection came at each position, and the n-gram proposals accepted."""
+    if not any(r.get("ended_by") for r in runs):
+        return {}
+    ended, at = {}, []
+    for r in runs:
+        for cause, n in r["ended_by"].items():
+            ended[cause] = ended.get(cause, 0) + n
+        at += [0] * (len(r["rejected_at"]) - len(at))
+        for i, n in enumerate(r["rejected_at"]):
+            at[i] += n
+    proposed = sum(r["ngram_proposed"] for r in runs)
+    return {"rounds": sum(r["rounds"] for r in runs), "ended_by": ended, "rejected_at": at,
+            "ngram_acceptance": round(sum(r["ngram_accepted"] for r in runs) / proposed, 3)
+            if proposed else None}
+
+
+def causes_markdown(summary: list[dict]) -> list[str]:
+    """The share of rounds that ended by each cause, per method that proposed anything."""
+    rows = [r for r in summary if r["set"] == "all" and set(r.get("ended_by") or {}) - {"none"}]
+    if not rows:
+        return []
+    kinds = [c for c in CAUSES if any(c in r["ended_by"] for r in rows)]
+    kinds += sorted({c for r in rows for c in r["ended_by"] if c.startswith("ngram:")})
+    head = "| method | rounds | " + " | ".join(kinds) + " | first rejection at 0, 1, .. | n-gram acceptance |"
+    lines = ["", "Why rounds ended (share of rounds, all sets; ngram: rounds proposed from the context):",
+             "", head,
+             "|---|---:|" + "---:|" * len(kinds) + "---|---:|"]
+    for r in rows:
+        shares = [f"{100 * r['ended_by'].get(c, 0) / r['rounds']:.0f}%" for c in kinds]
+        lines.append(f"| {r['method']} | {r['rounds']} | " + " | ".join(shares) +
+                     f" | {', '.join(map(str, r['rejected_at'])) or '-'} | {r['ngram_acceptance'] or '-'} |")
+    return lines
 
 
 def sampled_at(result: dict) -> str:
@@ -67,6 +107,7 @@ def markdown(result: dict) -> str:
                      f"{r['draft_ms_per_token'] if r.get('draft_ms_per_token') is not None else '-'} | "
                      f"{r['identical'] or '-'} | "
                      f"{diffs} |")
+    lines += causes_markdown(result["summary"])
     for m, info in c.get("vllm", {}).items():
         models = "target and draft" if info.get("speculative") else "target"
         lines.append(f"- {m}: vLLM {info.get('vllm')} ({info.get('python')}"

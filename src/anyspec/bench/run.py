@@ -30,16 +30,17 @@ UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 # ---- methods: each returns {"ids", "text", "seconds", "drafted", "accepted"} -------------------------
 
 def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli",
-                draft_dtype: str | None = None) -> dict:
-    """``draft_dtype``: one of ``ctx.drafts``, the draft loaded again in that dtype (else the pair's)."""
+                draft_dtype: str | None = None, ngram: bool = False) -> dict:
+    """``draft_dtype``: one of ``ctx.drafts``, the draft loaded again in that dtype (else the pair's);
+    ``ngram``: with prompt lookup (``ctx.ngram``)."""
     from anyspec.engine import Engine, SamplingParams
 
-    key = (draft, sampled, algorithm, draft_dtype)
+    key = (draft, sampled, algorithm, draft_dtype, ngram)
     if key not in ctx.engines:
         config = SpeculativeConfig(num_speculative_tokens=ctx.k, algorithm=algorithm,
                                    draft_sample_method="sample" if sampled else "greedy",
                                    prefix_cache=False,  # every run prefills its whole prompt, as HF's does
-                                   **ctx.engine_options)
+                                   ngram=ctx.ngram if ngram else 0, **ctx.engine_options)
         model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
@@ -50,11 +51,16 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
     return {"ids": list(res.token_ids), "text": res.text, "seconds": dt,
             "drafted": res.stats.drafted if draft else None,
             "accepted": res.stats.accepted if draft else None,
-            "draft_seconds": res.stats.draft_seconds if draft else None}
+            "draft_seconds": res.stats.draft_seconds if draft else None,
+            **{key: getattr(res.stats, key) for key in ROUND_STATS}}
 
 
+ROUND_STATS = ("rounds", "ended_by", "rejected_at", "ngram_proposed", "ngram_accepted")
 RUNNERS = {
     "target": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False),
+    "target-ngram": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False, ngram=True),
+    "anyspec-slem-ngram": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
+                                                             draft_dtype=d, ngram=True),
     "anyspec-greedy": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft_dtype=d),
     "anyspec-slem": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
                                                        draft_dtype=d),
@@ -156,7 +162,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         close_all(ctx)
         close_llama_cpp(ctx)
     return {"config": {"target": s.target, "draft": s.draft, "dtype": plan.dtype,
-                       "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": s.k,
+                       "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": s.k, "ngram": s.ngram,
                        **s.engine_options, "repeat": s.repeat,
                        "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
@@ -177,7 +183,8 @@ def context(s: BenchSettings, plan, target, draft) -> BenchContext:
     return BenchContext(target=target, draft=draft, k=s.k, temperature=s.temperature, seed=s.seed,
                         max_new_tokens=s.max_new_tokens, eos=end_ids(target), dtype_name=plan.dtype,
                         draft_dtype=plan.draft_dtype, threads=s.threads or torch.get_num_threads(),
-                        engine_options=s.engine_options, hf_assistant=s.hf_assistant, target_spec=s.target,
+                        engine_options=s.engine_options, ngram=s.ngram, hf_assistant=s.hf_assistant,
+                        target_spec=s.target,
                         draft_spec=s.draft,
                         target_path=resolve_model(s.target) if s.target in MODELS else s.target,
                         draft_path=resolve_model(s.draft) if s.draft in MODELS else s.draft,

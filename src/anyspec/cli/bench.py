@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the full result here")
     p.add_argument("--markdown", type=Path, default=None, help="write the table here (it is printed anyway)")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here (needs matplotlib)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, ngram=2)  # the bench's --ngram: for target-ngram and anyspec-slem-ngram
 
 
 def run(args) -> int:
@@ -64,7 +64,8 @@ def run(args) -> int:
                              also_draft_dtypes=args.also_draft_dtype, temperature=args.temperature,
                              seed=args.seed, threads=args.threads, limit=args.limit, repeat=args.repeat,
                              hf_assistant=args.hf_assistant, adaptive_k=args.adaptive_k,
-                             draft_confidence=args.draft_confidence, vllm_python=args.vllm_python)
+                             draft_confidence=args.draft_confidence, ngram=args.ngram,
+                             vllm_python=args.vllm_python)
     result = run_bench(settings, log=lambda s: print(s, file=sys.stderr, flush=True))
     table = markdown(result)
     print(table)

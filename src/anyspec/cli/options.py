@@ -54,6 +54,9 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
     p.add_argument("--draft-confidence", type=float, default=DRAFT_CONFIDENCE, metavar="P",
                    help="end a round's draft after a token the draft gives probability below P "
                         "(0 = always draft k; default: %(default)s)")
+    p.add_argument("--ngram", type=int, default=0, metavar="N",
+                   help="prompt lookup: where the last N or more tokens occurred earlier in the context, "
+                        "propose what followed them instead of drafting; with --no-draft too (0 = off)")
     p.add_argument("--dtype", default="auto",
                    help="target: auto (a GGUF model: gguf where anyspec's kernels run its blocks, else "
                         "de-quantized; a folder: bf16, or fp32 on a CPU without AVX2) | gguf (the file's "
@@ -70,7 +73,8 @@ def speculative_config(args, **settings) -> SpeculativeConfig:
     """The config from ``add_engine_options``' flags and the command's own ``settings``."""
     if getattr(args, "algorithm", None) is not None:
         settings.setdefault("algorithm", args.algorithm)
-    return SpeculativeConfig(adaptive_k=args.adaptive_k, draft_confidence=args.draft_confidence, **settings)
+    return SpeculativeConfig(adaptive_k=args.adaptive_k, draft_confidence=args.draft_confidence,
+                             ngram=args.ngram, **settings)
 
 
 def pair_plan(args, draft: bool = True) -> PairPlan:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from anyspec.algorithms import tli
+from anyspec.algorithms import ngram, slem, tli
 from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked
@@ -24,7 +24,7 @@ from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence, PrefixSharing, row_invariant
 from anyspec.engine.output import Output
 from anyspec.engine.prompt import check_room, context_length, encode_prompt, end_ids
-from anyspec.engine.proposers import SLEM, TLI, Proposal, Proposer, algorithm_for, propose
+from anyspec.engine.proposers import SLEM, TLI, Proposal, Proposer, algorithm_for, propose, round_end
 from anyspec.errors import ConfigError
 
 
@@ -42,6 +42,11 @@ class Stats:
     target_seconds: float = 0.0
     total_seconds: float = 0.0
     draft_fallbacks: int = 0
+    # why each round's accepted run ended (proposers.round_end); n-gram rounds as "ngram:<cause>"
+    ended_by: dict[str, int] = field(default_factory=dict)
+    rejected_at: list[int] = field(default_factory=list)  # rounds whose first rejection was at 0, 1, ..
+    ngram_proposed: int = 0  # target tokens proposed from the context (prompt lookup), and accepted
+    ngram_accepted: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -172,17 +177,19 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     target = target if target is not None else engine.target
     draft = draft if draft is not None else engine.draft
     proposer = engine.proposer_for(params)
-    k = engine.config.num_speculative_tokens if proposer is not None else 0
+    lookup = engine.config.ngram
+    k = engine.config.num_speculative_tokens if proposer is not None or lookup else 0
     generator = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
     if params.seed is None:
         generator.seed()
-    stats = Stats(algorithm=proposer.algorithm if proposer else "none", accepted_hist=[0] * (k + 1))
+    stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if lookup else "none",
+                  accepted_hist=[0] * (k + 1))
     if proposer is None:
         schedule = None
     elif schedule is None and engine.config.adaptive_k:
         schedule = AdaptiveK(k)
     t_start = time.perf_counter()
-    pending, ctx = yield from prefill(engine, target, draft, prompt, params, stats, encoded)
+    pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
 
     while output.finish is None:
@@ -190,10 +197,14 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         behind = len(ctx.ids) - common_prefix(draft.cached_ids, ctx.ids) if schedule else 0
         k_round = min(schedule.choose(behind) if schedule else k, params.max_new_tokens - len(output.ids) - 1)
 
-        # 1. Propose up to k_round target tokens (possibly none).
+        # 1. Propose up to k_round target tokens (possibly none): a continuation found earlier in
+        #    the context (no draft forward), else the draft's.
         t0 = time.perf_counter()
         proposal = Proposal([])
-        if k_round > 0:
+        found = ngram.lookup(prompt_ids + output.ids, k_round, lookup) if lookup else []
+        if found:
+            proposal = Proposal(found, source="ngram")
+        elif k_round > 0 and proposer is not None:
             proposal = yield from propose(proposer, draft, ctx, k_round, params, generator, engine.config)
         draft_time = time.perf_counter() - t0
         stats.draft_seconds += draft_time
@@ -202,12 +213,10 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         t0 = time.perf_counter()
         n, pending = yield from verify(target, pending, proposal, proposer, params, generator)
         stats.target_seconds += time.perf_counter() - t0
-        if schedule:  # a draft pass that also read the prompt or a long tail is no measure of k
+        if schedule and not found:  # a draft pass that also read the prompt is no measure of k
             schedule.update(proposal.drafted, n, draft_time if proposal.catch_up <= 3 else None,
                             time.perf_counter() - t0, proposed=len(proposal.ids))
-        stats.drafted += len(proposal.ids)
-        stats.accepted += n
-        stats.accepted_hist[n] += 1
+        count(stats, proposal, n, pending, engine.target_bytes)
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(proposal.ids[:n] + [pending])
@@ -227,10 +236,28 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats)
 
 
+def count(stats: Stats, proposal: Proposal, n: int, token: int, target_bytes: list[bytes]) -> None:
+    """A round's proposal, ``n`` accepted and the ``token`` the target added, into the stats."""
+    cause = round_end(proposal, n, token, target_bytes)
+    if proposal.source == "ngram":
+        stats.ngram_proposed += len(proposal.ids)
+        stats.ngram_accepted += n
+        cause = f"ngram:{cause}"
+    else:
+        stats.drafted += len(proposal.ids)
+        stats.accepted += n
+        stats.accepted_hist[n] += 1
+    stats.ended_by[cause] = stats.ended_by.get(cause, 0) + 1
+    if n < len(proposal.ids):
+        stats.rejected_at += [0] * (n + 1 - len(stats.rejected_at))
+        stats.rejected_at[n] += 1
+
+
 def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats,
             encoded: tuple[list[int], str] | None = None) -> Steps:
     """The prompt into the target's cache but for its last token (returned: committed, not yet
-    cached), and the draft's context; a prefix the sequence's previous request left may be kept."""
+    cached), the draft's context and the prompt's target ids; a prefix the sequence's previous
+    request left may be kept."""
     ids, text = encoded if encoded is not None else encode_prompt(engine.target.tokenizer, prompt)[:2]
     check_room(len(ids), params.max_new_tokens, context_length(engine.target))
     stats.prompt_tokens = len(ids)
@@ -241,10 +268,10 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
         yield from chunked(target, ids[stats.prompt_cached:-1], 1)
     stats.target_seconds += time.perf_counter() - t0
     if draft is None:
-        return ids[-1], None
+        return ids[-1], None, ids
     if not reusable(draft, reuse):
         draft.reset()  # else the first round's catch-up keeps what the draft's prompt shares
-    return ids[-1], engine.reader.start(prompt, text, ids)
+    return ids[-1], engine.reader.start(prompt, text, ids), ids
 
 
 def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, params: SamplingParams,
@@ -256,7 +283,10 @@ def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, 
         n, token = tli.verify_greedy(logits, proposed)
     else:
         p = tli.target_probs(logits, params.temperature, params.top_k, params.top_p)
-        q = proposer.q_prime(proposal, p.shape[-1]) if proposer is not None else None
+        if proposal.source == "ngram" or proposer is None:  # a fixed guess: exact match
+            q = slem.one_hot(proposed, p.shape[-1])
+        else:
+            q = proposer.q_prime(proposal, p.shape[-1])
         n, token = tli.verify_sample(p, q, proposed, generator)
     target.crop(target.num_cached - (len(proposed) - n))
     return n, token

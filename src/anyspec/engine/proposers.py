@@ -28,6 +28,8 @@ class Proposal(NamedTuple):
     qs: list | tuple = ()  # per draft token: its q' over the draft vocabulary, or its id (one-hot)
     drafted: int = 0  # draft tokens written
     catch_up: int = 0  # context tokens the draft read before writing
+    end: str = ""  # why the draft stopped writing: "k", "confidence" or "eos" (a token without text)
+    source: str = "draft"  # or "ngram": copied from the context (verified as exact match)
 
 
 class Proposer(Protocol):
@@ -125,15 +127,35 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
     logits = (yield from chunked(draft, ctx.ids[keep:], 1))[-1]
     temperature = 0.0 if config.draft_sample_method == "greedy" else params.temperature
     stop_below = config.draft_confidence
-    draft_ids, qs = [], []
+    draft_ids, qs, end = [], [], "k"
     for i in range(k):
         d, q = proposer.sample(logits, temperature, params, generator)
         draft_ids.append(d)
         qs.append(d if q is None else q)
         if proposer.ends_text(d):
+            end = "eos"
             break
         if stop_below and i + 1 < k and confidence(logits, d, q, proposer.mask) < stop_below:
+            end = "confidence"
             break  # the draft doubts this token: the next ones are unlikely to be accepted
         if i + 1 < k:
             logits = (yield Forward(draft, [d]))[-1]
-    return Proposal(proposer.to_target(ctx, draft_ids, k), qs, len(draft_ids), len(ctx.ids) - keep)
+    return Proposal(proposer.to_target(ctx, draft_ids, k), qs, len(draft_ids), len(ctx.ids) - keep, end)
+
+
+def round_end(proposal: Proposal, accepted: int, token: int, target_bytes: list[bytes]) -> str:
+    """Why a round's accepted run ended, given the ``token`` the target added after ``accepted``
+    proposed tokens: "rejected" (the target disagreed, or rejected when sampling), "boundary" (the
+    texts agree but are cut into tokens differently: the target's token is a prefix of the rest of
+    the proposed text, or extends all of it; or the draft wrote text that re-encodes to no target
+    token), else why the draft stopped ("k", "confidence", "eos"), or "none" (nothing proposed)."""
+    ids = proposal.ids
+    if accepted < len(ids):
+        rest, theirs = b"".join(target_bytes[t] for t in ids[accepted:]), target_bytes[token]
+        agree = theirs and rest and (rest.startswith(theirs) or theirs.startswith(rest))
+        return "boundary" if agree else "rejected"
+    if not ids:
+        if not proposal.drafted or proposal.end == "eos" and proposal.drafted == 1:
+            return "eos" if proposal.drafted else "none"
+        return "boundary"
+    return proposal.end or "k"

@@ -1,0 +1,121 @@
+"""Prompt lookup (algorithms/ngram.py): what it proposes, that verifying it is lossless greedy and
+sampled, and why each round ended (proposers.round_end)."""
+
+import pytest
+import torch
+from test_engine import PROMPTS, greedy, llama_draft, qwen_target  # noqa: F401  (fixtures)
+from test_tli_sampling import VT, chi_square_pvalue, tables
+from tiny_models import one_thread  # noqa: F401  (autouse fixture)
+
+from anyspec.algorithms import ngram, slem, tli
+from anyspec.algorithms.sampling import logits_to_probs
+from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+from anyspec.engine.proposers import Proposal, round_end
+from anyspec.errors import ConfigError
+
+
+def test_lookup_takes_the_latest_occurrence_of_the_longest_suffix():
+    #          0  1  2  3  4  5  6  7  8  9
+    history = [5, 6, 7, 8, 1, 6, 7, 9, 6, 7]
+    assert ngram.lookup(history, 3, min_n=2) == [9, 6, 7]  # "6 7" last seen at 5, then 9
+    assert ngram.lookup(history + [9], 2, min_n=2) == [6, 7]  # "7 9" at 6; "6 7 9" at 5 is longer
+    # "2 3 1 2" occurred at 1 (then 4): it beats the later "1 2" at 6 (then 3)
+    assert ngram.lookup([1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2], 1, min_n=2) == [4]
+    assert ngram.lookup(history, 3, min_n=3) == []  # "8 6 7"... no suffix of 3 occurred before
+    assert ngram.lookup([4, 4], 5, min_n=1) == [4]  # the continuation may run into the suffix itself
+    assert ngram.lookup([1, 2, 3], 4, min_n=1) == [] and ngram.lookup(history, 0) == []
+
+
+def test_round_end_names_the_cause():
+    tb = [b"", b"a", b"ab", b"abc", b"x", b" the", b" th"]
+    drafted = Proposal([3, 4], drafted=2, end="k")
+    assert round_end(drafted, 2, 1, tb) == "k"
+    assert round_end(drafted, 0, 4, tb) == "rejected"  # "x" where "abc" was proposed
+    assert round_end(drafted, 0, 2, tb) == "boundary"  # "ab": the same text, cut shorter
+    assert round_end(Proposal([6], drafted=1), 0, 5, tb) == "boundary"  # " the" grows " th"
+    assert round_end(Proposal([6, 4], drafted=2, end="confidence"), 2, 4, tb) == "confidence"
+    assert round_end(Proposal([]), 0, 1, tb) == "none"
+    assert round_end(Proposal([], drafted=1, end="eos"), 0, 1, tb) == "eos"
+    assert round_end(Proposal([], drafted=3, end="k"), 0, 1, tb) == "boundary"  # no round trip
+
+
+def test_ngram_must_be_a_small_integer():
+    for bad in (-1, 5, 1.5, True):
+        with pytest.raises(ConfigError, match="ngram must be an integer from 0"):
+            SpeculativeConfig(ngram=bad)
+
+
+def test_sampling_ngram_proposals_draws_from_the_targets_distribution():
+    """Rounds that propose the context's continuation (a table model's previous token decides the
+    next one's logits), verified as exact match: the first three tokens' joint frequencies match."""
+    target_tab, _ = tables(seed=3)
+    for prev, nxt in ((1, 2), (2, 3), (3, 1)):  # the prompt's cycle is likely, not certain
+        target_tab[prev, nxt] += 2.0
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    generator = torch.Generator().manual_seed(5)
+    p = lambda prev: logits_to_probs(target_tab[prev], 1.0)  # noqa: E731
+    counts, accepted, n = torch.zeros(VT ** 3), 0, 20_000
+    for _ in range(n):
+        history = list(prompt)
+        while len(history) < len(prompt) + 3:
+            proposed = ngram.lookup(history, 3, min_n=1)
+            probs = p(torch.tensor(history[-1:] + proposed))
+            got, token = tli.verify_sample(probs, slem.one_hot(proposed, VT), proposed, generator)
+            accepted += got
+            history += proposed[:got] + [token]
+        a, b, c = history[len(prompt):len(prompt) + 3]
+        counts[(a * VT + b) * VT + c] += 1
+    first = p(torch.tensor(2))
+    joint = torch.stack([first[a] * p(torch.tensor(a))[b] * p(torch.tensor(b))
+                         for a in range(VT) for b in range(VT)]).reshape(-1)
+    assert accepted > n // 2  # the proposals were used, not only rejected
+    assert chi_square_pvalue(counts, joint) > 1e-3
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_greedy_with_ngram_proposals_equals_the_target_alone(qwen_target, llama_draft, draft):  # noqa: F811
+    baseline = Engine(qwen_target, None)
+    engine = Engine(qwen_target, llama_draft if draft else None, SpeculativeConfig(ngram=1))
+    proposed = 0
+    for prompt in PROMPTS[:4]:
+        want = baseline.generate(prompt, greedy(24))
+        got = engine.generate(prompt, greedy(24))
+        assert got.token_ids == want.token_ids, prompt
+        s = got.stats
+        proposed += s.ngram_proposed
+        assert sum(s.ended_by.values()) == s.rounds and s.ngram_accepted <= s.ngram_proposed
+        assert s.algorithm == ("slem" if draft else "ngram")
+    assert proposed > 0
+
+
+def test_sampled_engine_rounds_with_context_proposals_draw_from_the_target(qwen_target, monkeypatch):  # noqa: F811
+    """The engine's own path (one-hot q, crop, commit) for a proposal from the context: here the
+    lookup proposes the target's two most likely tokens after the prompt, a guess that depends only
+    on the context; the first two sampled tokens' joint frequencies match the target's."""
+    from anyspec.engine.prompt import encode_prompt
+
+    prompt, top_k = "My favourite colour is", 3
+    ids, _, _ = encode_prompt(qwen_target.tokenizer, prompt)
+    qwen_target.reset()
+    first = logits_to_probs(qwen_target.extend(ids, last=1)[-1], 1.0, top_k)
+    guess = [int(first.argmax())]
+    joint = {}
+    for a in torch.nonzero(first).flatten().tolist():
+        qwen_target.crop(len(ids))
+        second = logits_to_probs(qwen_target.extend([a])[-1], 1.0, top_k)
+        if a == guess[0]:
+            guess.append(int(second.argmax()))
+        for b in torch.nonzero(second).flatten().tolist():
+            joint[(a, b)] = first[a].item() * second[b].item()
+    qwen_target.reset()
+    monkeypatch.setattr(ngram, "lookup",
+                        lambda history, limit, min_n: guess[:limit] if history == ids else [])
+    engine = Engine(qwen_target, None, SpeculativeConfig(ngram=2))
+    cells = list(joint)
+    counts, accepted = torch.zeros(len(cells)), 0
+    for seed in range(600):
+        r = engine.generate(prompt, SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=2, seed=seed))
+        counts[cells.index(tuple(r.token_ids[:2]))] += 1
+        accepted += r.stats.ngram_accepted
+    assert accepted > 100
+    assert chi_square_pvalue(counts, torch.tensor([joint[c] for c in cells])) > 1e-3
