@@ -30,7 +30,7 @@ CSRC = "src/anyspec/backends/csrc"
 
 def build_at(revision: str, into: Path):
     """The kernel as it was at ``revision``, compiled under another module name."""
-    from anyspec.backends.linear import compile_kernel
+    from anyspec.backends.build import compile_kernel
 
     listing = subprocess.run(["git", "ls-tree", "--name-only", f"{revision}:{CSRC}"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout.split()
@@ -57,37 +57,40 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    from anyspec.backends.gguf import GGUFModel
     from anyspec.backends.load import load_model
 
     model = load_model(args.model, dtype="gguf", name="target")
-    builds = {"working tree": model.kernel}
     with tempfile.TemporaryDirectory(prefix="kernel-ab-") as tmp:
-        builds[args.base] = build_at(args.base, Path(tmp))
+        base_kernel = build_at(args.base, Path(tmp))
+    # a build's Arch, Layer and Product objects go to its own functions only: one model per build
+    models = {"working tree": model, args.base: GGUFModel(model.path, "target", kernel=base_kernel)}
     if args.isa is not None:
-        for kernel in builds.values():
-            kernel.set_isa(args.isa)
+        for m in models.values():
+            m.kernel.set_isa(args.isa)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
-    seqs = [model.new_sequence() for _ in range(max(s for s, _ in shapes))]
     ids = torch.randint(100, 20000, (100,), generator=torch.Generator().manual_seed(0)).tolist()
-    for seq in seqs:
-        model.forward([(seq, ids, 1)])
-    times = {(shape, name): [] for shape in shapes for name in builds}
+    seqs = {}
+    for name, m in models.items():
+        seqs[name] = [m.new_sequence() for _ in range(max(s for s, _ in shapes))]
+        for seq in seqs[name]:
+            m.forward([(seq, ids, 1)])
+    times = {(shape, name): [] for shape in shapes for name in models}
     logits = {}
     for rep in range(args.repeats):
         for shape in shapes:
             n_seqs, rows = shape
-            batch = [(seq, list(range(5, 5 + rows)), 1 if rows > 16 else None) for seq in seqs[:n_seqs]]
-            for name in list(builds)[::1 if rep % 2 else -1]:
-                model.kernel = builds[name]
+            for name in list(models)[::1 if rep % 2 else -1]:
+                step = list(range(5, 5 + rows))
+                batch = [(seq, step, 1 if rows > 16 else None) for seq in seqs[name][:n_seqs]]
                 start = time.perf_counter()
-                out = model.forward(batch)
+                out = models[name].forward(batch)
                 times[(shape, name)].append(time.perf_counter() - start)
-                for seq in seqs[:n_seqs]:
+                for seq in seqs[name][:n_seqs]:
                     seq.crop(len(ids))
                 logits.setdefault((shape, name), out)
-    model.kernel = builds["working tree"]
     base, new = args.base, "working tree"
-    print(f"{args.model}, isa {builds[new].isa()}, {args.threads} threads, "
+    print(f"{args.model}, isa {models[new].kernel.isa()}, {args.threads} threads, "
           f"median of {args.repeats} alternating repeats")
     print(f"| shape | {base} ms | working tree ms | working tree ÷ {base} | same bits |")
     print("|---|---:|---:|---:|---|")

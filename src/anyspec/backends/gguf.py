@@ -141,12 +141,13 @@ class GGUFModel:
 
     It can hold more sequences than its own (``new_sequence``), each with its own cache, and
     ``forward`` extends several of them in one pass over the weights; a row's logits are the same
-    bits whatever else is in the pass.
+    bits whatever else is in the pass. ``kernel`` is a build of ``csrc/`` other than the cached
+    one (``benchmarks/kernel_ab.py``); its weights, layers and arch are that build's objects.
     """
 
     row_invariant = True  # every product and the attention compute each row alone (tested)
 
-    def __init__(self, path: str | os.PathLike, name: str = "model", reader=None):
+    def __init__(self, path: str | os.PathLike, name: str = "model", reader=None, kernel=None):
         from anyspec.vocab import load_tokenizer
 
         self.path = Path(path)
@@ -161,11 +162,11 @@ class GGUFModel:
             print(f"anyspec: {self.path.name}: {note}", file=sys.stderr)
         self.heads, self.kv_heads, self.head_dim, self.eps = d.heads, d.kv_heads, d.head_dim, d.eps
         self.context_length, self.n_layers = d.context_length, d.n_layers
-        self.kernel = rowwise_kernel()
+        self.kernel = kernel or rowwise_kernel()
         self.arch = kernel_arch(self.kernel, d)
         self.embed = _matrix(tensors["token_embd.weight"])
         self.vocab_size = self.embed[0].shape[0]
-        self.lm_head = _product(tensors.get("output.weight") or tensors["token_embd.weight"])
+        self.lm_head = _product(self.kernel, tensors.get("output.weight") or tensors["token_embd.weight"])
         self.final_norm = _vector(tensors["output_norm.weight"])
         self.layers = [self._layer(tensors, i) for i in range(d.n_layers)]
         self.tokenizer = load_tokenizer(self.path)
@@ -181,7 +182,7 @@ class GGUFModel:
                 setattr(layer, key, _vector(tensors[name]))
                 continue
             product = self.kernel.Product()
-            product.weight, product.type, product.K = _product(tensors[name])
+            product.weight, product.type, product.K = _product(self.kernel, tensors[name])
             bias = tensors.get(name.replace(".weight", ".bias"))
             if bias is not None:
                 product.bias = _vector(bias)
@@ -280,11 +281,11 @@ def _matrix(t) -> tuple[torch.Tensor, int, int]:
         return torch.from_numpy(data.reshape(data.shape[0], -1)), kind, k
 
 
-def _product(t) -> tuple[torch.Tensor, int, int]:
+def _product(kernel, t) -> tuple[torch.Tensor, int, int]:
     """A matrix for products: quantized rows interleaved 16 at a time (the same values, regrouped)."""
     weight, kind, k = _matrix(t)
     if kind in X16:
-        return rowwise_kernel().repack_x16(weight, kind, k), X16[kind], k
+        return kernel.repack_x16(weight, kind, k), X16[kind], k
     return weight, kind, k
 
 
