@@ -33,7 +33,7 @@ bench: setup
 
 # llama.cpp (from the pinned llama-cpp-python sdist) for side-by-side benchmarks, into anyspec's cache.
 llama-cpp: setup
-	PY=$(BIN)/python bash benchmarks/build_llama_cpp.sh "$$($(BIN)/python -c 'from anyspec.fetch import cache_dir; print(cache_dir())')/llama.cpp"
+	PY=$(BIN)/python bash benchmarks/build_llama_cpp.sh "$$($(BIN)/python -c 'from anyspec.paths import cache_dir; print(cache_dir())')/llama.cpp"
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

@@ -25,7 +25,8 @@ from gguf_models import tiny_model, to_gguf  # noqa: E402
 from tokenizer_files import SMOLLM2, SMOLLM2_GGUF, _load, _registry, gemma3_gguf  # noqa: E402
 
 from anyspec.bench.llama import _env, _program  # noqa: E402
-from anyspec.fetch import cache_dir, package_file  # noqa: E402
+from anyspec.fetch import package_file  # noqa: E402
+from anyspec.paths import cache_dir  # noqa: E402
 
 SHAPES = {  # the published configs' sizes
     "qwen3-0.6b": ("qwen3", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, layers=28,

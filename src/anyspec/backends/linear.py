@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from anyspec.backends.build import build_kernel, is_x86, limit_isa
-from anyspec.backends.build import compile_kernel as compile_kernel  # benchmarks/kernel_ab.py uses it
 
 PREPACK_ROWS = 5  # oneDNN picks its weight layout for this many rows: k+1 at k=4
 

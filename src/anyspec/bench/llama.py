@@ -38,7 +38,7 @@ class LlamaCppUnavailable(Exception):
 
 def llama_cpp_bin(name: str) -> Path | None:
     """The llama.cpp program ``name``: in ``$ANYSPEC_LLAMA_CPP``, ``<cache>/llama.cpp/bin``, or on PATH."""
-    from anyspec.fetch import cache_dir
+    from anyspec.paths import cache_dir
 
     folders = [os.environ.get("ANYSPEC_LLAMA_CPP"), cache_dir() / "llama.cpp" / "bin"]
     for folder in filter(None, folders):

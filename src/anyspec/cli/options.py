@@ -134,7 +134,7 @@ def write_atomically(path: Path):
 
 def check_cache_dir() -> None:
     """anyspec's cache (``$ANYSPEC_CACHE_DIR`` or the per-user cache folder) must be a writable folder."""
-    from anyspec.fetch import cache_dir
+    from anyspec.paths import cache_dir
 
     where = os.environ.get("ANYSPEC_CACHE_DIR") or "the cache folder"
     try:
