@@ -122,6 +122,29 @@ def test_rows_past_eight_reuse_the_block_and_change_nothing():
     assert torch.equal(together, alone)
 
 
+@pytest.mark.parametrize("kind", [T.Q4_0, T.Q4_K, T.Q5_K], ids=lambda t: t.name)
+def test_padded_rows_of_a_repacked_weight_read_no_bias(kind):
+    """21 rows are stored as 32: the bias holds 21 values and the 11 after them (here 7s, in the same
+    storage) are not read; the padded outputs are 0 and the real ones those of the bias added."""
+    k, n = 256, 21
+    data, code = stored(kind, random_blocks(kind, n, k, seed=5), k)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(6))
+    after = torch.full((32,), 7.0)
+    after[:n] = torch.randn(n, generator=torch.Generator().manual_seed(7))
+    lib = kernel()
+    level = lib.isa()
+    try:
+        for lvl in range(lib.best_isa() + 1):
+            lib.set_isa(lvl)
+            got = lib.typed_linear(x, data, code, k, None, after[:n])
+            assert got.shape == (3, 32) and torch.equal(got[:, n:], torch.zeros(3, 32 - n))
+            assert torch.equal(got[:, :n], lib.typed_linear(x, data, code, k, None, None)[:, :n] + after[:n])
+    finally:
+        lib.set_isa(level)
+    with pytest.raises(RuntimeError, match="one value per output"):
+        lib.typed_linear(x, data, code, k, None, torch.zeros(33))
+
+
 def write_gguf(path, arch: str = "llama", kind=T.Q8_0, truncate: int = 0, key_length: int = 0,
                experts: int = 0, tokens: int = 0):
     """A small GGUF file: llama-style metadata, one layer of 64 x 64 fp32 weights, attn_q of ``kind``;

@@ -126,6 +126,10 @@ torch::Tensor typed_linear(torch::Tensor x, torch::Tensor weight, int64_t type, 
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K && weight.dim() == 2, "typed_linear: shape mismatch");
   torch::Tensor s = scale.has_value() ? scale->to(torch::kFloat32).contiguous() : torch::Tensor();
   torch::Tensor b = bias.has_value() ? bias->to(torch::kFloat32).contiguous() : torch::Tensor();
+  const int64_t N = weight.size(0), padding = b.defined() ? N - b.numel() : 0;
+  TORCH_CHECK(padding == 0 || (anyspec::x16_group_bytes(type) && padding > 0 && padding < 16),
+              "typed_linear: the bias must have one value per output");
+  if (padding) b = torch::constant_pad_nd(b, {0, padding});  // a repacked weight's zero rows give 0
   const torch::Tensor none = torch::empty(0);
   Mat m = anyspec::mat(weight, s.defined() ? s : none, b.defined() ? b : none, type, K);
   auto y = torch::empty({x.size(0), m.N}, x.options());
