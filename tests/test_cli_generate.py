@@ -196,11 +196,19 @@ def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):
     assert set(spec) == {"text", "token_ids", "stats"}
     assert set(spec["stats"]) == {"algorithm", "rounds", "drafted", "accepted", "acceptance_rate",
                                   "mean_accepted_length", "tokens_per_second", "draft_seconds",
-                                  "target_seconds"}
+                                  "target_seconds", "ended_by", "rejected_at", "ngram_proposed",
+                                  "ngram_accepted"}
     assert spec["stats"]["algorithm"] == "slem" and alone["stats"]["algorithm"] == "none"  # auto, greedy
     assert spec["token_ids"] == alone["token_ids"] and spec["text"] == alone["text"]
     assert len(spec["token_ids"]) == 12
     assert spec["stats"]["drafted"] > 0 and alone["stats"]["drafted"] == 0
+    assert sum(spec["stats"]["ended_by"].values()) == spec["stats"]["rounds"]
+    assert alone["stats"]["ended_by"] == {"none": alone["stats"]["rounds"]}
+    assert main([*common, "--no-draft", "--ngram", "1"]) == 0
+    lookup = json.loads(capsys.readouterr().out)
+    assert lookup["token_ids"] == alone["token_ids"] and lookup["stats"]["algorithm"] == "ngram"
+    assert main([*common, "--no-draft", "--ngram", "9"]) == 2
+    assert "ngram must be an integer from 0 (off) to 4" in capsys.readouterr().err
 
 
 def test_streams_text_to_stdout_and_stats_to_stderr(tiny_dirs, capsys):

@@ -21,7 +21,8 @@ from anyspec.cli.options import (
 from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, SamplingParams
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
-             "tokens_per_second", "draft_seconds", "target_seconds")
+             "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at", "ngram_proposed",
+             "ngram_accepted")
 
 
 def add_parser(sub) -> None:
@@ -79,10 +80,13 @@ def run(args) -> int:
     print()
     s = result.stats
     hist = " ".join(f"{n}:{c}" for n, c in enumerate(s.accepted_hist))
+    ended = " ".join(f"{cause}:{n}" for cause, n in sorted(s.ended_by.items()))
+    lookup = f", prompt lookup accepted {s.ngram_accepted}/{s.ngram_proposed}" if s.ngram_proposed else ""
     print(f"[{'target only' if pair.draft is None else f'{s.algorithm} k={config.num_speculative_tokens}'}] "
           f"{s.generated} tokens in {s.total_seconds:.2f}s ({s.tokens_per_second:.2f} tok/s); "
           f"rounds {s.rounds}, drafted {s.drafted}, accepted {s.accepted} "
           f"({100 * s.acceptance_rate:.1f}%), mean accepted {s.mean_accepted_length:.2f}, "
-          f"accepted-length histogram {hist}; draft {s.draft_seconds:.2f}s, target {s.target_seconds:.2f}s; "
+          f"accepted-length histogram {hist}; rounds ended by {ended or '-'}{lookup}; "
+          f"draft {s.draft_seconds:.2f}s, target {s.target_seconds:.2f}s; "
           f"finish: {result.finish_reason}", file=sys.stderr)
     return 0
