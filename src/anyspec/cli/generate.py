@@ -21,8 +21,8 @@ from anyspec.cli.options import (
 from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, SamplingParams
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
-             "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at", "ngram_proposed",
-             "ngram_accepted")
+             "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at",
+             "ngram_proposed", "ngram_accepted")
 
 
 def add_parser(sub) -> None:
