@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from anyspec.algorithms.adaptive_k import AdaptiveK, expected_tokens
+from anyspec.algorithms.adaptive_k import Acceptance, AdaptiveK, batch_ks, expected_tokens
 
 
 def test_expected_tokens():
@@ -30,20 +30,20 @@ def test_measures_a_full_round_then_the_target_alone():
     ctl.update(4, 2, 0.2, 0.5)
     assert ctl.choose() == 0
     ctl.update(0, 0, 0.0, 0.35)
-    assert ctl.verify_cost == {5: 0.5, 1: 0.35}
+    assert ctl.target.mean == {5: 0.5, 1: 0.35} and ctl.draft.mean == {1: 0.05}
 
 
 def test_cheap_draft_flat_verify_and_high_acceptance_drafts_k_max():
     ctl = AdaptiveK(k_max=4)
     feed(ctl, 30, accept_rate=1.0, single=0.30, per_token=0.02, draft=0.01)
-    assert ctl.acceptance > 0.9
+    assert ctl.acceptance.rate > 0.9
     assert ctl.choose() == 4
 
 
 def test_costly_verify_and_low_acceptance_falls_back_to_the_target_alone_but_explores():
     ctl = AdaptiveK(k_max=4, explore_every=5)
     feed(ctl, 12, accept_rate=0.0, single=0.30, per_token=0.25, draft=0.05)
-    assert ctl.acceptance < 0.2
+    assert ctl.acceptance.rate < 0.2
     choices = []
     for _ in range(10):
         k = ctl.choose()
@@ -62,10 +62,32 @@ def test_recovers_when_acceptance_rises_again():
 
 
 def test_unmeasured_verify_sizes_interpolate():
-    ctl = AdaptiveK(k_max=4, verify_cost={1: 0.2, 5: 0.6})
-    assert ctl.verify_seconds(3) == pytest.approx(0.4)
-    assert ctl.verify_seconds(7) == pytest.approx(0.6)
-    assert AdaptiveK(k_max=2).verify_seconds(2) is None
+    costs = costs_of([(1, 0.2), (5, 0.6)])
+    assert costs(3) == pytest.approx(0.4)
+    assert costs(7) == pytest.approx(0.8)
+    assert costs_of([(5, 0.6)])(2) == 0.6  # one size measured: flat
+
+
+def test_one_generation_alone_gets_the_best_k_in_batch_ks():
+    """AdaptiveK's k is batch_ks's for one generation: the k with the most tokens per second."""
+    ctl = AdaptiveK(k_max=4)
+    for rows, seconds in [(1, 0.30), (5, 0.34)]:
+        ctl.target.record(rows, seconds)
+    ctl.draft.record(1, 0.02)
+    for accepted, rejected in [(1, 1), (9, 1), (1, 9), (3, 2)]:
+        ctl.acceptance = Acceptance(accepted, rejected)
+        a = ctl.acceptance.rate
+        rates = [expected_tokens(a, k) / (k * 0.02 + ctl.target(k + 1)) for k in range(5)]
+        assert ctl.choose() == rates.index(max(rates))
+
+
+def test_acceptance_decays_and_counts_one_rejection_a_round():
+    seen = Acceptance()
+    assert seen.rate == 0.5
+    seen.count(3, 4)
+    assert (seen.accepted, seen.rejected) == (pytest.approx(3.9), pytest.approx(1.9))
+    seen.count(4, 4)  # all accepted: no rejection
+    assert (seen.accepted, seen.rejected) == (pytest.approx(7.51), pytest.approx(1.71))
 
 
 @pytest.mark.parametrize("algorithm", ["tli", "slem"])
@@ -183,3 +205,15 @@ def test_batch_draft_tokens_go_where_they_are_accepted_and_pay():
     for acc in ([0.9, 0.6, 0.3], [0.7] * 4, [0.95, 0.95]):
         best = rate(acc, batch_ks(5, acc, target, draft))
         assert all(best >= rate(acc, [k] * len(acc)) - 1e-12 for k in range(6))
+
+
+def test_each_generation_of_a_batch_gets_its_own_share():
+    """Five generations alike in every count: batch_ks gives draft tokens to three of them, and each
+    schedule takes the share at its own place in the batch, not that of the first one equal to it."""
+    from anyspec.algorithms.adaptive_k import BatchSchedule
+
+    target, draft = costs_of(TARGET), costs_of(DRAFT)
+    peers = []
+    peers += [BatchSchedule(5, lambda: peers, target, draft, Acceptance(8.0, 2.0)) for _ in range(5)]
+    assert [s.choose() for s in peers] == batch_ks(5, [0.8] * 5, target, draft) == [0, 0, 1, 1, 1]
+    assert BatchSchedule(5, lambda: peers[:1], target, draft).choose() == 5  # alone: k_max

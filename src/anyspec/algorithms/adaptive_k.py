@@ -51,77 +51,54 @@ def expected_tokens(a: float, k: int) -> float:
 
 
 @dataclass
-class AdaptiveK:
-    k_max: int
-    explore_every: int = 8
-    accepted: float = 1.0  # decayed counts (a prior of one accept and one reject: a = 0.5)
+class Acceptance:
+    """Decayed counts of a generation's draft tokens (a prior of one accept and one reject: a = 0.5);
+    the estimate of a is accepted / (accepted + rejected)."""
+
+    accepted: float = 1.0
     rejected: float = 1.0
-    draft_cost: float | None = None  # seconds per draft forward
-    verify_cost: dict[int, float] = field(default_factory=dict)  # tokens scored -> seconds
-    idle_rounds: int = 0  # consecutive rounds without drafting
 
     @property
-    def acceptance(self) -> float:
+    def rate(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def verify_seconds(self, n: int) -> float | None:
-        """Measured cost of scoring n tokens; unmeasured sizes interpolate (or extend) the measured ones."""
-        if n in self.verify_cost:
-            return self.verify_cost[n]
-        known = sorted(self.verify_cost)
-        if not known:
-            return None
-        lo = max((m for m in known if m < n), default=None)
-        hi = min((m for m in known if m > n), default=None)
-        if lo is not None and hi is not None:
-            w = (n - lo) / (hi - lo)
-            return (1 - w) * self.verify_cost[lo] + w * self.verify_cost[hi]
-        nearest = lo if lo is not None else hi
-        return self.verify_cost[nearest]  # flat beyond what was measured: optimistic, so it gets tried
-
-    def choose(self, behind: int = 1) -> int:
-        """k for the next round (``behind``: what the draft has yet to read; its measured cost per
-        forward already holds the usual catch-up)."""
-        if self.draft_cost is None or self.k_max + 1 not in self.verify_cost:
-            return self.k_max  # measure a full round first,
-        single = self.verify_cost.get(1)
-        if single is None:
-            return 0  # then the target alone
-        a = self.acceptance
-        best_k, best_rate = 0, 1.0 / single
-        for k in range(1, self.k_max + 1):
-            rate = expected_tokens(a, k) / (k * self.draft_cost + self.verify_seconds(k + 1))
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        if best_k == 0 and self.idle_rounds + 1 >= self.explore_every:
-            return 1
-        return best_k
-
-    def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
-               proposed: int | None = None) -> None:
-        """Record a round: ``k`` draft forwards, ``proposed`` target tokens verified (default k),
-        ``accepted`` of them accepted, and the times (``draft_seconds`` None: not representative,
-        e.g. a pass that also read the prompt)."""
-        proposed = k if proposed is None else proposed
-        self.verify_cost[proposed + 1] = _mix(self.verify_cost.get(proposed + 1), verify_seconds)
-        if k == 0:
-            self.idle_rounds += 1
-            return
-        self.idle_rounds = 0
-        if draft_seconds is not None:
-            self.draft_cost = _mix(self.draft_cost, draft_seconds / k)
-        count_round(self, accepted, proposed)
-
-
-def count_round(schedule, accepted: int, proposed: int) -> None:
-    """A round's draft tokens into a schedule's decayed counts: ``accepted`` accepted tokens, and one
-    rejection unless all ``proposed`` were accepted (a's estimate: accepted / (accepted + rejected))."""
-    schedule.accepted = DECAY * schedule.accepted + accepted
-    schedule.rejected = DECAY * schedule.rejected + (1 if accepted < proposed else 0)
+    def count(self, accepted: int, proposed: int) -> None:
+        """A round: ``accepted`` accepted tokens, and one rejection unless all ``proposed`` were."""
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
 
 
 def _mix(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+class PassCosts:
+    """Seconds of one pass by the rows it computed: a decayed mean per row count, linear in between
+    and beyond the measured counts (flat while only one is measured)."""
+
+    def __init__(self):
+        self.mean: dict[int, float] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        self.mean[rows] = _mix(self.mean.get(rows), seconds)
+
+    def known(self) -> bool:
+        return len(self.mean) >= 2
+
+    def __contains__(self, rows: int) -> bool:
+        return rows in self.mean
+
+    def __call__(self, rows: int) -> float:
+        if rows in self.mean:
+            return self.mean[rows]
+        known = sorted(self.mean)
+        if len(known) == 1:
+            return self.mean[known[0]]
+        lo = [m for m in known if m < rows][-2:]
+        hi = [m for m in known if m > rows][:2]
+        a, b = (lo[-1], hi[0]) if lo and hi else tuple(lo or hi)
+        slope = max(0.0, (self.mean[b] - self.mean[a]) / (b - a))
+        return max(1e-6, self.mean[a] + slope * (rows - a))
 
 
 def round_seconds(ks: list[int], target_seconds, draft_seconds, behind: list[int] | None = None) -> float:
@@ -140,6 +117,7 @@ def batch_ks(k_max: int, acceptances: list[float], target_seconds, draft_seconds
     """How many tokens each generation of a batch drafts this round, given each one's acceptance
     (and how far its draft is behind): the allocation with the most expected tokens per second,
     grown one draft token at a time where it adds most, and checked against every k shared by all.
+    For one generation that is the best k in 0..k_max (the smallest of equals).
 
     On a CPU a pass costs the one read of the weights until its rows' compute exceeds it; past that,
     each row costs compute. So a few draft tokens ride almost free, and they pay most where the
@@ -162,31 +140,48 @@ def batch_ks(k_max: int, acceptances: list[float], target_seconds, draft_seconds
     return ks
 
 
-class PassCosts:
-    """Seconds of one pass by the rows it computed: a decayed mean per row count, linear in between
-    and beyond the measured counts."""
-
-    def __init__(self):
-        self.mean: dict[int, float] = {}
-
-    def record(self, rows: int, seconds: float) -> None:
-        self.mean[rows] = _mix(self.mean.get(rows), seconds)
-
-    def known(self) -> bool:
-        return len(self.mean) >= 2
-
-    def __call__(self, rows: int) -> float:
-        if rows in self.mean:
-            return self.mean[rows]
-        known = sorted(self.mean)
-        lo = [m for m in known if m < rows][-2:]
-        hi = [m for m in known if m > rows][:2]
-        a, b = (lo[-1], hi[0]) if lo and hi else tuple(lo or hi)
-        slope = max(0.0, (self.mean[b] - self.mean[a]) / (b - a))
-        return max(1e-6, self.mean[a] + slope * (rows - a))
-
-
 @dataclass
+class AdaptiveK:
+    """k for one generation alone, from its acceptance, the target's measured verify passes by the
+    rows they scored and the draft's measured seconds per forward (``draft(1)``: a forward's usual
+    catch-up is in it)."""
+
+    k_max: int
+    explore_every: int = 8
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    target: PassCosts = field(default_factory=PassCosts)
+    draft: PassCosts = field(default_factory=PassCosts)
+    idle_rounds: int = 0  # consecutive rounds without drafting
+
+    def choose(self, behind: int = 1) -> int:
+        """k for the next round (``behind``: what the draft has yet to read; its measured cost per
+        forward already holds the usual catch-up)."""
+        if 1 not in self.draft or self.k_max + 1 not in self.target:
+            return self.k_max  # measure a full round first,
+        if 1 not in self.target:
+            return 0  # then the target alone
+        k = batch_ks(self.k_max, [self.acceptance.rate], self.target, self.draft)[0]
+        if k == 0 and self.idle_rounds + 1 >= self.explore_every:
+            return 1
+        return k
+
+    def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
+               proposed: int | None = None) -> None:
+        """Record a round: ``k`` draft forwards, ``proposed`` target tokens verified (default k),
+        ``accepted`` of them accepted, and the times (``draft_seconds`` None: not representative,
+        e.g. a pass that also read the prompt)."""
+        proposed = k if proposed is None else proposed
+        self.target.record(proposed + 1, verify_seconds)
+        if k == 0:
+            self.idle_rounds += 1
+            return
+        self.idle_rounds = 0
+        if draft_seconds is not None:
+            self.draft.record(1, draft_seconds / k)
+        self.acceptance.count(accepted, proposed)
+
+
+@dataclass(eq=False)  # peers are told apart by identity, not by equal counts
 class BatchSchedule:
     """AdaptiveK's interface for one generation of a batch: ``choose`` gives its share of
     ``batch_ks`` for the generations now in the batch, from the batch's measured pass costs and each
@@ -198,22 +193,17 @@ class BatchSchedule:
     peers: object  # () -> the schedules of the generations in the batch now, this one among them
     target: PassCosts
     draft: PassCosts
-    accepted: float = 1.0
-    rejected: float = 1.0
+    acceptance: Acceptance = field(default_factory=Acceptance)
     explore_every: int = 8
     idle_rounds: int = 0
     behind: int = 1  # tokens its draft has yet to read (as of its last choose)
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
 
     def choose(self, behind: int = 1) -> int:
         self.behind = behind
         peers = self.peers()
         if len(peers) < 2 or self not in peers or not (self.target.known() and self.draft.known()):
             return self.k_max
-        me, acceptances = peers.index(self), [p.acceptance for p in peers]
+        me, acceptances = peers.index(self), [p.acceptance.rate for p in peers]
         behind = [p.behind for p in peers]
         k = batch_ks(self.k_max, acceptances, self.target, self.draft, behind)[me]
         self.idle_rounds = self.idle_rounds + 1 if k == 0 else 0
@@ -226,6 +216,7 @@ class BatchSchedule:
 
     def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
                proposed: int | None = None) -> None:
+        """Record a round's acceptance; its passes' costs are the batch's (``Batch.step``)."""
         proposed = k if proposed is None else proposed
         if proposed:
-            count_round(self, accepted, proposed)
+            self.acceptance.count(accepted, proposed)

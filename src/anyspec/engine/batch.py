@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from anyspec.algorithms.adaptive_k import BatchSchedule, PassCosts
+from anyspec.algorithms.adaptive_k import Acceptance, BatchSchedule, PassCosts
 from anyspec.backends.stack import Sequence
 
 
@@ -92,9 +92,9 @@ class Batch:
         """How many tokens generation ``key`` drafts each round (``adaptive_k.batch_ks``); it starts
         from the mean acceptance of the generations already here."""
         peers = self._peers()
-        mean = sum(p.acceptance for p in peers) / len(peers) if peers else 0.5
+        mean = sum(p.acceptance.rate for p in peers) / len(peers) if peers else 0.5
         costs = [self.costs.setdefault(id(m), PassCosts()) for m in (target, draft)]
-        schedule = BatchSchedule(k_max, self._peers, *costs, accepted=2 * mean, rejected=2 * (1 - mean))
+        schedule = BatchSchedule(k_max, self._peers, *costs, Acceptance(2 * mean, 2 * (1 - mean)))
         self.schedules[key] = schedule
         return schedule
 
