@@ -95,14 +95,21 @@ def test_unknown_method_is_refused_before_loading(monkeypatch):
         BenchSettings("t", "d", [bench_prompts.PROMPTS_DIR / "code.jsonl"], ["target", "magic"])
 
 
-def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
+def tiny_pair(tmp_path, tok_qwen2, tok_smollm2, contents: list[str]):
+    """A tiny target and draft with a chat template, and a prompt file of one user message each
+    (ids p0, p1, ..)."""
     from tiny_models import CHATML, save_tiny_model
 
     target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
     draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]})
-                                 for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
+                                 for i, c in enumerate(contents)) + "\n")
+    return target, draft, prompts
+
+
+def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
+    target, draft, prompts = tiny_pair(tmp_path, tok_qwen2, tok_smollm2, ["Write code.", "Say hello."])
     methods = ["target", "anyspec-greedy", "anyspec-sampled", "hf-target", "hf-uag", "vllm"]
     settings = BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=6, dtype="fp32")
     result = bench_run.run_bench(settings, log=lambda s: None)
@@ -331,12 +338,7 @@ def test_run_bench_vllm_dies_midway_is_a_note(tmp_path, tok_qwen2, tok_smollm2, 
 
 
 def test_repeat_runs_every_prompt_again_in_its_next_rotation(tmp_path, tok_qwen2, tok_smollm2):
-    from tiny_models import CHATML, save_tiny_model
-
-    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
-    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"id": "p0", "messages": [{"role": "user", "content": "Hi."}]}) + "\n")
+    target, draft, prompts = tiny_pair(tmp_path, tok_qwen2, tok_smollm2, ["Hi."])
     settings = BenchSettings(str(target), str(draft), [prompts], ["target", "anyspec-slem"], max_new_tokens=4,
                              dtype="fp32", repeat=3)
     result = bench_run.run_bench(settings, log=lambda s: None)
@@ -370,13 +372,7 @@ def test_logit_margin_is_the_reference_targets_own_top1_minus_top2(tok_qwen2):
 
 
 def test_a_second_draft_dtype_runs_as_a_variant_in_the_same_rotation(tmp_path, tok_qwen2, tok_smollm2):
-    from tiny_models import CHATML, save_tiny_model
-
-    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
-    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": c}]})
-                                 for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
+    target, draft, prompts = tiny_pair(tmp_path, tok_qwen2, tok_smollm2, ["Write code.", "Say hello."])
     settings = BenchSettings(str(target), str(draft), [prompts], ["target", "anyspec-slem"], max_new_tokens=5,
                              dtype="fp32", draft_dtype="fp32", also_draft_dtypes=["bf16"])
     log = []
@@ -399,13 +395,7 @@ def test_a_second_draft_dtype_runs_as_a_variant_in_the_same_rotation(tmp_path, t
 
 
 def test_rounds_by_cause_and_the_ngram_methods_reach_the_summary(tmp_path, tok_qwen2, tok_smollm2):
-    from tiny_models import CHATML, save_tiny_model
-
-    target = save_tiny_model(tok_qwen2, tmp_path / "target", "qwen2", seed=0, chat_template=CHATML)
-    draft = save_tiny_model(tok_smollm2, tmp_path / "draft", "llama", seed=1, chat_template=CHATML)
-    prompts = tmp_path / "p.jsonl"
-    message = {"role": "user", "content": "a b a b a b a"}
-    prompts.write_text(json.dumps({"id": "p0", "messages": [message]}) + "\n")
+    target, draft, prompts = tiny_pair(tmp_path, tok_qwen2, tok_smollm2, ["a b a b a b a"])
     methods = ["target", "target-ngram", "anyspec-slem", "anyspec-slem-ngram"]
     result = bench_run.run_bench(BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=12,
                                                dtype="fp32", ngram=1), log=lambda s: None)

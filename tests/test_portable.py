@@ -9,7 +9,6 @@ so that it can also be cross-compiled for aarch64 and run under qemu.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import struct
 import subprocess
@@ -20,9 +19,8 @@ import pytest
 import torch
 from test_gguf import TYPES, random_blocks, stored
 
-from anyspec.backends.build import CSRC, SOURCES, compile_kernel, is_x86, kernel_flags
+from anyspec.backends.build import CSRC, SOURCES, build_folder, compile_kernel, is_x86, kernel_flags
 from anyspec.backends.linear import rowwise_possible
-from anyspec.paths import cache_dir
 
 PORTABLE_FLAGS = ["-O3", "-march=x86-64", "-ffp-contract=off", "-fopenmp"]
 CHECK = Path(__file__).parent / "kernel_check.cpp"
@@ -61,11 +59,7 @@ def avx2():
 @pytest.fixture(scope="module")
 def plain():
     """The whole torch extension built as it is off x86: no x86 flags, the compiler kept from AVX."""
-    digest = hashlib.sha256(f"{torch.__version__} {PORTABLE_FLAGS}".encode())
-    for path in sorted(CSRC.glob("*.[ch]*")):
-        digest.update(path.read_bytes())
-    build = cache_dir() / "kernels" / f"portable-{digest.hexdigest()[:16]}"
-    build.mkdir(parents=True, exist_ok=True)
+    build = build_folder("portable", PORTABLE_FLAGS)
     lib = compile_kernel("anyspec_portable", SOURCES, build, CSRC, PORTABLE_FLAGS)
     assert lib.best_isa() == 0 and lib.isa() == 0
     return lib

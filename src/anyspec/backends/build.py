@@ -58,13 +58,19 @@ def compile_kernel(name: str, sources: list[Path], build: Path, include: Path,
                 extra_include_paths=[str(include)], verbose=False)
 
 
-def build_kernel():
-    """The kernel, built on first use and then loaded from the cache; or why it could not be built."""
-    digest = hashlib.sha256(f"{torch.__version__} {' '.join(kernel_flags())}".encode())
+def build_folder(prefix: str, flags: list[str]) -> Path:
+    """The cache folder of a build with ``flags``: one per torch version, flags and sources."""
+    digest = hashlib.sha256(f"{torch.__version__} {' '.join(flags)}".encode())
     for path in sorted(CSRC.glob("*.[ch]*")):
         digest.update(path.read_bytes())
-    build = cache_dir() / "kernels" / f"rowwise-{digest.hexdigest()[:16]}"
+    build = cache_dir() / "kernels" / f"{prefix}-{digest.hexdigest()[:16]}"
     build.mkdir(parents=True, exist_ok=True)
+    return build
+
+
+def build_kernel():
+    """The kernel, built on first use and then loaded from the cache; or why it could not be built."""
+    build = build_folder("rowwise", kernel_flags())
     if not list(build.glob("*.so")):
         print("anyspec: compiling its CPU kernel once (about a minute) ...", file=sys.stderr)
     try:
