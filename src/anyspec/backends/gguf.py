@@ -102,6 +102,12 @@ def gguf_problem(path: Path, reader=None) -> str | None:
     return broken_problem(reader) or rowwise_problem()
 
 
+def check_consistent(path: Path) -> None:
+    """A one-line ConfigError for a file whose tensors contradict its metadata (``broken_problem``)."""
+    if broken := broken_problem(read_gguf(path)):
+        raise ConfigError(f"{Path(path).name} is inconsistent: {broken}; convert or download it again")
+
+
 def broken_problem(reader) -> str | None:
     """A tensor that an architecture of the table needs and the file lacks, or one whose shape
     contradicts the metadata (None: all there and consistent, or an architecture the table lacks)."""

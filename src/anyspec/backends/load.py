@@ -61,15 +61,15 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
     it, else fp32; for a *draft* on the CPU it is int8, since the draft's numbers only change how much
     is accepted, never the output.
     """
-    from anyspec.backends.gguf import broken_problem, dequantized_problem, gguf_problem, read_gguf
+    from anyspec.backends.gguf import check_consistent, dequantized_problem, gguf_problem, read_gguf
 
     if dtype is None or dtype == "auto":
         if spec is not None and is_gguf(spec) and not torch.cuda.is_available() and rowwise_possible():
             source = gguf_source(spec)
             if source is None and native_builtin(spec):
                 return "gguf"
-            if source is not None and (broken := broken_problem(read_gguf(source))):
-                raise ConfigError(f"{source.name} is inconsistent: {broken}; convert or download it again")
+            if source is not None:
+                check_consistent(source)
             problem = gguf_problem(source, read_gguf(source)) if source is not None else "its block types"
             if problem is None:
                 return "gguf"
@@ -88,8 +88,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
             raise ConfigError(f"dtype gguf runs a GGUF file's own formats, and {spec} is not a GGUF model; "
                               "give a .gguf file or a built-in name, or another dtype")
         if spec is not None and (source := gguf_source(spec)) is not None:
-            if broken := broken_problem(read_gguf(source)):
-                raise ConfigError(f"{source.name} is inconsistent: {broken}; convert or download it again")
+            check_consistent(source)
             problem = gguf_problem(source, read_gguf(source))
             if problem:
                 raise ConfigError(f"{source.name} cannot run on anyspec's GGUF kernels: {problem}; "
