@@ -146,6 +146,23 @@ def test_cancelling_and_joining_mid_stream_leave_the_others_unchanged(engine):
     assert done["again"].token_ids == alone[0]
 
 
+def test_a_request_takes_the_free_slot_holding_the_longest_prefix_of_its_prompt():
+    """The rule generate_batch and the server's scheduler share: the free slot whose target sequence
+    holds most of the prompt (the first of equals), taken out of the free list; a new one when none
+    is free."""
+    from types import SimpleNamespace
+
+    from anyspec.engine.batch import take_slot
+
+    a, b, c = ((SimpleNamespace(cached_ids=ids), None) for ids in ([1, 2, 9], [1, 2, 3, 4], [1, 2, 3, 5]))
+    free = [a, b, c]
+    assert take_slot(free, [1, 2, 3, 4, 7], lambda: "new") is b and free == [a, c]
+    assert take_slot(free, [1, 2, 3, 4, 7], lambda: "new") is c and free == [a]
+    free.append(b)
+    assert take_slot(free, [8], lambda: "new") is a and free == [b]  # none shares any: the first
+    assert take_slot(free, [1], lambda: "new") is b and take_slot(free, [1], lambda: "new") == "new"
+
+
 def test_a_model_with_one_cache_cannot_batch(tok_qwen2, tmp_path):
     from tiny_models import save_tiny_model
 

@@ -22,6 +22,7 @@ import torch
 
 from anyspec.algorithms.adaptive_k import Acceptance, BatchSchedule, PassCosts
 from anyspec.backends.stack import Sequence
+from anyspec.engine.context import common_prefix
 
 
 class Forward(NamedTuple):
@@ -60,6 +61,16 @@ def alone(steps: Steps) -> Iterator[str]:
         else:
             reply = None
             yield step
+
+
+def take_slot(free: list[tuple], ids: list[int], new_slot: Callable[[], tuple]) -> tuple:
+    """The slot a request whose prompt is ``ids`` runs in: of the ``free`` slots (taken out of the
+    list) the one whose target sequence holds the longest prefix of the prompt, the first of equals
+    (with the prefix cache, the request keeps those keys and values); ``new_slot()`` if none is free."""
+    if not free:
+        return new_slot()
+    best = max(range(len(free)), key=lambda i: common_prefix(free[i][0].cached_ids, ids))
+    return free.pop(best)
 
 
 def model_of(seq) -> object:

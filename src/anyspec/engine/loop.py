@@ -18,7 +18,7 @@ import torch
 from anyspec.algorithms import ngram, slem, tli
 from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
-from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked
+from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence, PrefixSharing, row_invariant
@@ -142,24 +142,26 @@ class Engine:
     def generate_batch(self, requests: list[tuple[str | list[dict], SamplingParams]],
                        max_batch: int = MAX_BATCH) -> list[GenerationResult]:
         """Every ``(prompt, params)``, up to ``max_batch`` at a time; a request joins as soon as
-        another one ends. Each result is the same as ``generate`` gives the request alone."""
+        another one ends, in the slot the server would give it (``batch.take_slot``). Each result is
+        the same as ``generate`` gives the request alone."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         results: dict[int, GenerationResult] = {}
         errors: dict[int, Exception] = {}
         batch = Batch(lambda i, text: None, results.__setitem__, errors.__setitem__, drafts=(self.draft,))
-        slots, waiting, owner = [], list(enumerate(requests))[::-1], {}
+        free, waiting, owner = [], list(enumerate(requests))[::-1], {}
         while waiting or len(batch):
-            while waiting and len(batch) < max_batch:
+            while waiting and len(batch) < max_batch and not errors:
                 i, (prompt, params) = waiting.pop()
-                free = [s for s in slots if s not in owner.values()]
-                slot = free[0] if free else self.new_slot()
-                if not free:
-                    slots.append(slot)
-                owner[i] = slot
-                batch.add(i, self.steps(prompt, params, *slot, batch=batch, key=i))
+                try:
+                    encoded = encode_prompt(self.target.tokenizer, prompt)[:2]
+                except Exception as exc:  # raised below, as a generation's own error is
+                    errors[i] = exc
+                    break
+                owner[i] = take_slot(free, encoded[0], self.new_slot)
+                batch.add(i, self.steps(prompt, params, *owner[i], batch=batch, key=i, encoded=encoded))
             for i in [i for i in owner if i not in batch]:
-                del owner[i]
+                free.append(owner.pop(i))
             if not errors:
                 batch.step()
             if errors:

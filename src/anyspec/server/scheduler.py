@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from anyspec.config import MAX_BATCH, SamplingParams
 from anyspec.engine import Engine, Stats
-from anyspec.engine.batch import Batch
+from anyspec.engine.batch import Batch, take_slot
 from anyspec.engine.context import common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence
 from anyspec.engine.prompt import encode_prompt
@@ -147,13 +147,7 @@ class Scheduler:
         held = longest_prefix(target.sequences if isinstance(target, MultiSequence) else (), ids)[1]
         return coming - held >= SHARED
 
-    def _slot(self, job: Job) -> tuple:
-        """A free slot, the one whose target cache shares the longest prefix with the job's prompt
-        (its KV is kept with the prefix cache); else a new one."""
-        if self.free:
-            ids = self._ids(job)
-            best = max(range(len(self.free)), key=lambda i: common_prefix(self.free[i][0].cached_ids, ids))
-            return self.free.pop(best)
+    def _new_slot(self) -> tuple:
         self.slots += 1
         engine = self.engines[True]
         return engine.new_slot() if self.batched else (engine.target, engine.draft)
@@ -186,7 +180,7 @@ class Scheduler:
 
     def _start(self, job: Job) -> None:
         engine = self.engines[job.speculative]
-        slot = self._slot(job)
+        slot = take_slot(self.free, self._ids(job), self._new_slot)
         self.running[job] = Running(engine, slot)
         job.emit("start")
         draft = slot[1] if engine.draft is not None else None
