@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--confidences", nargs="+", type=float, default=[0.0],
                     help="draft_confidence thresholds to try (0 = off)")
     ap.add_argument("--limit", type=int, default=2, help="prompts per set")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="prompts per set left out before --limit ones (held-out prompts to confirm on)")
     ap.add_argument("--sets", nargs="+", default=["code", "prose"],
                     help="prompt sets: the shipped ones (code, prose), or .jsonl files (named by stem)")
     ap.add_argument("--repeat", type=int, default=1, help="every prompt this many times, rotating on")
@@ -63,7 +65,7 @@ def main() -> None:
 
     files = [Path(s) if s.endswith(".jsonl") else PROMPTS_DIR / f"{s}.jsonl" for s in args.sets]
     args.sets = [f.stem for f in files]
-    prompts = [p for f in files for p in load_prompts(f)[: args.limit]] * args.repeat
+    prompts = [p for f in files for p in load_prompts(f)[args.skip: args.skip + args.limit]] * args.repeat
     names = list(engines)
     runs = []
     for i, p in enumerate(prompts):

@@ -95,3 +95,32 @@ def test_gemma3_drafting_on_the_kernels_for_the_default_target_equals_the_target
                 spec = Engine(target, draft, config).generate(messages, params)
                 assert spec.token_ids == alone.token_ids, (algorithm, content)
                 assert spec.stats.accepted > 0
+
+
+def test_tli_drafts_on_the_intersection_rows_of_the_head_and_samples_the_same(pair, monkeypatch):
+    """TLI's draft computes only its head's intersection rows (``TLI.head``); the draft's q' is the
+    same bits, so with one seed the sampled answers are the same tokens as with the whole head."""
+    from anyspec.engine.proposers import TLI
+
+    target, draft = pair
+    if draft.dtype != "gguf":
+        pytest.skip("only the GGUF models restrict their head")
+    heads = []
+    forward = type(draft).forward
+    monkeypatch.setattr(type(draft), "forward", lambda self, batch, head=None: heads.append(head) or
+                        forward(self, batch, head))
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=24, seed=3)
+    config = SpeculativeConfig(num_speculative_tokens=4, algorithm="tli")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = Engine(target, draft, config)
+        restricted = engine.generate(messages, params)
+        used = [h for h in heads if h is not None]
+        assert used and all(h is engine.proposers["tli"].head for h in used)
+        assert len(used[0].ids) == int(engine.bridge.intersection_mask.sum()) < draft.vocab_size
+        monkeypatch.setattr(TLI, "head", None)
+        heads.clear()
+        whole = Engine(target, draft, config).generate(messages, params)
+    assert heads and all(h is None for h in heads)
+    assert restricted.token_ids == whole.token_ids and restricted.stats.drafted > 0

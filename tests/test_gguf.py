@@ -114,6 +114,23 @@ def test_product_is_the_quantized_arithmetic_and_the_same_bits_at_every_level(ki
             assert torch.equal(got, reference[:len(got)])
 
 
+@pytest.mark.parametrize("kind", TYPES, ids=lambda t: t.name)
+def test_a_subset_of_rows_repacked_alone_gives_the_same_bits(kind):
+    """What ``GGUFModel.restricted_head`` relies on: rows taken out of a matrix and interleaved
+    again on their own compute the same bits as in the whole matrix."""
+    k, n = 512, 45
+    raw = random_blocks(kind, n, k, seed=3)
+    ids = np.array([0, 2, 3, 7, 16, 17, 30, 31, 32, 44])  # 10 rows: not a multiple of 16
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(4))
+    whole, code = stored(kind, raw, k)
+    part, part_code = stored(kind, np.ascontiguousarray(raw[ids]), k)
+    assert part_code == code
+    for m in (1, 5):
+        full = kernel().typed_linear(x[:m], whole, code, k, None, None)[:, :n]
+        assert torch.equal(kernel().typed_linear(x[:m], part, code, k, None, None)[:, :len(ids)],
+                           full[:, torch.from_numpy(ids)])
+
+
 def test_rows_past_eight_reuse_the_block_and_change_nothing():
     data, code = stored(T.Q4_K, random_blocks(T.Q4_K, 9, 256, seed=3), 256)
     x = torch.randn(20, 256, generator=torch.Generator().manual_seed(4))
@@ -323,6 +340,31 @@ def test_real_model_rows_and_levels_give_the_same_bits(smollm2):
         lib.set_isa(level)
         smollm2.reset()
     assert all(torch.equal(r, runs[0]) for r in runs)
+
+
+@pytest.mark.slow
+def test_a_restricted_head_computes_its_rows_alone_and_the_same_bits(smollm2):
+    lib = kernel()
+    ids = smollm2.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n")
+    rows = torch.randperm(smollm2.vocab_size, generator=torch.Generator().manual_seed(5))[:20_001]
+    head = smollm2.restricted_head(rows)
+    assert head.product[0].numel() < smollm2.lm_head[0].numel() / 2
+    level = lib.isa()
+    try:
+        for lvl in sorted({1, lib.best_isa()}):
+            lib.set_isa(lvl)
+            smollm2.reset()
+            whole = smollm2.extend(ids)
+            smollm2.reset()
+            part = smollm2.extend(ids[:-3], 1, head)
+            part = torch.cat([part, smollm2.extend(ids[-3:], None, head)])
+            inside = torch.zeros(smollm2.vocab_size, dtype=torch.bool)
+            inside[rows] = True
+            assert torch.equal(part[:, inside], whole[-4:, inside])
+            assert torch.isneginf(part[:, ~inside]).all()
+    finally:
+        lib.set_isa(level)
+        smollm2.reset()
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import sys
 import warnings
 import weakref
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -172,7 +173,8 @@ class GGUFModel:
         self.arch = kernel_arch(self.kernel, d)
         self.embed = _matrix(tensors["token_embd.weight"])
         self.vocab_size = self.embed[0].shape[0]
-        self.lm_head = _product(self.kernel, tensors.get("output.weight") or tensors["token_embd.weight"])
+        self._head_tensor = tensors.get("output.weight") or tensors["token_embd.weight"]
+        self.lm_head = _product(self.kernel, self._head_tensor)
         self.final_norm = _vector(tensors["output_norm.weight"])
         self.layers = [self._layer(tensors, i) for i in range(d.n_layers)]
         self.tokenizer = load_tokenizer(self.path)
@@ -230,14 +232,26 @@ class GGUFModel:
         ids.update(vocab[t] for t in EOS_NAMES if t in vocab and vocab[t] < self.vocab_size)
         return ids
 
-    def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
+    def extend(self, ids: list[int], last: int | None = None, head: Head | None = None) -> torch.Tensor:
         """Append ``ids`` to the cache; fp32 logits ``[len(ids), V]`` (or of the ``last`` rows)."""
-        return self.forward([(self.own, ids, last)])[0]
+        return self.forward([(self.own, ids, last)], head)[0]
+
+    def restricted_head(self, ids: torch.Tensor) -> Head:
+        """The LM head's rows ``ids`` alone, for forwards whose caller reads no other logits (TLI's
+        draft, confined to the intersection). Each row is the same bits as in the whole head."""
+        ids = torch.as_tensor(ids, dtype=torch.long).sort().values
+        weight, kind, k = _matrix(self._head_tensor)
+        rows = weight[ids].contiguous()
+        if kind in X16:
+            return Head(ids, (self.kernel.repack_x16(rows, kind, k), X16[kind], k))
+        return Head(ids, (rows, kind, k))
 
     @torch.inference_mode()
-    def forward(self, batch: list[tuple[Sequence, list[int], int | None]]) -> list[torch.Tensor]:
+    def forward(self, batch: list[tuple[Sequence, list[int], int | None]],
+                head: Head | None = None) -> list[torch.Tensor]:
         """Append each ``(sequence, ids, last)``'s ids to its sequence in one pass; for each, the fp32
-        logits of its ids (or of its ``last`` rows), ``[rows, V]``."""
+        logits of its ids (or of its ``last`` rows), ``[rows, V]``. With a ``head``
+        (``restricted_head``) only its rows are computed, and the others are -inf."""
         if len({id(seq) for seq, _, _ in batch}) != len(batch):
             raise ValueError("forward: a sequence appears twice in one batch")
         positions, owners, ids, picked, keeps = [], [], [], [], []
@@ -260,16 +274,25 @@ class GGUFModel:
         x = self.kernel.decoder_forward(x, positions, torch.tensor(owners), self.arch, self.layers, keys,
                                         values, [c for c, _ in tables], [s for _, s in tables])
         h = self.kernel.rms_norm_rows(x[picked], self.final_norm, self.eps)
-        weight, kind, k = self.lm_head
-        logits = self.kernel.typed_linear(h, weight, kind, k, None, None)[:, :self.vocab_size]
+        weight, kind, k = self.lm_head if head is None else head.product
+        logits = self.kernel.typed_linear(h, weight, kind, k, None, None)
+        logits = logits[:, :self.vocab_size if head is None else len(head.ids)]
         if self.description.logit_scale != 1.0:
             logits = logits / self.description.logit_scale
         if self.description.final_softcap:
             cap = self.description.final_softcap
             logits = torch.tanh(logits / cap) * cap
+        if head is not None:
+            part, logits = logits, logits.new_full((len(picked), self.vocab_size), float("-inf"))
+            logits[:, head.ids] = part
         for seq, new, _ in batch:
             seq.cached_ids.extend(new)
         return list(logits.split(keeps))
+
+
+class Head(NamedTuple):
+    ids: torch.Tensor  # the vocabulary rows it computes, ascending
+    product: tuple  # (weight, type, K) of those rows
 
 
 def _matrix(t) -> tuple[torch.Tensor, int, int]:

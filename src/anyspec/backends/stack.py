@@ -80,5 +80,7 @@ class Sequence:
     def crop(self, n: int) -> None:
         del self.cached_ids[n:]
 
-    def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
-        return self.model.forward([(self, ids, last)])[0]
+    def extend(self, ids: list[int], last: int | None = None, head=None) -> torch.Tensor:
+        if head is None:
+            return self.model.forward([(self, ids, last)])[0]
+        return self.model.forward([(self, ids, last)], head)[0]

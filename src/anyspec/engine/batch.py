@@ -29,6 +29,7 @@ class Forward(NamedTuple):
     seq: object  # a model with one cache, or a ``stack.Sequence`` of a model that holds several
     ids: list[int]
     last: int | None = None  # logits of only the last rows
+    head: object = None  # the model's ``restricted_head``: logits of its rows only, -inf elsewhere
 
 
 Steps = Generator["str | Forward", "torch.Tensor | None", object]
@@ -39,13 +40,20 @@ Steps = Generator["str | Forward", "torch.Tensor | None", object]
 PREFILL_CHUNK = 256
 
 
-def chunked(seq, ids: list[int], last: int | None = None) -> Steps:
+def chunked(seq, ids: list[int], last: int | None = None, head=None) -> Steps:
     """``ids`` through ``seq`` in forwards of at most ``PREFILL_CHUNK`` tokens; returns the logits of
     the last one."""
     logits = None
     for start in range(0, len(ids), PREFILL_CHUNK):
-        logits = yield Forward(seq, ids[start:start + PREFILL_CHUNK], last)
+        logits = yield Forward(seq, ids[start:start + PREFILL_CHUNK], last, head)
     return logits
+
+
+def extend(forward: Forward) -> torch.Tensor:
+    """One forward through its sequence alone."""
+    if forward.head is None:
+        return forward.seq.extend(forward.ids, forward.last)
+    return forward.seq.extend(forward.ids, forward.last, forward.head)
 
 
 def alone(steps: Steps) -> Iterator[str]:
@@ -57,7 +65,7 @@ def alone(steps: Steps) -> Iterator[str]:
         except StopIteration as done:
             return done.value
         if isinstance(step, Forward):
-            reply = step.seq.extend(step.ids, step.last)
+            reply = extend(step)
         else:
             reply = None
             yield step
@@ -140,9 +148,12 @@ class Batch:
         rows = sum(len(f.ids) for f in forwards)
         t0 = time.perf_counter()
         if all(isinstance(f.seq, Sequence) for f in forwards):
-            logits = model.forward([(f.seq, f.ids, f.last) for f in forwards])
+            rows_of = [(f.seq, f.ids, f.last) for f in forwards]
+            # one restricted head for all, or the whole head (rows outside it are never read)
+            head = forwards[0].head if all(f.head is forwards[0].head for f in forwards) else None
+            logits = model.forward(rows_of) if head is None else model.forward(rows_of, head)
         else:  # a model with one cache: its forwards one by one
-            logits = [f.seq.extend(f.ids, f.last) for f in forwards]
+            logits = [extend(f) for f in forwards]
         self.costs.setdefault(id(model), PassCosts()).record(rows, time.perf_counter() - t0)
         for key, reply in zip(keys, logits, strict=True):
             self._advance(key, self.waiting[key][0], reply)

@@ -86,7 +86,7 @@ class Engine:
             bridge = build_bridge(draft, target, self.config)
             own = self.config.use_heterogeneous_vocab and self.config.draft_context == "retokenize"
             self.reader = DraftReader(draft, bridge, own)
-            self.proposers["tli"] = TLI(bridge)
+            self.proposers["tli"] = TLI(bridge, draft)
             if bridge.target_bytes is not None:
                 self.proposers["slem"] = SLEM(bridge, target.tokenizer)
         self.bridge = bridge

@@ -5,6 +5,8 @@ scheduler check these instead of probing for attributes one by one.
   ``stack.Sequence`` of a model that holds several);
 - ``PrefixSharing``: a cache whose prefix can be copied from another sequence of the same model
   (``donors``, ``adopt``), on a row-invariant model;
+- ``RestrictedHead``: a model that can compute the logits of some vocabulary rows only
+  (``restricted_head``), for TLI's draft, which reads only the intersection's;
 - ``MultiSequence``: a model that holds several caches (``new_sequence``) and runs rows of many in one
   ``forward``, as anyspec's GGUF models do; generations can then be batched.
 """
@@ -33,6 +35,11 @@ class PrefixSharing(Model, Protocol):
     def donors(self) -> list: ...
 
     def adopt(self, donor, n: int) -> None: ...
+
+
+@runtime_checkable
+class RestrictedHead(Protocol):
+    def restricted_head(self, ids): ...
 
 
 @runtime_checkable

@@ -21,6 +21,7 @@ from anyspec.config import SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Forward, Steps, chunked
 from anyspec.engine.bridge import Bridge
 from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
+from anyspec.engine.model import RestrictedHead
 
 
 class Proposal(NamedTuple):
@@ -35,6 +36,7 @@ class Proposal(NamedTuple):
 class Proposer(Protocol):
     algorithm: str
     mask: torch.Tensor | None  # the draft tokens it may write (None: all)
+    head: object  # the draft's LM head rows its forwards compute (None: all)
 
     def sample(self, logits: torch.Tensor, temperature: float, params: SamplingParams,
                generator: torch.Generator) -> tuple[int, torch.Tensor | None]: ...
@@ -49,9 +51,19 @@ class Proposer(Protocol):
 class TLI:
     algorithm = "tli"
 
-    def __init__(self, bridge: Bridge):
+    def __init__(self, bridge: Bridge, draft=None):
         self.bridge = bridge
         self.mask = bridge.intersection_mask
+        self._draft, self._head = draft, None
+
+    @property
+    def head(self):
+        """The draft's LM head on the intersection alone, where the draft model can restrict it
+        (``model.RestrictedHead``): the logits TLI reads are the same bits, at a fraction of the
+        head's cost. Built on first use."""
+        if self._head is None and self.mask is not None and isinstance(self._draft, RestrictedHead):
+            self._head = self._draft.restricted_head(self.mask.nonzero().flatten())
+        return self._head
 
     def sample(self, logits, temperature, params, generator):
         return tli.propose(logits, self.mask, temperature, params.top_k, params.top_p, generator)
@@ -80,7 +92,7 @@ class TLI:
 
 class SLEM:
     algorithm = "slem"
-    mask = None
+    mask = head = None  # it reads the draft's whole vocabulary
 
     def __init__(self, bridge: Bridge, target_tokenizer):
         self.bridge = bridge
@@ -124,7 +136,7 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
     """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on."""
     keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
     draft.crop(keep)
-    logits = (yield from chunked(draft, ctx.ids[keep:], 1))[-1]
+    logits = (yield from chunked(draft, ctx.ids[keep:], 1, proposer.head))[-1]
     temperature = 0.0 if config.draft_sample_method == "greedy" else params.temperature
     stop_below = config.draft_confidence
     draft_ids, qs, end = [], [], "k"
@@ -139,7 +151,7 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
             end = "confidence"
             break  # the draft doubts this token: the next ones are unlikely to be accepted
         if i + 1 < k:
-            logits = (yield Forward(draft, [d]))[-1]
+            logits = (yield Forward(draft, [d], None, proposer.head))[-1]
     return Proposal(proposer.to_target(ctx, draft_ids, k), qs, len(draft_ids), len(ctx.ids) - keep, end)
 
 

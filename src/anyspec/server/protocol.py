@@ -176,12 +176,12 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
                        param, "invalid_value") from None
     if max_prompt_tokens is not None and prompt_tokens > max_prompt_tokens:
-        raise ApiError(400, f"The {param} has {prompt_tokens} tokens; this server takes at most "
+        raise ApiError(400, f"The prompt has {prompt_tokens} tokens; this server takes at most "
                             f"{max_prompt_tokens} prompt tokens per request. Please shorten it.", param,
                        "prompt_too_long")
     room = context - prompt_tokens if context else None
     if room is not None and room < 1:
-        raise ApiError(400, f"This model's maximum context length is {context} tokens, but the {param} has "
+        raise ApiError(400, f"This model's maximum context length is {context} tokens, but the prompt has "
                             f"{prompt_tokens} tokens. Please shorten it.", param, "context_length_exceeded")
     if max_tokens is None:
         max_tokens = min(default_max_tokens, room or default_max_tokens)
