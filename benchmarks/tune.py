@@ -45,8 +45,10 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    target = load_model(args.target, dtype=resolve_dtype(args.dtype), name="target")
-    draft = load_model(args.draft, dtype=resolve_dtype(args.draft_dtype, draft=True), name="draft")
+    target = load_model(args.target, dtype=resolve_dtype(args.dtype, spec=args.target), name="target")
+    draft_dtype = resolve_dtype(args.draft_dtype, draft=True, spec=args.draft)
+    draft = load_model(args.draft, dtype=draft_dtype, name="draft")
+    print(f"target {args.target} ({target.dtype}), draft {args.draft} ({draft.dtype})", flush=True)
     configs = {"target": None}
     for algorithm in args.algorithms:
         for k in args.ks:

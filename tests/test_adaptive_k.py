@@ -217,3 +217,35 @@ def test_each_generation_of_a_batch_gets_its_own_share():
     peers += [BatchSchedule(5, lambda: peers, target, draft, Acceptance(8.0, 2.0)) for _ in range(5)]
     assert [s.choose() for s in peers] == batch_ks(5, [0.8] * 5, target, draft) == [0, 0, 1, 1, 1]
     assert BatchSchedule(5, lambda: peers[:1], target, draft).choose() == 5  # alone: k_max
+
+
+def test_the_default_confidence_stop_follows_the_kernels_level(tok_qwen2):
+    """None resolves per target: 0.7 where anyspec's kernels run below AVX-512 (a verified row costs
+    more there), 0.5 at the AVX-512 level and for a target off the kernels; a given value is kept."""
+    from types import SimpleNamespace
+
+    from test_engine import tiny
+
+    from anyspec.backends.linear import rowwise_available, rowwise_kernel
+    from anyspec.config import DRAFT_CONFIDENCE, DRAFT_CONFIDENCE_AVX2
+    from anyspec.engine import Engine, SpeculativeConfig
+    from anyspec.engine.proposers import tuned_confidence
+
+    assert SpeculativeConfig().draft_confidence is None
+    assert tuned_confidence(SimpleNamespace(row_invariant=False)) == DRAFT_CONFIDENCE
+    target = tiny("qwen2", tok_qwen2, seed=0)
+    assert Engine(target, None, SpeculativeConfig(draft_confidence=0.25)).config.draft_confidence == 0.25
+    if not rowwise_available():
+        pytest.skip("anyspec's kernel could not be built here")
+    lib = rowwise_kernel()
+    level = lib.isa()
+    try:
+        want = {0: DRAFT_CONFIDENCE_AVX2, 1: DRAFT_CONFIDENCE_AVX2, 2: DRAFT_CONFIDENCE}
+        for lvl in range(lib.best_isa() + 1):
+            lib.set_isa(lvl)
+            assert tuned_confidence(SimpleNamespace(row_invariant=True)) == want[lvl]
+        lib.set_isa(1)
+        resolved = Engine(target, None).config.draft_confidence
+        assert resolved == (DRAFT_CONFIDENCE_AVX2 if target.row_invariant else DRAFT_CONFIDENCE)
+    finally:
+        lib.set_isa(level)

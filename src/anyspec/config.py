@@ -4,7 +4,8 @@ CLI prints it as one line and the server answers 400.
 
 The defaults for k and the draft's confidence stop are tuned by ``benchmarks/tune.py``
 (docs/benchmarks.md): a round drafts up to 5 tokens and ends after a token the draft itself gives
-less than 0.5.
+less than 0.5, or less than 0.7 where each verified row costs more (anyspec's kernels below their
+AVX-512 level: ``proposers.tuned_confidence``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from anyspec.errors import ConfigError
 
 NUM_SPECULATIVE_TOKENS = 5
-DRAFT_CONFIDENCE = 0.5
+DRAFT_CONFIDENCE = 0.5  # where a verified row costs little beside a one-row forward
+DRAFT_CONFIDENCE_AVX2 = 0.7  # anyspec's kernels at their AVX2 or plain level, where it costs more
 MAX_BATCH = 4  # generations run together (Engine.generate_batch, anyspec serve)
 MAX_SPECULATIVE_TOKENS = 64  # a round's draft; acceptance falls geometrically long before this
 MAX_NGRAM = 4  # the longest context suffix prompt lookup matches (algorithms/ngram.py MAX_N)
@@ -48,8 +50,8 @@ class SpeculativeConfig:
     algorithm: str = "auto"
     draft_context: str = "retokenize"
     adaptive_k: bool = False  # per round, k in 0..num_speculative_tokens from measured speed
-    draft_confidence: float = DRAFT_CONFIDENCE  # end a round's draft after a token the draft gives
-    #                                             less probability (0 = off)
+    draft_confidence: float | None = None  # end a round's draft after a token the draft gives less
+    #   probability (0 = off; None: DRAFT_CONFIDENCE, or DRAFT_CONFIDENCE_AVX2 for the kernels' AVX2 level)
     prefix_cache: bool = True  # start from the KV cache of the prompt prefix a request shares with
     #                            the one before or another slot (row-invariant models only: reuse_prefix)
     batch_k: bool = True  # in a batch: each generation's k per round from pass costs and its acceptance
@@ -71,7 +73,8 @@ class SpeculativeConfig:
         if self.draft_context not in DRAFT_CONTEXTS:
             raise ConfigError(f"unknown draft_context {self.draft_context!r}; "
                               f"use one of {', '.join(DRAFT_CONTEXTS)}")
-        if not _is_number(self.draft_confidence) or not 0 <= self.draft_confidence < 1:
+        if self.draft_confidence is not None and (not _is_number(self.draft_confidence)
+                                                  or not 0 <= self.draft_confidence < 1):
             raise ConfigError(f"draft_confidence must be a probability in [0, 1) (0 = off), got "
                               f"{self.draft_confidence!r}")
         if not _is_int(self.ngram) or not 0 <= self.ngram <= MAX_NGRAM:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from anyspec.bench.methods import METHODS
-from anyspec.config import DRAFT_CONFIDENCE, NUM_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
+from anyspec.config import NUM_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
 
 
@@ -31,7 +31,7 @@ class BenchSettings:
     repeat: int = 1  # the whole rotation this many times
     hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k" (the same fixed k)
     adaptive_k: bool = False
-    draft_confidence: float = DRAFT_CONFIDENCE
+    draft_confidence: float | None = None  # None: the engine's default (proposers.tuned_confidence)
     ngram: int = 2  # the *-ngram methods' shortest context match (SpeculativeConfig.ngram)
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
 

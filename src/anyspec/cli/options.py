@@ -14,6 +14,7 @@ from pathlib import Path
 from anyspec.config import (
     ALGORITHMS,
     DRAFT_CONFIDENCE,
+    DRAFT_CONFIDENCE_AVX2,
     MAX_SPECULATIVE_TOKENS,
     NUM_SPECULATIVE_TOKENS,
     SpeculativeConfig,
@@ -51,9 +52,10 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
                             "the shared tokens | slem: the draft writes freely, its text is re-encoded")
     p.add_argument("--adaptive-k", action="store_true",
                    help="choose k (0 = target alone) each round from measured acceptance and speed")
-    p.add_argument("--draft-confidence", type=float, default=DRAFT_CONFIDENCE, metavar="P",
+    p.add_argument("--draft-confidence", type=float, default=None, metavar="P",
                    help="end a round's draft after a token the draft gives probability below P "
-                        "(0 = always draft k; default: %(default)s)")
+                        f"(0 = always draft k; default: {DRAFT_CONFIDENCE}, or {DRAFT_CONFIDENCE_AVX2} "
+                        "where anyspec's kernels run below their AVX-512 level)")
     p.add_argument("--ngram", type=int, default=0, metavar="N",
                    help="prompt lookup: where the last N or more tokens occurred earlier in the context, "
                         "propose what followed them instead of drafting; with --no-draft too (0 = off)")

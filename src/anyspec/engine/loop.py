@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -24,7 +24,16 @@ from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence, PrefixSharing, row_invariant
 from anyspec.engine.output import Output
 from anyspec.engine.prompt import check_room, context_length, encode_prompt, end_ids
-from anyspec.engine.proposers import SLEM, TLI, Proposal, Proposer, algorithm_for, propose, round_end
+from anyspec.engine.proposers import (
+    SLEM,
+    TLI,
+    Proposal,
+    Proposer,
+    algorithm_for,
+    propose,
+    round_end,
+    tuned_confidence,
+)
 from anyspec.errors import ConfigError
 
 
@@ -80,6 +89,8 @@ class Engine:
     def __init__(self, target, draft=None, config: SpeculativeConfig | None = None):
         self.target, self.draft = target, draft
         self.config = config or SpeculativeConfig()
+        if self.config.draft_confidence is None:
+            self.config = replace(self.config, draft_confidence=tuned_confidence(target))
         self.proposers: dict[str, Proposer] = {}
         bridge = None
         if draft is not None:

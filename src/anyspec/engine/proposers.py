@@ -17,11 +17,11 @@ import torch
 
 from anyspec.algorithms import slem, tli
 from anyspec.algorithms.adaptive_k import confidence
-from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.config import DRAFT_CONFIDENCE, DRAFT_CONFIDENCE_AVX2, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Forward, Steps, chunked
 from anyspec.engine.bridge import Bridge
 from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
-from anyspec.engine.model import RestrictedHead
+from anyspec.engine.model import RestrictedHead, row_invariant
 
 
 class Proposal(NamedTuple):
@@ -117,6 +117,18 @@ class SLEM:
 
     def q_prime(self, proposal, vocab_size):
         return slem.one_hot(proposal.ids, vocab_size)
+
+
+def tuned_confidence(target) -> float:
+    """The default confidence stop for ``target`` (docs/benchmarks.md, "The defaults"): where it runs on
+    anyspec's kernels below their AVX-512 level, a verified row costs 10-12 ms of compute on two
+    cores, and a round drafting past a token the draft gives less than 0.7 loses more than it gains."""
+    if row_invariant(target):
+        from anyspec.backends.linear import rowwise_kernel
+
+        if rowwise_kernel().isa() < 2:
+            return DRAFT_CONFIDENCE_AVX2
+    return DRAFT_CONFIDENCE
 
 
 def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:
