@@ -240,11 +240,7 @@ class GGUFModel:
         """The LM head's rows ``ids`` alone, for forwards whose caller reads no other logits (TLI's
         draft, confined to the intersection). Each row is the same bits as in the whole head."""
         ids = torch.as_tensor(ids, dtype=torch.long).sort().values
-        weight, kind, k = _matrix(self._head_tensor)
-        rows = weight[ids].contiguous()
-        if kind in X16:
-            return Head(ids, (self.kernel.repack_x16(rows, kind, k), X16[kind], k))
-        return Head(ids, (rows, kind, k))
+        return Head(ids, _product(self.kernel, self._head_tensor, ids))
 
     @torch.inference_mode()
     def forward(self, batch: list[tuple[Sequence, list[int], int | None]],
@@ -310,9 +306,12 @@ def _matrix(t) -> tuple[torch.Tensor, int, int]:
         return torch.from_numpy(data.reshape(data.shape[0], -1)), kind, k
 
 
-def _product(kernel, t) -> tuple[torch.Tensor, int, int]:
-    """A matrix for products: quantized rows interleaved 16 at a time (the same values, regrouped)."""
+def _product(kernel, t, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, int, int]:
+    """A matrix for products: quantized rows interleaved 16 at a time (the same values, regrouped);
+    only its ``rows``, where given."""
     weight, kind, k = _matrix(t)
+    if rows is not None:
+        weight = weight[rows].contiguous()
     if kind in X16:
         return kernel.repack_x16(weight, kind, k), X16[kind], k
     return weight, kind, k

@@ -81,6 +81,4 @@ class Sequence:
         del self.cached_ids[n:]
 
     def extend(self, ids: list[int], last: int | None = None, head=None) -> torch.Tensor:
-        if head is None:
-            return self.model.forward([(self, ids, last)])[0]
         return self.model.forward([(self, ids, last)], head)[0]

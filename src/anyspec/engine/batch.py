@@ -148,10 +148,9 @@ class Batch:
         rows = sum(len(f.ids) for f in forwards)
         t0 = time.perf_counter()
         if all(isinstance(f.seq, Sequence) for f in forwards):
-            rows_of = [(f.seq, f.ids, f.last) for f in forwards]
             # one restricted head for all, or the whole head (rows outside it are never read)
             head = forwards[0].head if all(f.head is forwards[0].head for f in forwards) else None
-            logits = model.forward(rows_of) if head is None else model.forward(rows_of, head)
+            logits = model.forward([(f.seq, f.ids, f.last) for f in forwards], head)
         else:  # a model with one cache: its forwards one by one
             logits = [extend(f) for f in forwards]
         self.costs.setdefault(id(model), PassCosts()).record(rows, time.perf_counter() - t0)

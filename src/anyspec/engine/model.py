@@ -48,7 +48,7 @@ class MultiSequence(Protocol):
 
     def new_sequence(self): ...
 
-    def forward(self, batch: list[tuple]) -> list: ...
+    def forward(self, batch: list[tuple], head=None) -> list: ...  # head: RestrictedHead's, or all rows
 
 
 def row_invariant(model) -> bool:
