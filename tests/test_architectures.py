@@ -159,6 +159,21 @@ def test_an_architectures_rows_are_the_same_bits_alone_or_together(name, built):
     together = model.forward([(model.own, ids[40:], None), (other, ids[30:33], None)])[0]
     assert torch.equal(alone, together)
 
+    # a tree of two branches deeper than gemma3's window, beside another sequence: each row the
+    # same bits as its branch alone
+    root, one, two = ids[30], ids[31:60], ids[2:29]
+    nodes = [root] + one + two
+    parents = [-1] + list(range(len(one))) + [0] + list(range(30, 30 + len(two) - 1))
+    branch = {0: [root]} | {1 + j: [root] + one[:j + 1] for j in range(len(one))}
+    branch |= {30 + j: [root] + two[:j + 1] for j in range(len(two))}
+    alone = []
+    for j in range(len(nodes)):
+        model.crop(30)
+        alone.append(model.extend(branch[j])[-1])
+    model.crop(30)
+    tree = model.forward([(model.own, nodes, None, parents), (other, ids[33:36], None)])[0]
+    assert [j for j in range(len(nodes)) if not torch.equal(tree[j], alone[j])] == []
+
 
 def _dequantized(model):
     """The model with every product's weights widened to fp32 (no int8 activations then)."""

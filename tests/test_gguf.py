@@ -343,6 +343,40 @@ def test_real_model_rows_and_levels_give_the_same_bits(smollm2):
 
 
 @pytest.mark.slow
+def test_a_tree_of_rows_gives_each_branch_the_bits_it_has_alone(smollm2):
+    """Rows of a tree attend to their own ancestors only: each row's logits are the same bits as
+    at the end of its branch computed as a plain sequence, and the kept branch goes on as one."""
+    lib = kernel()
+    ids = smollm2.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fib")
+    prefix, (r, a, b) = ids[:-3], ids[-3:]
+    c, d, e = smollm2.tokenizer.encode(" while x:")[:3]
+    nodes, parents = [r, a, b, c, d, e], [-1, 0, 1, 0, 3, 1]
+    branches = [[r], [r, a], [r, a, b], [r, c], [r, c, d], [r, a, e]]
+    level = lib.isa()
+    try:
+        for lvl in sorted({1, lib.best_isa()}):
+            lib.set_isa(lvl)
+            smollm2.reset()
+            smollm2.extend(prefix)
+            alone = []
+            for branch in branches:
+                smollm2.crop(len(prefix))
+                alone.append(smollm2.extend(branch)[-1])
+            smollm2.crop(len(prefix))
+            tree = smollm2.extend(nodes, parents=parents)
+            for row, want in zip(tree, alone, strict=True):
+                assert torch.equal(row, want)
+            smollm2.keep_rows(len(prefix), [0, 3, 4])
+            assert smollm2.cached_ids == prefix + [r, c, d]
+            after = smollm2.extend([a])
+            smollm2.crop(len(prefix))
+            assert torch.equal(after, smollm2.extend([r, c, d, a])[-1:])
+    finally:
+        lib.set_isa(level)
+        smollm2.reset()
+
+
+@pytest.mark.slow
 def test_a_restricted_head_computes_its_rows_alone_and_the_same_bits(smollm2):
     lib = kernel()
     ids = smollm2.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n")

@@ -153,6 +153,7 @@ class GGUFModel:
     """
 
     row_invariant = True  # every product and the attention compute each row alone (tested)
+    tree_attention = True  # forward takes a tree of rows, each attending to its own ancestors
 
     def __init__(self, path: str | os.PathLike, name: str = "model", reader=None, kernel=None):
         from anyspec.vocab import load_tokenizer
@@ -232,9 +233,14 @@ class GGUFModel:
         ids.update(vocab[t] for t in EOS_NAMES if t in vocab and vocab[t] < self.vocab_size)
         return ids
 
-    def extend(self, ids: list[int], last: int | None = None, head: Head | None = None) -> torch.Tensor:
-        """Append ``ids`` to the cache; fp32 logits ``[len(ids), V]`` (or of the ``last`` rows)."""
-        return self.forward([(self.own, ids, last)], head)[0]
+    def extend(self, ids: list[int], last: int | None = None, head: Head | None = None,
+               parents: list[int] | None = None) -> torch.Tensor:
+        """Append ``ids`` to the cache; fp32 logits ``[len(ids), V]`` (or of the ``last`` rows);
+        ``parents``: the ids are a tree (``forward``)."""
+        return self.own.extend(ids, last, head, parents)
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        self.own.keep_rows(start, rows)
 
     def restricted_head(self, ids: torch.Tensor) -> Head:
         """The LM head's rows ``ids`` alone, for forwards whose caller reads no other logits (TLI's
@@ -243,32 +249,45 @@ class GGUFModel:
         return Head(ids, _product(self.kernel, self._head_tensor, ids))
 
     @torch.inference_mode()
-    def forward(self, batch: list[tuple[Sequence, list[int], int | None]],
-                head: Head | None = None) -> list[torch.Tensor]:
+    def forward(self, batch: list[tuple], head: Head | None = None) -> list[torch.Tensor]:
         """Append each ``(sequence, ids, last)``'s ids to its sequence in one pass; for each, the fp32
         logits of its ids (or of its ``last`` rows), ``[rows, V]``. With a ``head``
-        (``restricted_head``) only its rows are computed, and the others are -inf."""
-        if len({id(seq) for seq, _, _ in batch}) != len(batch):
+        (``restricted_head``) only its rows are computed, and the others are -inf.
+
+        An entry ``(sequence, ids, last, parents)`` is a tree: ``parents[j]`` is the index in ``ids``
+        of id j's parent (-1 for the first, which follows the cache). Each id then sits at the
+        position after its parent and attends to its own ancestors only, so its logits are the same
+        bits as for its branch alone; ``Sequence.keep_rows`` keeps one branch."""
+        if len({id(entry[0]) for entry in batch}) != len(batch):
             raise ValueError("forward: a sequence appears twice in one batch")
-        positions, owners, ids, picked, keeps = [], [], [], [], []
-        for i, (seq, new, last) in enumerate(batch):
+        positions, owners, ids, picked, keeps, slots, parents = [], [], [], [], [], [], []
+        trees = any(len(entry) > 3 and entry[3] is not None for entry in batch)
+        for i, (seq, new, last, *tree) in enumerate(batch):
             start, m = seq.num_cached, len(new)
             seq.cache.reserve(start, start + m)
-            positions += range(start, start + m)
+            tree = tree[0] if tree else None
+            if tree is None:
+                positions += range(start, start + m)
+                parents += [-1] * m if trees else []
+            else:
+                positions += [start + d for d in tree_depths(tree)]
+                parents += [-1 if up < 0 else len(ids) + up for up in tree]
+            slots += range(start, start + m) if trees else []
             owners += [i] * m
             keeps.append(m if last is None else min(last, m))
             picked += range(len(ids) + m - keeps[-1], len(ids) + m)
             ids += new
         positions = torch.tensor(positions)
         tables = [rotary.angles(positions) for rotary in self.description.rotary]
-        keys = [t for seq, _, _ in batch for t in seq.cache.keys]
-        values = [t for seq, _, _ in batch for t in seq.cache.values]
+        keys = [t for seq, *_ in batch for t in seq.cache.keys]
+        values = [t for seq, *_ in batch for t in seq.cache.values]
         weight, kind, k = self.embed
         x = self.kernel.dequant_rows(weight, kind, k, torch.tensor(ids))
         if self.description.embed_scale != 1.0:
             x = x * self.description.embed_scale
+        cos, sin = [c for c, _ in tables], [s for _, s in tables]
         x = self.kernel.decoder_forward(x, positions, torch.tensor(owners), self.arch, self.layers, keys,
-                                        values, [c for c, _ in tables], [s for _, s in tables])
+                                        values, cos, sin, slots, parents)
         h = self.kernel.rms_norm_rows(x[picked], self.final_norm, self.eps)
         weight, kind, k = self.lm_head if head is None else head.product
         logits = self.kernel.typed_linear(h, weight, kind, k, None, None)
@@ -281,9 +300,19 @@ class GGUFModel:
         if head is not None:
             part, logits = logits, logits.new_full((len(picked), self.vocab_size), float("-inf"))
             logits[:, head.ids] = part
-        for seq, new, _ in batch:
+        for seq, new, *_ in batch:
             seq.cached_ids.extend(new)
         return list(logits.split(keeps))
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    """Each row's depth in a tree given by its ``parents`` (-1: the root, which follows the cache)."""
+    if len(parents) and parents[0] != -1 or any(not 0 <= up < j for j, up in enumerate(parents) if j):
+        raise ValueError("forward: a tree's first row is its root (-1), each other's parent an earlier row")
+    depth = [0]
+    for up in parents[1:]:
+        depth.append(depth[up] + 1)
+    return depth[:len(parents)]
 
 
 class Head(NamedTuple):

@@ -64,6 +64,10 @@ class Sequence:
     def row_invariant(self) -> bool:
         return self.model.row_invariant
 
+    @property
+    def tree_attention(self) -> bool:
+        return getattr(self.model, "tree_attention", False)
+
     def reset(self) -> None:
         self.cached_ids = []
 
@@ -80,5 +84,14 @@ class Sequence:
     def crop(self, n: int) -> None:
         del self.cached_ids[n:]
 
-    def extend(self, ids: list[int], last: int | None = None, head=None) -> torch.Tensor:
-        return self.model.forward([(self, ids, last)], head)[0]
+    def extend(self, ids: list[int], last: int | None = None, head=None, parents=None) -> torch.Tensor:
+        return self.model.forward([(self, ids, last, parents)], head)[0]
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        """Of the tokens cached from ``start`` on (a tree's, ``model.forward``), keep ``rows`` (a
+        branch, root first) as the positions from ``start``, and drop the rest."""
+        if rows != list(range(len(rows))):
+            at = torch.tensor(rows) + start
+            for t in self.cache.keys + self.cache.values:
+                t[:, start:start + len(rows)] = t[:, at]
+        self.cached_ids[start:] = [self.cached_ids[start + r] for r in rows]

@@ -32,16 +32,25 @@ namespace {
 
 // Where one query row attends: its sequence's cache of keys and values [kv_heads, cap, D] and its
 // position there. The row attends to positions first..pos (first > 0 in a sliding window), its own
-// key and value already written.
+// key and value already written. A row of a tree (a branch beside its siblings) attends to its own
+// ancestors only: the last path_len of those positions are the cache slots path[0..path_len) (its
+// own last), the others the slots of the same number; its own key and value are at its last slot.
 struct RowCache {
   const float* k;
   const float* v;
   int64_t cap, pos, first = 0;
+  const int64_t* path = nullptr;
+  int64_t path_len = 0;
+
+  int64_t slot() const { return path_len ? path[path_len - 1] : pos; }
 };
 
 // Causal attention for M query rows, row m over rows[m]'s cache; query row m, head h at
 // q + m * q_stride + h * D; out is [M, heads * D]. Each (row, head) is computed alone in a fixed
-// order, so a row's result depends neither on M nor on the other rows' sequences.
+// order, so a row's result depends neither on M nor on the other rows' sequences. A path's slots
+// are scored and summed one at a time, in the order of their positions: each score is a dot
+// product by itself and the weighted sum goes on from where it was, so a branch's row is the same
+// bits as the row at its position in a sequence that holds only its ancestors.
 void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int64_t kv_heads, int64_t D,
             const RowCache* rows, float scaling, float softcap, float* out) {
   const int64_t group = heads / kv_heads;
@@ -50,16 +59,25 @@ void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int6
   split(heads * M, 1, [&](int64_t begin, int64_t stop) {
     std::vector<float> p(longest);
     for (int64_t task = begin; task < stop; ++task) {
-      const int64_t hd = task / M, m = task % M, g = hd / group, len = rows[m].pos + 1 - rows[m].first;
-      const int64_t offset = (g * rows[m].cap + rows[m].first) * D;
-      scores(q_all + m * q_stride + hd * D, rows[m].k + offset, len, D, scaling, p.data());
+      const int64_t hd = task / M, m = task % M, g = hd / group;
+      const RowCache& row = rows[m];
+      const int64_t len = row.pos + 1 - row.first, tail = row.pos + 1 - row.path_len;
+      const int64_t flat = std::max<int64_t>(0, tail - row.first);  // positions at their own slots
+      const int64_t offset = (g * row.cap + row.first) * D, head = g * row.cap * D;
+      const float* q = q_all + m * q_stride + hd * D;
+      float* o = out + m * heads * D + hd * D;
+      scores(q, row.k + offset, flat, D, scaling, p.data());
+      for (int64_t j = flat; j < len; ++j)
+        scores(q, row.k + head + row.path[row.first + j - tail] * D, 1, D, scaling, &p[j]);
       if (softcap > 0)
         for (int64_t j = 0; j < len; ++j) p[j] = softcap * std::tanh(p[j] / softcap);
       exp_shifted(p.data(), len, *std::max_element(p.data(), p.data() + len));
       float total = 0;
       for (int64_t j = 0; j < len; ++j) total += p[j];
       for (int64_t j = 0; j < len; ++j) p[j] /= total;
-      weighted_sum(p.data(), rows[m].v + offset, len, D, out + m * heads * D + hd * D);
+      weighted_sum(p.data(), row.v + offset, flat, D, o);
+      for (int64_t j = flat; j < len; ++j)
+        weighted_sum(&p[j], row.v + head + row.path[row.first + j - tail] * D, 1, D, o, j > 0);
     }
   });
 }
@@ -154,6 +172,31 @@ void check_inputs(int64_t M, const Arch& arch, const std::vector<Layer>& layers,
                 "decoder_forward: row ", r, " is outside its sequence's cache");
 }
 
+// Each row's path in a tree of rows (decoder_forward): the cache slots of its ancestors that have
+// a parent, and its own, in order of position; empty without a tree and for a row without a parent.
+std::vector<std::vector<int64_t>> tree_paths(int64_t M, const int64_t* pos, const int64_t* seq,
+                                             const std::vector<torch::Tensor>& keys, int64_t L,
+                                             const std::vector<int64_t>& slots, const std::vector<int64_t>& parents) {
+  std::vector<std::vector<int64_t>> paths(M);
+  if (slots.empty() && parents.empty()) return paths;
+  TORCH_CHECK(static_cast<int64_t>(slots.size()) == M && static_cast<int64_t>(parents.size()) == M,
+              "decoder_forward: a slot and a parent per row of a tree");
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t up = parents[r];
+    TORCH_CHECK(slots[r] >= 0 && slots[r] < keys[seq[r] * L].size(1), "decoder_forward: row ", r,
+                "'s slot is outside its sequence's cache");
+    if (up < 0) {
+      TORCH_CHECK(slots[r] == pos[r], "decoder_forward: row ", r, " has no parent, so its slot is its position");
+      continue;
+    }
+    TORCH_CHECK(up < r && seq[up] == seq[r] && pos[up] + 1 == pos[r] && slots[up] < slots[r],
+                "decoder_forward: row ", r, "'s parent must be an earlier row of its sequence, one position before it");
+    paths[r] = paths[up];
+    paths[r].push_back(slots[r]);
+  }
+  return paths;
+}
+
 // One row's q and k after its products: per-head norms, rotary with angles cos / sin; then its keys and
 // values into its cache.
 void queries_and_keys(float* row, const Layer& layer, const Arch& arch, const float* cos, const float* sin,
@@ -165,7 +208,7 @@ void queries_and_keys(float* row, const Layer& layer, const Arch& arch, const fl
   if (layer.rope >= 0)
     for (int64_t i = 0; i < arch.heads + arch.kv_heads; ++i) rotate(row + i * D, cos, sin, R, arch.rope_pairs);
   for (int64_t g = 0; g < arch.kv_heads; ++g) {
-    const int64_t at = (g * cache.cap + cache.pos) * D;
+    const int64_t at = (g * cache.cap + cache.slot()) * D;
     std::memcpy(const_cast<float*>(cache.k) + at, row + q_size + g * D, D * sizeof(float));
     std::memcpy(const_cast<float*>(cache.v) + at, row + q_size + kv_size + g * D, D * sizeof(float));
   }
@@ -175,11 +218,14 @@ void queries_and_keys(float* row, const Layer& layer, const Arch& arch, const fl
 // position positions[m], and keys / values hold each sequence's cache, one tensor
 // [kv_heads, capacity, head_dim] per layer, sequence after sequence. cos[t] and sin[t] are table t's
 // rotary angles for the rows, [M, rope_dim / 2]. A sequence's rows come in order of position.
-// Returns the hidden states after the last layer.
+// A tree of rows (empty: none): row m's key and value go to cache slot slots[m] and it attends to
+// its parent row parents[m]'s path and itself; a row without a parent (-1) sits at the slot of its
+// position and attends to the positions before it. Returns the hidden states after the last layer.
 torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::Tensor seqs, const Arch& arch,
                               const std::vector<Layer>& layers, std::vector<torch::Tensor> keys,
                               std::vector<torch::Tensor> values, std::vector<torch::Tensor> cos,
-                              std::vector<torch::Tensor> sin) {
+                              std::vector<torch::Tensor> sin, std::vector<int64_t> slots,
+                              std::vector<int64_t> parents) {
   x = x.to(torch::kFloat32).contiguous().clone();
   const int64_t M = x.size(0), H = x.size(1), D = arch.head_dim, L = layers.size();
   const int64_t heads = arch.heads, kv_heads = arch.kv_heads, R = arch.rope_dim ? arch.rope_dim : D;
@@ -189,6 +235,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
   check_inputs(M, arch, layers, positions, seqs, keys, values, cos, sin);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* seq = seqs.data_ptr<int64_t>();
+  const std::vector<std::vector<int64_t>> paths = tree_paths(M, pos, seq, keys, L, slots, parents);
   const float eps = static_cast<float>(arch.eps), residual = static_cast<float>(arch.residual_scale);
   const float scaling = arch.attn_scale > 0 ? static_cast<float>(arch.attn_scale) : 1.0f / std::sqrt(static_cast<float>(D));
   float* xp = x.data_ptr<float>();
@@ -217,7 +264,8 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
       for (int64_t r = 0; r < M; ++r) {
         const torch::Tensor& k = keys[seq[r] * L + l];
         const int64_t first = layer.window > 0 ? std::max<int64_t>(0, pos[r] - layer.window + 1) : 0;
-        rows[r] = {k.data_ptr<float>(), values[seq[r] * L + l].data_ptr<float>(), k.size(1), pos[r], first};
+        rows[r] = {k.data_ptr<float>(), values[seq[r] * L + l].data_ptr<float>(), k.size(1), pos[r], first,
+                   paths[r].data(), static_cast<int64_t>(paths[r].size())};
       }
       apply(h.data(), M, m, 3, qkv.data(), qkv_size, acts[0]);
 #pragma omp single
@@ -281,7 +329,10 @@ void bind_decoder(pybind11::module_& m) {
       .def_readwrite("o", &Layer::o).def_readwrite("gate", &Layer::gate).def_readwrite("up", &Layer::up)
       .def_readwrite("down", &Layer::down).def_readwrite("rope", &Layer::rope).def_readwrite("window", &Layer::window);
   m.def("attention", &attention, "causal attention, each query row alone", free_gil());
-  m.def("decoder_forward", &decoder_forward, "the decoder stack for a few new tokens", free_gil());
+  m.def("decoder_forward", &decoder_forward, "the decoder stack for a few new tokens", py::arg("x"),
+        py::arg("positions"), py::arg("seqs"), py::arg("arch"), py::arg("layers"), py::arg("keys"), py::arg("values"),
+        py::arg("cos"), py::arg("sin"), py::arg("slots") = std::vector<int64_t>(),
+        py::arg("parents") = std::vector<int64_t>(), free_gil());
 }
 
 }  // namespace anyspec

@@ -170,11 +170,11 @@ void scores(const float* q, const float* keys, int64_t len, int64_t D, float sca
 }
 
 // 64 d at a time in registers (a narrower tail: 8 d at a time, then one by one).
-void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o) {
+void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o, bool add) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {
     F8 acc[8];
-    for (auto& a : acc) a = zero8();
+    for (int i = 0; i < 8; ++i) acc[i] = add ? load8(o + d0 + 8 * i) : zero8();
     for (int64_t j = 0; j < len; ++j) {
       const F8 pj = set8(p[j]);
       for (int i = 0; i < 8; ++i) acc[i] = fmadd8(pj, load8(values + j * D + d0 + 8 * i), acc[i]);
@@ -182,18 +182,17 @@ void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, f
     for (int i = 0; i < 8; ++i) store8(o + d0 + 8 * i, acc[i]);
   }
   for (; d0 + 8 <= D; d0 += 8) {
-    F8 acc = zero8();
+    F8 acc = add ? load8(o + d0) : zero8();
     for (int64_t j = 0; j < len; ++j) acc = fmadd8(set8(p[j]), load8(values + j * D + d0), acc);
     store8(o + d0, acc);
   }
   for (int64_t d = d0; d < D; ++d) {
-    float s = 0;
+    float s = add ? o[d] : 0.0f;
     for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], values[j * D + d], s);
     o[d] = s;
   }
 }
 
-// Eight at a time (a short tail through a padded copy).
 void exp_shifted(float* v, int64_t n, float shift) {
   const F8 s = set8(shift);
   int64_t i = 0;

@@ -18,8 +18,9 @@ void rowwise_rows(const float* x, int64_t M, const float* w, int64_t rows, int64
 // out[j] = q . k_j * scaling for the len keys k_j (rows of D).
 void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out);
 
-// o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j (rows of D).
-void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o);
+// o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j (rows of D); with `add`, the
+// sum goes on from o's values, so that sums in pieces give the same bits as one sum over all rows.
+void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o, bool add = false);
 
 // v[i] = exp(v[i] - shift) for i < n.
 void exp_shifted(float* v, int64_t n, float shift);
