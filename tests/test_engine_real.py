@@ -124,3 +124,30 @@ def test_tli_drafts_on_the_intersection_rows_of_the_head_and_samples_the_same(pa
         whole = Engine(target, draft, config).generate(messages, params)
     assert heads and all(h is None for h in heads)
     assert restricted.token_ids == whole.token_ids and restricted.stats.drafted > 0
+
+
+def test_branches_beside_the_chain_keep_greedy_answers_those_of_the_target_alone(pair, monkeypatch):
+    """Every round proposes up to four branches at the draft's second choices (each one said to pay):
+    the answers, alone and in a batch, are token-identical to the target alone's, and some rounds
+    accept a branch's tokens."""
+    from anyspec.algorithms.adaptive_k import PassCosts
+    from anyspec.engine import loop
+
+    target, draft = pair
+    if not getattr(target, "tree_attention", False):
+        pytest.skip("only the GGUF models verify a tree in one forward")
+    monkeypatch.setattr(loop, "branch_worth", lambda start, output: (lambda *_: True, PassCosts()))
+    prompts = [[{"role": "user", "content": c}] for c in ("Write a Python function that reverses a string.",
+                                                          "Explain photosynthesis in two sentences.")]
+    params = SamplingParams(temperature=0.0, max_new_tokens=48)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        alone = [Engine(target, None).generate(m, params).token_ids for m in prompts]
+        for algorithm in ("slem", "tli"):
+            engine = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=4, algorithm=algorithm,
+                                                             tree=4))
+            results = [engine.generate(m, params) for m in prompts]
+            assert [r.token_ids for r in results] == alone, algorithm
+            assert sum(r.stats.branch_rounds for r in results) > 0 < sum(r.stats.branch_rows for r in results)
+            batched = engine.generate_batch([(m, params) for m in prompts])
+            assert [r.token_ids for r in batched] == alone, algorithm

@@ -20,6 +20,8 @@ DRAFT_CONFIDENCE = 0.5  # where a verified row costs little beside a one-row for
 DRAFT_CONFIDENCE_AVX2 = 0.7  # anyspec's kernels at their AVX2 or plain level, where it costs more
 MAX_BATCH = 4  # generations run together (Engine.generate_batch, anyspec serve)
 MAX_SPECULATIVE_TOKENS = 64  # a round's draft; acceptance falls geometrically long before this
+TREE_BRANCHES = 2  # where the target has tree attention: a round's branches beside its chain, at most
+MAX_TREE_BRANCHES = 8
 MAX_NGRAM = 4  # the longest context suffix prompt lookup matches (algorithms/ngram.py MAX_N)
 # Sampling settings below these are refused: logits / temperature and the top-p mass are float32,
 # where smaller values overflow or round to 0 (temperature 0 is greedy; top_p 1e-6 is greedy already).
@@ -57,6 +59,9 @@ class SpeculativeConfig:
     batch_k: bool = True  # in a batch: each generation's k per round from pass costs and its acceptance
     ngram: int = 0  # propose a continuation found earlier in the context when its last n >= ngram
     #                 tokens occurred before, instead of drafting (0 = off; algorithms/ngram.py)
+    tree: int | None = None  # the most branches an exact-match round adds beside its chain, each at a
+    #   token the draft doubts, where they pay for their rows (0 = the chain alone; None: TREE_BRANCHES
+    #   where the target's forward takes a tree, 0 elsewhere; algorithms/tree.py)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -79,6 +84,9 @@ class SpeculativeConfig:
                               f"{self.draft_confidence!r}")
         if not _is_int(self.ngram) or not 0 <= self.ngram <= MAX_NGRAM:
             raise ConfigError(f"ngram must be an integer from 0 (off) to {MAX_NGRAM}, got {self.ngram!r}")
+        if self.tree is not None and (not _is_int(self.tree) or not 0 <= self.tree <= MAX_TREE_BRANCHES):
+            raise ConfigError(f"tree must be an integer from 0 (the chain alone) to {MAX_TREE_BRANCHES} "
+                              f"branches, got {self.tree!r}")
         for name in ("prefix_cache", "batch_k"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")

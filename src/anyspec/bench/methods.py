@@ -1,10 +1,12 @@
 """The bench's methods by name, and what each one's speedup is measured against."""
 
 METHODS = ("target", "target-ngram", "anyspec-greedy", "anyspec-slem", "anyspec-slem-ngram",
-           "anyspec-sampled", "llama.cpp", "hf-target", "hf-uag", "vllm-target", "vllm")
-# opt-in: a second vLLM instance (memory), and the prompt-lookup variants
-DEFAULT_METHODS = [m for m in METHODS if m not in ("vllm-target", "target-ngram", "anyspec-slem-ngram")]
+           "anyspec-slem-chain", "anyspec-sampled", "llama.cpp", "hf-target", "hf-uag", "vllm-target", "vllm")
+# opt-in: a second vLLM instance (memory), the prompt-lookup variants and SLEM without branches
+DEFAULT_METHODS = [m for m in METHODS if m not in ("vllm-target", "target-ngram", "anyspec-slem-ngram",
+                                                   "anyspec-slem-chain")]
 BASELINE = {"anyspec-greedy": "target", "anyspec-slem": "target", "anyspec-sampled": "target",
+            "anyspec-slem-chain": "target",
             "target-ngram": "target", "anyspec-slem-ngram": "target",
             "hf-uag": "hf-target", "hf-target": "target", "vllm-target": "target", "vllm": "target",
             "llama.cpp": "target"}
@@ -13,7 +15,8 @@ SECOND_BASELINE = {"vllm": "vllm-target", "anyspec-greedy": "llama.cpp", "anyspe
                    "target": "llama.cpp", "hf-uag": "llama.cpp"}
 VLLM_METHODS = ("vllm", "vllm-target")
 # the ones a draft dtype changes
-DRAFT_METHODS = ("anyspec-greedy", "anyspec-slem", "anyspec-slem-ngram", "anyspec-sampled")
+DRAFT_METHODS = ("anyspec-greedy", "anyspec-slem", "anyspec-slem-ngram", "anyspec-slem-chain",
+                 "anyspec-sampled")
 
 
 def base(method: str) -> str:

@@ -40,7 +40,7 @@ def summarize(runs: list[dict]) -> list[dict]:
     return rows
 
 
-CAUSES = ("rejected", "boundary", "confidence", "k", "eos", "none")
+CAUSES = ("rejected", "branch", "boundary", "confidence", "k", "eos", "none")  # branch: a branch's tokens
 
 
 def round_causes(runs: list[dict]) -> dict:
@@ -57,6 +57,7 @@ def round_causes(runs: list[dict]) -> dict:
             at[i] += n
     proposed = sum(r["ngram_proposed"] for r in runs)
     return {"rounds": sum(r["rounds"] for r in runs), "ended_by": ended, "rejected_at": at,
+            "branch_rows": sum(r.get("branch_rows", 0) for r in runs),
             "ngram_acceptance": round(sum(r["ngram_accepted"] for r in runs) / proposed, 3)
             if proposed else None}
 
@@ -68,14 +69,17 @@ def causes_markdown(summary: list[dict]) -> list[str]:
         return []
     kinds = [c for c in CAUSES if any(c in r["ended_by"] for r in rows)]
     kinds += sorted({c for r in rows for c in r["ended_by"] if c.startswith("ngram:")})
-    head = "| method | rounds | " + " | ".join(kinds) + " | first rejection at 0, 1, .. | n-gram acceptance |"
-    lines = ["", "Why rounds ended (share of rounds, all sets; ngram: rounds proposed from the context):",
-             "", head,
-             "|---|---:|" + "---:|" * len(kinds) + "---|---:|"]
+    head = ("| method | rounds | " + " | ".join(kinds) +
+            " | first rejection at 0, 1, .. | n-gram acceptance | branch rows a round |")
+    lines = ["", "Why rounds ended (share of rounds, all sets; ngram: rounds proposed from the context; "
+             "branch: rounds that accepted a branch's tokens):", "", head,
+             "|---|---:|" + "---:|" * len(kinds) + "---|---:|---:|"]
     for r in rows:
         shares = [f"{100 * r['ended_by'].get(c, 0) / r['rounds']:.0f}%" for c in kinds]
+        branch_rows = r.get("branch_rows") or 0
         lines.append(f"| {r['method']} | {r['rounds']} | " + " | ".join(shares) +
-                     f" | {', '.join(map(str, r['rejected_at'])) or '-'} | {r['ngram_acceptance'] or '-'} |")
+                     f" | {', '.join(map(str, r['rejected_at'])) or '-'} | {r['ngram_acceptance'] or '-'} | "
+                     f"{branch_rows / r['rounds']:.2f} |")
     return lines
 
 

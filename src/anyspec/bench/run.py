@@ -30,17 +30,18 @@ UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 # ---- methods: each returns {"ids", "text", "seconds", "drafted", "accepted"} -------------------------
 
 def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli",
-                draft_dtype: str | None = None, ngram: bool = False) -> dict:
+                draft_dtype: str | None = None, ngram: bool = False, chain: bool = False) -> dict:
     """``draft_dtype``: one of ``ctx.drafts``, the draft loaded again in that dtype (else the pair's);
-    ``ngram``: with prompt lookup (``ctx.ngram``)."""
+    ``ngram``: with prompt lookup (``ctx.ngram``); ``chain``: no branches beside the chain (tree=0)."""
     from anyspec.engine import Engine, SamplingParams
 
-    key = (draft, sampled, algorithm, draft_dtype, ngram)
+    key = (draft, sampled, algorithm, draft_dtype, ngram, chain)
     if key not in ctx.engines:
+        options = ctx.engine_options | ({"tree": 0} if chain else {})
         config = SpeculativeConfig(num_speculative_tokens=ctx.k, algorithm=algorithm,
                                    draft_sample_method="sample" if sampled else "greedy",
                                    prefix_cache=False,  # every run prefills its whole prompt, as HF's does
-                                   ngram=ctx.ngram if ngram else 0, **ctx.engine_options)
+                                   ngram=ctx.ngram if ngram else 0, **options)
         model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
@@ -55,12 +56,15 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
             **{key: getattr(res.stats, key) for key in ROUND_STATS}}
 
 
-ROUND_STATS = ("rounds", "ended_by", "rejected_at", "ngram_proposed", "ngram_accepted")
+ROUND_STATS = ("rounds", "ended_by", "rejected_at", "ngram_proposed", "ngram_accepted", "branch_rows",
+               "branch_rounds")
 RUNNERS = {
     "target": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False),
     "target-ngram": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False, ngram=True),
     "anyspec-slem-ngram": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
                                                              draft_dtype=d, ngram=True),
+    "anyspec-slem-chain": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
+                                                             draft_dtype=d, chain=True),
     "anyspec-greedy": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft_dtype=d),
     "anyspec-slem": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
                                                        draft_dtype=d),

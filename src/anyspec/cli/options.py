@@ -17,6 +17,7 @@ from anyspec.config import (
     DRAFT_CONFIDENCE_AVX2,
     MAX_SPECULATIVE_TOKENS,
     NUM_SPECULATIVE_TOKENS,
+    TREE_BRANCHES,
     SpeculativeConfig,
     check_prompt,
 )
@@ -59,6 +60,10 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
     p.add_argument("--ngram", type=int, default=0, metavar="N",
                    help="prompt lookup: where the last N or more tokens occurred earlier in the context, "
                         "propose what followed them instead of drafting; with --no-draft too (0 = off)")
+    p.add_argument("--tree", type=int, default=None, metavar="N",
+                   help="greedy (and slem sampled) rounds: up to N branches beside the draft's chain, at "
+                        "its second choices where they pay for their rows (0 = the chain alone; default: "
+                        f"{TREE_BRANCHES} where the target is a GGUF model on anyspec's kernels, else 0)")
     p.add_argument("--dtype", default="auto",
                    help="target: auto (a GGUF model: gguf where anyspec's kernels run its blocks, else "
                         "de-quantized; a folder: bf16, or fp32 on a CPU without AVX2) | gguf (the file's "
@@ -76,7 +81,7 @@ def speculative_config(args, **settings) -> SpeculativeConfig:
     if getattr(args, "algorithm", None) is not None:
         settings.setdefault("algorithm", args.algorithm)
     return SpeculativeConfig(adaptive_k=args.adaptive_k, draft_confidence=args.draft_confidence,
-                             ngram=args.ngram, **settings)
+                             ngram=args.ngram, tree=args.tree, **settings)
 
 
 def pair_plan(args, draft: bool = True) -> PairPlan:

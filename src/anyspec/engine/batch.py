@@ -30,6 +30,7 @@ class Forward(NamedTuple):
     ids: list[int]
     last: int | None = None  # logits of only the last rows
     head: object = None  # the model's ``restricted_head``: logits of its rows only, -inf elsewhere
+    parents: list[int] | None = None  # the ids are a tree (``GGUFModel.forward``): each one's parent
 
 
 Steps = Generator["str | Forward", "torch.Tensor | None", object]
@@ -51,9 +52,9 @@ def chunked(seq, ids: list[int], last: int | None = None, head=None) -> Steps:
 
 def extend(forward: Forward) -> torch.Tensor:
     """One forward through its sequence alone."""
-    if forward.head is None:
-        return forward.seq.extend(forward.ids, forward.last)
-    return forward.seq.extend(forward.ids, forward.last, forward.head)
+    extra = {name: value for name, value in (("head", forward.head), ("parents", forward.parents))
+             if value is not None}
+    return forward.seq.extend(forward.ids, forward.last, **extra)
 
 
 def alone(steps: Steps) -> Iterator[str]:
@@ -150,7 +151,7 @@ class Batch:
         if all(isinstance(f.seq, Sequence) for f in forwards):
             # one restricted head for all, or the whole head (rows outside it are never read)
             head = forwards[0].head if all(f.head is forwards[0].head for f in forwards) else None
-            logits = model.forward([(f.seq, f.ids, f.last) for f in forwards], head)
+            logits = model.forward([(f.seq, f.ids, f.last, f.parents) for f in forwards], head)
         else:  # a model with one cache: its forwards one by one
             logits = [extend(f) for f in forwards]
         self.costs.setdefault(id(model), PassCosts()).record(rows, time.perf_counter() - t0)

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from anyspec.algorithms import ngram, slem, tli
-from anyspec.algorithms.adaptive_k import AdaptiveK
-from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
+from anyspec.algorithms import ngram, slem, tli, tree
+from anyspec.algorithms.adaptive_k import AdaptiveK, PassCosts
+from anyspec.config import MAX_BATCH, TREE_BRANCHES, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
@@ -56,6 +56,8 @@ class Stats:
     rejected_at: list[int] = field(default_factory=list)  # rounds whose first rejection was at 0, 1, ..
     ngram_proposed: int = 0  # target tokens proposed from the context (prompt lookup), and accepted
     ngram_accepted: int = 0
+    branch_rows: int = 0  # target rows verified on branches beside the chain (algorithms/tree.py)
+    branch_rounds: int = 0  # rounds whose accepted tokens left the chain for a branch
 
     @property
     def acceptance_rate(self) -> float:
@@ -91,6 +93,12 @@ class Engine:
         self.config = config or SpeculativeConfig()
         if self.config.draft_confidence is None:
             self.config = replace(self.config, draft_confidence=tuned_confidence(target))
+        trees = bool(getattr(target, "tree_attention", False))
+        if self.config.tree is None:
+            self.config = replace(self.config, tree=TREE_BRANCHES if trees else 0)
+        elif self.config.tree and not trees:
+            raise ConfigError(f"tree={self.config.tree} needs a target whose forward takes a tree of rows "
+                              "(a GGUF model on anyspec's kernels); use tree=0 (--tree 0)")
         self.proposers: dict[str, Proposer] = {}
         bridge = None
         if draft is not None:
@@ -204,6 +212,9 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     t_start = time.perf_counter()
     pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
+    worth = None  # branches beside the chain: for exact-match rounds (algorithms/tree.py)
+    if engine.config.tree and proposer and (params.temperature == 0 or proposer.algorithm == "slem"):
+        worth, verify_costs = branch_worth(time.perf_counter(), output)
 
     while output.finish is None:
         stats.rounds += 1
@@ -218,21 +229,25 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         if found:
             proposal = Proposal(found, source="ngram")
         elif k_round > 0 and proposer is not None:
-            proposal = yield from propose(proposer, draft, ctx, k_round, params, generator, engine.config)
+            proposal = yield from propose(proposer, draft, ctx, k_round, params, generator, engine.config,
+                                          worth)
         draft_time = time.perf_counter() - t0
         stats.draft_seconds += draft_time
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
         t0 = time.perf_counter()
-        n, pending = yield from verify(target, pending, proposal, proposer, params, generator)
-        stats.target_seconds += time.perf_counter() - t0
+        accepted, pending = yield from verify(target, pending, proposal, proposer, params, generator)
+        verify_time = time.perf_counter() - t0
+        stats.target_seconds += verify_time
+        if worth is not None:
+            verify_costs.record(1 + len(tree.trie([proposal.ids, *proposal.branches])[0]), verify_time)
         if schedule and not found:  # a draft pass that also read the prompt is no measure of k
-            schedule.update(proposal.drafted, n, draft_time if proposal.catch_up <= 3 else None,
-                            time.perf_counter() - t0, proposed=len(proposal.ids))
-        count(stats, proposal, n, pending, engine.target_bytes)
+            schedule.update(proposal.drafted, len(accepted), draft_time if proposal.catch_up <= 3 else None,
+                            verify_time, proposed=len(proposal.ids))
+        count(stats, proposal, accepted, pending, engine.target_bytes)
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
-        committed = output.commit(proposal.ids[:n] + [pending])
+        committed = output.commit(accepted + [pending])
         stats.generated = len(output.ids)
         if piece := output.ready():
             yield piece
@@ -249,9 +264,14 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats)
 
 
-def count(stats: Stats, proposal: Proposal, n: int, token: int, target_bytes: list[bytes]) -> None:
-    """A round's proposal, ``n`` accepted and the ``token`` the target added, into the stats."""
-    cause = round_end(proposal, n, token, target_bytes)
+def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
+          target_bytes: list[bytes]) -> None:
+    """A round's proposal, the tokens it ``accepted`` and the ``token`` the target added, into the stats."""
+    n = len(accepted)
+    on_chain = accepted == proposal.ids[:n]
+    cause = round_end(proposal, n, token, target_bytes) if on_chain else "branch"
+    stats.branch_rows += len(tree.trie([proposal.ids, *proposal.branches])[0]) - len(proposal.ids)
+    stats.branch_rounds += not on_chain
     if proposal.source == "ngram":
         stats.ngram_proposed += len(proposal.ids)
         stats.ngram_accepted += n
@@ -259,11 +279,26 @@ def count(stats: Stats, proposal: Proposal, n: int, token: int, target_bytes: li
     else:
         stats.drafted += len(proposal.ids)
         stats.accepted += n
-        stats.accepted_hist[n] += 1
+        stats.accepted_hist[min(n, len(stats.accepted_hist) - 1)] += 1
     stats.ended_by[cause] = stats.ended_by.get(cause, 0) + 1
-    if n < len(proposal.ids):
-        stats.rejected_at += [0] * (n + 1 - len(stats.rejected_at))
-        stats.rejected_at[n] += 1
+    if not on_chain or n < len(proposal.ids):
+        first = n if on_chain else common_prefix(accepted, proposal.ids)
+        stats.rejected_at += [0] * (first + 1 - len(stats.rejected_at))
+        stats.rejected_at[first] += 1
+
+
+def branch_worth(start: float, output: Output):
+    """The ``worth(gain, rows, added)`` rule for branches (``proposers.choose_branches``) and the
+    verify costs it reads: a branch pays when the tokens it is expected to add, at the seconds each
+    committed token has cost so far since ``start``, outweigh the measured cost of its ``added``
+    rows on a verify of ``rows``."""
+    costs = PassCosts()
+
+    def worth(gain: float, rows: int, added: int) -> bool:
+        per_token = (time.perf_counter() - start) / max(1, len(output.ids))
+        return gain * per_token > costs(rows + added) - costs(rows) if costs.mean else True
+
+    return worth, costs
 
 
 def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats,
@@ -289,8 +324,10 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
 
 def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, params: SamplingParams,
            generator: torch.Generator) -> Steps:
-    """How many proposed tokens the target accepts, and the token it adds; its cache keeps those."""
+    """The proposed tokens the target accepts, and the token it adds; its cache keeps those."""
     proposed = proposal.ids
+    if proposal.branches:
+        return (yield from verify_tree(target, pending, proposal, params, generator))
     logits = yield Forward(target, [pending] + proposed)
     if params.temperature == 0:
         n, token = tli.verify_greedy(logits, proposed)
@@ -302,7 +339,21 @@ def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, 
             q = proposer.q_prime(proposal, p.shape[-1])
         n, token = tli.verify_sample(p, q, proposed, generator)
     target.crop(target.num_cached - (len(proposed) - n))
-    return n, token
+    return proposed[:n], token
+
+
+def verify_tree(target, pending: int, proposal: Proposal, params: SamplingParams,
+                generator: torch.Generator) -> Steps:
+    """``verify`` of a chain and its branches in one forward of their trie, by exact match."""
+    tokens, parents = tree.trie([proposal.ids, *proposal.branches])
+    logits = yield Forward(target, [pending] + tokens, parents=[-1] + [up + 1 for up in parents])
+    if params.temperature == 0:
+        path, token = tree.verify_greedy(logits, tokens, parents)
+    else:
+        p = tli.target_probs(logits, params.temperature, params.top_k, params.top_p)
+        path, token = tree.verify_sample(p, tokens, parents, generator)
+    target.keep_rows(target.num_cached - len(tokens) - 1, [0] + [1 + j for j in path])
+    return [tokens[j] for j in path], token
 
 
 def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:

@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from anyspec.algorithms import slem, tli
+from anyspec.algorithms import slem, tli, tree
 from anyspec.algorithms.adaptive_k import confidence
 from anyspec.config import DRAFT_CONFIDENCE, DRAFT_CONFIDENCE_AVX2, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Forward, Steps, chunked
@@ -31,6 +31,7 @@ class Proposal(NamedTuple):
     catch_up: int = 0  # context tokens the draft read before writing
     end: str = ""  # why the draft stopped writing: "k", "confidence" or "eos" (a token without text)
     source: str = "draft"  # or "ngram": copied from the context (verified as exact match)
+    branches: tuple = ()  # target ids of other branches from the root (algorithms/tree.py), beside ids
 
 
 class Proposer(Protocol):
@@ -144,27 +145,60 @@ def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:
 
 
 def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: SamplingParams,
-            generator: torch.Generator, config: SpeculativeConfig) -> Steps:
-    """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on."""
+            generator: torch.Generator, config: SpeculativeConfig, worth=None) -> Steps:
+    """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on. With
+    ``worth(gain, rows, added)`` (exact-match rounds on a target that takes a tree), up to
+    ``config.tree`` branches at the draft's second choices where ``worth`` says they pay."""
     keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
     draft.crop(keep)
     logits = (yield from chunked(draft, ctx.ids[keep:], 1, proposer.head))[-1]
     temperature = 0.0 if config.draft_sample_method == "greedy" else params.temperature
     stop_below = config.draft_confidence
-    draft_ids, qs, end = [], [], "k"
+    draft_ids, qs, end, p_chain, seconds = [], [], "k", [], []
     for i in range(k):
         d, q = proposer.sample(logits, temperature, params, generator)
         draft_ids.append(d)
         qs.append(d if q is None else q)
+        sure = None
+        if worth is not None:
+            sure, alt, p_alt = tree.second_choice(logits, d, proposer.mask)
+            p_chain.append(sure)
+            seconds.append((alt, p_alt))
         if proposer.ends_text(d):
             end = "eos"
             break
-        if stop_below and i + 1 < k and confidence(logits, d, q, proposer.mask) < stop_below:
+        if q is not None or sure is None:
+            sure = confidence(logits, d, q, proposer.mask)
+        if stop_below and i + 1 < k and sure < stop_below:
             end = "confidence"
             break  # the draft doubts this token: the next ones are unlikely to be accepted
         if i + 1 < k:
             logits = (yield Forward(draft, [d], None, proposer.head))[-1]
-    return Proposal(proposer.to_target(ctx, draft_ids, k), qs, len(draft_ids), len(ctx.ids) - keep, end)
+    ids = proposer.to_target(ctx, draft_ids, k)
+    branches = ()
+    if worth is not None and ids:
+        branches = choose_branches(proposer, ctx, draft_ids, ids, p_chain, seconds, k, config.tree, worth)
+    return Proposal(ids, qs, len(draft_ids), len(ctx.ids) - keep, end, branches=branches)
+
+
+def choose_branches(proposer: Proposer, ctx: DraftContext, draft_ids: list[int], ids: list[int],
+                    p_chain: list[float], seconds: list[tuple[int, float]], k: int, width: int,
+                    worth) -> tuple:
+    """At most ``width`` branches, the most promising first (``tree.gains``): at draft position i the
+    draft's tokens before it and its second choice there, in target ids; each one only if it adds
+    nodes to the trie and ``worth(gain, rows, added)`` says they pay."""
+    out, rows = [], 1 + len(ids)
+    gains = tree.gains(p_chain, [p for _, p in seconds])
+    ranked = sorted(zip(gains, range(len(gains)), strict=True), reverse=True)
+    for gain, i in ranked:
+        if len(out) == width or gain <= 0:
+            break
+        branch = proposer.to_target(ctx, draft_ids[:i] + [seconds[i][0]], k)
+        added = tree.new_nodes([ids, *out], branch)
+        if added and worth(gain, rows, added):
+            out.append(branch)
+            rows += added
+    return tuple(out)
 
 
 def round_end(proposal: Proposal, accepted: int, token: int, target_bytes: list[bytes]) -> str:

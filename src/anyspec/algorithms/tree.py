@@ -1,0 +1,112 @@
+"""Branches in one verify: the draft's second choices beside its chain, as a trie of target tokens.
+
+Where the draft doubts a token, the token it ranks second is often what the target picks. A round
+may then propose, beside its chain t1..tm, branches that leave the chain at such a position: the
+chain's tokens up to there and the second choice after them, in target tokens (for SLEM, that
+text re-encoded; so a branch can differ from the chain before the position where the draft's
+tokens did, and be longer than one token).
+
+``trie`` merges the branches into one tree of target tokens, the chain first. The target scores
+the root (the pending token) and every node in ONE forward, each row attending to its own
+ancestors only (``GGUFModel.forward`` with parents), so each row's logits are exactly those the
+target gives that branch alone. Verification is exact match, walking from the root:
+
+* greedy (``verify_greedy``): at each node the target's argmax, if it is a child, is accepted and
+  the walk goes on there; else it is the token the target adds. The accepted path is exactly what
+  the target alone writes greedily, whatever the branches were. With one branch (the chain) it is
+  ``tli.verify_greedy``.
+* sampling (``verify_sample``): at each node a fresh draw x from the target's p; a child holding x
+  is accepted and the walk goes on there, else x is the token the target adds. Each committed
+  token is a draw from p given exactly the committed text, so it is distributed as the target
+  alone samples it, for any tree the draft built independently of these draws (SLEM's argument,
+  ``slem.py``, over several candidates). TLI's sampled rounds keep the chain: their
+  min(1, p/q') rule over siblings (recursive rejection, as in SpecInfer) is not implemented.
+
+``gain`` scores a candidate branch by the draft's own probabilities: the chance that the target
+gets to its position (the product of the draft's probabilities for the chain's tokens before it)
+times the draft's probability of the second choice. A round adds a branch only when that many
+expected tokens are worth its extra rows (``loop``: the measured cost of the wider verify against
+the measured seconds per committed token).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def second_choice(logits: torch.Tensor, top: int,
+                  mask: torch.Tensor | None = None) -> tuple[float, int, float]:
+    """``(p(top), second, p(second))`` under the draft's softmax of ``logits`` (confined to ``mask``)."""
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(logits.float(), dim=-1)
+    runner = p.clone()
+    runner[top] = -1.0
+    second = int(torch.argmax(runner))
+    return float(p[top]), second, float(p[second])
+
+
+def gains(p_chain: list[float], p_second: list[float]) -> list[float]:
+    """Expected extra tokens from a branch at each position i: prod(p_chain[:i]) * p_second[i]."""
+    out, reach = [], 1.0
+    for p_top, p_alt in zip(p_chain, p_second, strict=True):
+        out.append(reach * p_alt)
+        reach *= p_top
+    return out
+
+
+def trie(branches: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The branches (target ids after the root; the first one the chain) as one tree: its nodes'
+    ``(tokens, parents)``, each parent the index of an earlier node or -1 for the root. The chain's
+    nodes come first, in order; a prefix two branches share is one path."""
+    tokens, parents, children = [], [], {}
+    for branch in branches:
+        at = -1
+        for token in branch:
+            node = children.get((at, token))
+            if node is None:
+                node = children[(at, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(at)
+            at = node
+    return tokens, parents
+
+
+def new_nodes(branches: list[list[int]], branch: list[int]) -> int:
+    """How many nodes ``branch`` adds to the trie of ``branches``."""
+    shared = max((_common(branch, b) for b in branches), default=0)
+    return len(branch) - shared
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def verify_greedy(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """``logits [1 + nodes, Vt]``: the root's row, then each node's -> ``(accepted path as node
+    indices, the token the target adds)``."""
+    choice = torch.argmax(logits, dim=-1).tolist()
+    children = {(up, token): j for j, (up, token) in enumerate(zip(parents, tokens, strict=True))}
+    path, at = [], -1
+    while (node := children.get((at, choice[at + 1]))) is not None:
+        path.append(node)
+        at = node
+    return path, choice[at + 1]
+
+
+def verify_sample(p: torch.Tensor, tokens: list[int], parents: list[int],
+                  generator: torch.Generator | None = None) -> tuple[list[int], int]:
+    """``p [1 + nodes, Vt]``: the target's probabilities at the root's row, then each node's ->
+    ``(accepted path as node indices, the token the target adds)``; one draw per row visited."""
+    children = {(up, token): j for j, (up, token) in enumerate(zip(parents, tokens, strict=True))}
+    path, at = [], -1
+    while True:
+        x = int(torch.multinomial(p[at + 1], 1, generator=generator))
+        node = children.get((at, x))
+        if node is None:
+            return path, x
+        path.append(node)
+        at = node
