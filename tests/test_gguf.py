@@ -421,41 +421,51 @@ def test_real_model_matches_its_dequantized_weights_in_transformers(smollm2):
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.85
 
 
+def _first_two_tokens_pvalue(model, engine, runs: int = 1200) -> tuple[float, list]:
+    """The chi-square p-value of the first two tokens ``engine`` samples (T=1, top-k 4) against
+    ``model``'s own joint distribution of them, and each generation's stats."""
+    from test_tli_sampling import chi_square_pvalue
+
+    from anyspec.algorithms.sampling import logits_to_probs
+    from anyspec.config import SamplingParams
+    from anyspec.engine.prompt import encode_prompt
+
+    prompt, top_k = "My favourite colour is", 4
+    ids, _, _ = encode_prompt(model.tokenizer, prompt)
+    model.reset()
+    first = logits_to_probs(model.extend(ids, last=1)[-1], 1.0, top_k)
+    joint = torch.zeros(model.vocab_size, model.vocab_size, dtype=torch.float64)
+    for a in torch.nonzero(first).flatten().tolist():
+        model.crop(len(ids))
+        joint[a] = first[a].double() * logits_to_probs(model.extend([a])[-1], 1.0, top_k).double()
+    model.reset()
+    cells = torch.nonzero(joint.flatten()).flatten()
+    counts, stats = torch.zeros(len(cells)), []
+    for seed in range(runs):
+        params = SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=2, seed=seed)
+        out = engine.generate(prompt, params)
+        cell = out.token_ids[0] * model.vocab_size + out.token_ids[1]
+        assert cell in cells, "a pair the target gives probability 0"
+        counts[(cells == cell).nonzero()[0, 0]] += 1
+        stats.append(out.stats)
+    return chi_square_pvalue(counts, joint.flatten()[cells].float()), stats
+
+
 @pytest.mark.slow
 def test_sampling_with_gguf_models_draws_from_the_targets_distribution(smollm2, tok_qwen2, tmp_path):
     """TLI sampling with the GGUF target and a draft of another vocabulary: the first two tokens'
     joint frequencies match the target's own distribution (chi-square)."""
-    from test_tli_sampling import chi_square_pvalue
     from tiny_models import save_tiny_model
 
-    from anyspec.algorithms.sampling import logits_to_probs
     from anyspec.backends.load import load_model
-    from anyspec.config import SamplingParams, SpeculativeConfig
+    from anyspec.config import SpeculativeConfig
     from anyspec.engine import Engine
-    from anyspec.engine.prompt import encode_prompt
 
     draft = load_model(str(save_tiny_model(tok_qwen2, tmp_path / "draft", arch="qwen2")), name="draft")
-    prompt, top_k = "My favourite colour is", 4
-    ids, _, _ = encode_prompt(smollm2.tokenizer, prompt)
-    smollm2.reset()
-    first = logits_to_probs(smollm2.extend(ids, last=1)[-1], 1.0, top_k)
-    joint = torch.zeros(smollm2.vocab_size, smollm2.vocab_size, dtype=torch.float64)
-    for a in torch.nonzero(first).flatten().tolist():
-        smollm2.crop(len(ids))
-        joint[a] = first[a].double() * logits_to_probs(smollm2.extend([a])[-1], 1.0, top_k).double()
-    smollm2.reset()
-    cells = torch.nonzero(joint.flatten()).flatten()
     engine = Engine(smollm2, draft, SpeculativeConfig(num_speculative_tokens=3, algorithm="tli"))
-    counts = torch.zeros(len(cells))
-    n = 1200
-    for seed in range(n):
-        params = SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=2, seed=seed)
-        out = engine.generate(prompt, params)
-        cell = out.token_ids[0] * smollm2.vocab_size + out.token_ids[1]
-        assert cell in cells, "a pair the target gives probability 0"
-        counts[(cells == cell).nonzero()[0, 0]] += 1
-    assert out.stats.drafted > 0
-    assert chi_square_pvalue(counts, joint.flatten()[cells].float()) > 1e-3
+    pvalue, stats = _first_two_tokens_pvalue(smollm2, engine)
+    assert stats[-1].drafted > 0
+    assert pvalue > 1e-3
 
 
 @pytest.mark.slow
@@ -463,39 +473,18 @@ def test_slem_sampling_over_branches_draws_from_the_targets_distribution(smollm2
     """SLEM sampling with a branch at every draft token (the draft SmolLM2 itself, a second copy):
     the first two tokens' joint frequencies match the target's own distribution (chi-square), and
     rounds do accept a branch's token."""
-    from test_tli_sampling import chi_square_pvalue
-
     from anyspec.algorithms.adaptive_k import PassCosts
-    from anyspec.algorithms.sampling import logits_to_probs
     from anyspec.backends.gguf import GGUFModel
-    from anyspec.config import SamplingParams, SpeculativeConfig
+    from anyspec.config import SpeculativeConfig
     from anyspec.engine import Engine, loop
-    from anyspec.engine.prompt import encode_prompt
 
     monkeypatch.setattr(loop, "branch_worth", lambda start, output: (lambda *_: True, PassCosts()))
     draft = GGUFModel(smollm2.path, name="draft")
-    prompt, top_k = "My favourite colour is", 4
-    ids, _, _ = encode_prompt(smollm2.tokenizer, prompt)
-    smollm2.reset()
-    first = logits_to_probs(smollm2.extend(ids, last=1)[-1], 1.0, top_k)
-    joint = torch.zeros(smollm2.vocab_size, smollm2.vocab_size, dtype=torch.float64)
-    for a in torch.nonzero(first).flatten().tolist():
-        smollm2.crop(len(ids))
-        joint[a] = first[a].double() * logits_to_probs(smollm2.extend([a])[-1], 1.0, top_k).double()
-    smollm2.reset()
-    cells = torch.nonzero(joint.flatten()).flatten()
     engine = Engine(smollm2, draft, SpeculativeConfig(num_speculative_tokens=2, algorithm="slem", tree=2,
                                                       draft_confidence=0))
-    counts, branch_rounds = torch.zeros(len(cells)), 0
-    for seed in range(1200):
-        params = SamplingParams(temperature=1.0, top_k=top_k, max_new_tokens=2, seed=seed)
-        out = engine.generate(prompt, params)
-        cell = out.token_ids[0] * smollm2.vocab_size + out.token_ids[1]
-        assert cell in cells, "a pair the target gives probability 0"
-        counts[(cells == cell).nonzero()[0, 0]] += 1
-        branch_rounds += out.stats.branch_rounds
-    assert branch_rounds > 100
-    assert chi_square_pvalue(counts, joint.flatten()[cells].float()) > 1e-3
+    pvalue, stats = _first_two_tokens_pvalue(smollm2, engine)
+    assert sum(s.branch_rounds for s in stats) > 100
+    assert pvalue > 1e-3
 
 
 def test_a_file_neither_the_kernels_nor_transformers_run_is_refused_under_auto(tmp_path):

@@ -40,9 +40,8 @@ def second_choice(logits: torch.Tensor, top: int,
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     p = torch.softmax(logits.float(), dim=-1)
-    runner = p.clone()
-    runner[top] = -1.0
-    second = int(torch.argmax(runner))
+    first, runner = torch.topk(p, 2).indices.tolist()
+    second = runner if first == top else first
     return float(p[top]), second, float(p[second])
 
 

@@ -296,7 +296,7 @@ def branch_worth(start: float, output: Output):
 
     def worth(gain: float, rows: int, added: int) -> bool:
         per_token = (time.perf_counter() - start) / max(1, len(output.ids))
-        return gain * per_token > costs(rows + added) - costs(rows) if costs.mean else True
+        return gain > 0 and (gain * per_token > costs(rows + added) - costs(rows) if costs.mean else True)
 
     return worth, costs
 

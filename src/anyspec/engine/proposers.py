@@ -191,8 +191,8 @@ def choose_branches(proposer: Proposer, ctx: DraftContext, draft_ids: list[int],
     gains = tree.gains(p_chain, [p for _, p in seconds])
     ranked = sorted(zip(gains, range(len(gains)), strict=True), reverse=True)
     for gain, i in ranked:
-        if len(out) == width or gain <= 0:
-            break
+        if len(out) == width or not worth(gain, rows, 1):
+            break  # the likeliest branch left does not pay even for one row
         branch = proposer.to_target(ctx, draft_ids[:i] + [seconds[i][0]], k)
         added = tree.new_nodes([ids, *out], branch)
         if added and worth(gain, rows, added):
