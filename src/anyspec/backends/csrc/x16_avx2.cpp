@@ -85,50 +85,56 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
 }
 
 // Rows 8h..8h+7 of a 32-weight group against R (at most 4) activation rows; Q8_0 through |w| and sign.
-template <int R>
-void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h, __m256* F) {
+// H = 2: both halves in one pass over the group's blocks (F[R] then rows 8..15 in F[R + r]), for at
+// most 2 activation rows; each output row's arithmetic is the same, in the same order.
+template <int R, int H = 1>
+void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h0, __m256* F) {
   const int64_t K = a.K, gbytes = x16_group_bytes(type), off = type == S8_X16 ? QS8 : QS;
   const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const int32_t offset = type == Q4_0_X16 ? 8 : 0;
-  for (int r = 0; r < R; ++r) F[r] = _mm256_setzero_ps();
+  for (int r = 0; r < H * R; ++r) F[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * gbytes;
-    if (h == 0) fetch_ahead(gb + 4 * PREFETCH_BLOCKS * gbytes, gbytes);
-    __m256i S[R];
-    for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
-    if (type == Q8_0_X16 || type == S8_X16) {  // no weight is -128, so |w| and the sign are exact
-      for (int c = 0; c < 8; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + off + 64 * c + 32 * h));
-        const __m256i mag = _mm256_sign_epi8(v, v);
-        for (int r = 0; r < R; ++r) {
-          const __m256i x = _mm256_set1_epi32(word(a.q.data() + (r0 + r) * K + 32 * b + 4 * c));
-          S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, v)), ones));
+    if (h0 == 0) fetch_ahead(gb + 4 * PREFETCH_BLOCKS * gbytes, gbytes);
+    for (int u = 0; u < H; ++u) {
+      const int h = h0 + u;
+      __m256i S[R];
+      for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+      if (type == Q8_0_X16 || type == S8_X16) {  // no weight is -128, so |w| and the sign are exact
+        for (int c = 0; c < 8; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + off + 64 * c + 32 * h));
+          const __m256i mag = _mm256_sign_epi8(v, v);
+          for (int r = 0; r < R; ++r) {
+            const __m256i x = _mm256_set1_epi32(word(a.q.data() + (r0 + r) * K + 32 * b + 4 * c));
+            S[r] = _mm256_add_epi32(S[r], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, v)), ones));
+          }
         }
-      }
-    } else {
-      __m256i P[R];  // int16 pair sums of the block's 32 4-bit weights
-      for (int r = 0; r < R; ++r) P[r] = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + off + 64 * c + 32 * h));
-        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.q.data() + (r0 + r) * K + 32 * b + 4 * c;
-          P[r] = pairs4(pairs4(P[r], lo, word(x)), hi, word(x + 16));
+      } else {
+        __m256i P[R];  // int16 pair sums of the block's 32 4-bit weights
+        for (int r = 0; r < R; ++r) P[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + off + 64 * c + 32 * h));
+          const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* x = a.q.data() + (r0 + r) * K + 32 * b + 4 * c;
+            P[r] = pairs4(pairs4(P[r], lo, word(x)), hi, word(x + 16));
+          }
         }
+        for (int r = 0; r < R; ++r) S[r] = widen(P[r]);
       }
-      for (int r = 0; r < R; ++r) S[r] = widen(P[r]);
-    }
-    const float* d32 = reinterpret_cast<const float*>(gb);
-    const __m256 d = type == S8_X16 ? _mm256_loadu_ps(d32 + 8 * h)
-                                    : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
-    const __m256 m = type == S8_X16    ? _mm256_loadu_ps(d32 + 16 + 8 * h)
-                     : type == Q4_1_X16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
-                                        : _mm256_setzero_ps();
-    for (int r = 0; r < R; ++r) {
-      const int64_t i = (r0 + r) * nb + b;
-      const __m256i I = _mm256_sub_epi32(S[r], _mm256_set1_epi32(offset * a.bsum32[i]));
-      F[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a.d[i])), _mm256_cvtepi32_ps(I), F[r]);
-      if (with_m(type)) F[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.sx[i]), F[r]);
+      const float* d32 = reinterpret_cast<const float*>(gb);
+      const __m256 d = type == S8_X16 ? _mm256_loadu_ps(d32 + 8 * h)
+                                      : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+      const __m256 m = type == S8_X16    ? _mm256_loadu_ps(d32 + 16 + 8 * h)
+                       : type == Q4_1_X16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
+                                          : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r) {
+        const int64_t i = (r0 + r) * nb + b;
+        __m256& acc = F[u * R + r];
+        const __m256i I = _mm256_sub_epi32(S[r], _mm256_set1_epi32(offset * a.bsum32[i]));
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(a.d[i])), _mm256_cvtepi32_ps(I), acc);
+        if (with_m(type)) acc = _mm256_fmadd_ps(m, _mm256_set1_ps(a.sx[i]), acc);
+      }
     }
   }
 }
@@ -146,8 +152,21 @@ void x16_rows_avx2(int64_t type, const uint8_t* w, int64_t K, const Act& a, cons
   const int64_t nb = K / block_size(type), gbytes = x16_group_bytes(type);
   alignas(32) float out[4 * 8];
   __m256 F[4];
+  auto put = [&](int64_t first, int64_t r0, int64_t R, const __m256* acc) {
+    for (int64_t r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t n = std::max(n0, first); n < std::min(n1, first + 8); ++n)
+        y[(r0 + r) * ldy + n] = out[8 * r + n - first] + (bias ? bias[n] : 0.0f);
+  };
   for (int64_t g = n0 / 16; g * 16 < n1; ++g) {
     const uint8_t* group = w + g * nb * gbytes;
+    if (small(type) && a.M <= 2 && 16 * g + 8 < n1) {  // both halves in one pass over the blocks
+      if (a.M == 1) small_avx2<1, 2>(type, group, nb, a, 0, 0, F);
+      else small_avx2<2, 2>(type, group, nb, a, 0, 0, F);
+      put(16 * g, 0, a.M, F);
+      put(16 * g + 8, 0, a.M, F + a.M);
+      continue;
+    }
     for (int h = 0; h < 2; ++h) {
       const int64_t first = 16 * g + 8 * h;
       if (first >= n1) break;
@@ -159,10 +178,7 @@ void x16_rows_avx2(int64_t type, const uint8_t* w, int64_t K, const Act& a, cons
           case 3: any_avx2<3>(type, group, nb, a, r0, h, F); break;
           default: any_avx2<4>(type, group, nb, a, r0, h, F); break;
         }
-        for (int64_t r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, F[r]);
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t n = std::max(n0, first); n < std::min(n1, first + 8); ++n)
-            y[(r0 + r) * ldy + n] = out[8 * r + n - first] + (bias ? bias[n] : 0.0f);
+        put(first, r0, R, F);
       }
     }
   }
