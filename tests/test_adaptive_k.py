@@ -249,3 +249,38 @@ def test_the_default_confidence_stop_follows_the_kernels_level(tok_qwen2):
         assert resolved == (DRAFT_CONFIDENCE_AVX2 if target.row_invariant else DRAFT_CONFIDENCE)
     finally:
         lib.set_isa(level)
+
+
+def test_branches_default_on_where_the_target_takes_a_tree_and_rows_are_cheap(tok_qwen2):
+    """tree=None resolves by the target (``proposers.tuned_tree``): TREE_BRANCHES on a tree-taking
+    target at the kernels' AVX-512 level, none at AVX2 or below or on a target without tree
+    attention; asking for branches there is a one-line error."""
+    from types import SimpleNamespace
+
+    from test_engine import tiny
+
+    from anyspec.backends.linear import rowwise_available, rowwise_kernel
+    from anyspec.config import TREE_BRANCHES
+    from anyspec.engine import Engine, SpeculativeConfig
+    from anyspec.engine.proposers import tuned_tree
+    from anyspec.errors import ConfigError
+
+    target = tiny("qwen2", tok_qwen2, seed=0)  # transformers: no tree attention
+    assert Engine(target, None).config.tree == 0
+    with pytest.raises(ConfigError, match="tree=2 needs a target whose forward takes a tree"):
+        Engine(target, None, SpeculativeConfig(tree=2))
+    with pytest.raises(ConfigError, match="tree must be an integer from 0"):
+        SpeculativeConfig(tree=-1)
+    assert tuned_tree(SimpleNamespace(row_invariant=False, tree_attention=True)) == TREE_BRANCHES
+    if not rowwise_available():
+        pytest.skip("anyspec's kernel could not be built here")
+    lib = rowwise_kernel()
+    level = lib.isa()
+    try:
+        for lvl in range(lib.best_isa() + 1):
+            lib.set_isa(lvl)
+            assert tuned_tree(SimpleNamespace(row_invariant=True, tree_attention=True)) == (
+                TREE_BRANCHES if lvl >= 2 else 0)
+            assert tuned_tree(SimpleNamespace(row_invariant=True)) == 0
+    finally:
+        lib.set_isa(level)

@@ -20,7 +20,8 @@ DRAFT_CONFIDENCE = 0.5  # where a verified row costs little beside a one-row for
 DRAFT_CONFIDENCE_AVX2 = 0.7  # anyspec's kernels at their AVX2 or plain level, where it costs more
 MAX_BATCH = 4  # generations run together (Engine.generate_batch, anyspec serve)
 MAX_SPECULATIVE_TOKENS = 64  # a round's draft; acceptance falls geometrically long before this
-TREE_BRANCHES = 2  # where the target has tree attention: a round's branches beside its chain, at most
+TREE_BRANCHES = 2  # a round's branches beside its chain, at most, where the target takes a tree (and
+#                    verified rows are cheap: proposers.tuned_tree)
 MAX_TREE_BRANCHES = 8
 MAX_NGRAM = 4  # the longest context suffix prompt lookup matches (algorithms/ngram.py MAX_N)
 # Sampling settings below these are refused: logits / temperature and the top-p mass are float32,
@@ -61,7 +62,7 @@ class SpeculativeConfig:
     #                 tokens occurred before, instead of drafting (0 = off; algorithms/ngram.py)
     tree: int | None = None  # the most branches an exact-match round adds beside its chain, each at a
     #   token the draft doubts, where they pay for their rows (0 = the chain alone; None: TREE_BRANCHES
-    #   where the target's forward takes a tree, 0 elsewhere; algorithms/tree.py)
+    #   where the target's forward takes a tree, but 0 on the kernels' AVX2 level; algorithms/tree.py)
 
     def __post_init__(self):
         if self.method not in METHODS:

@@ -33,6 +33,7 @@ class BenchSettings:
     adaptive_k: bool = False
     draft_confidence: float | None = None  # None: the engine's default (proposers.tuned_confidence)
     ngram: int = 2  # the *-ngram methods' shortest context match (SpeculativeConfig.ngram)
+    tree: int | None = None  # None: the engine's default (proposers.tuned_tree); anyspec-slem-chain: 0
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
 
     def __post_init__(self):
@@ -48,7 +49,7 @@ class BenchSettings:
     @property
     def engine_options(self) -> dict:
         """The SpeculativeConfig settings every anyspec method's engine shares."""
-        return {"adaptive_k": self.adaptive_k, "draft_confidence": self.draft_confidence}
+        return {"adaptive_k": self.adaptive_k, "draft_confidence": self.draft_confidence, "tree": self.tree}
 
 
 @dataclass

@@ -94,6 +94,7 @@ def markdown(result: dict) -> str:
     lines = [f"target `{c['target']}` ({c['dtype']}), draft `{c['draft']}` "
              f"({c.get('draft_dtype', c['dtype'])}), k={c['k']}, "
              f"{'draft confidence ' + str(c['draft_confidence']) + ', ' if c.get('draft_confidence') else ''}"
+             f"{'up to ' + str(c['tree']) + ' branches a round, ' if c.get('tree') else ''}"
              f"{str(c['repeat']) + ' runs of each, ' if c.get('repeat', 1) > 1 else ''}"
              f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, "
              f"{sampled_at(result)}",

@@ -140,7 +140,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
     import torch
 
     from anyspec.backends.load import load_model
-    from anyspec.engine.proposers import tuned_confidence
+    from anyspec.engine.proposers import tuned_confidence, tuned_tree
     from anyspec.pair import check_pair, load_pair
 
     s = settings
@@ -155,6 +155,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         f"{time.perf_counter() - t:.1f}s; {torch.get_num_threads()} threads")
     ctx = context(s, plan, tgt, drf)
     confidence = tuned_confidence(tgt) if s.draft_confidence is None else s.draft_confidence
+    branches = tuned_tree(tgt) if s.tree is None else s.tree
     for d in also:
         t = time.perf_counter()
         ctx.drafts[d] = load_model(s.draft, dtype=d, name=f"draft ({d})")
@@ -169,7 +170,8 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         close_llama_cpp(ctx)
     return {"config": {"target": s.target, "draft": s.draft, "dtype": plan.dtype,
                        "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": s.k, "ngram": s.ngram,
-                       **s.engine_options, "draft_confidence": confidence, "repeat": s.repeat,
+                       **s.engine_options, "draft_confidence": confidence, "tree": branches,
+                       "repeat": s.repeat,
                        "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),

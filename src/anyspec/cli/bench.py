@@ -64,7 +64,7 @@ def run(args) -> int:
                              also_draft_dtypes=args.also_draft_dtype, temperature=args.temperature,
                              seed=args.seed, threads=args.threads, limit=args.limit, repeat=args.repeat,
                              hf_assistant=args.hf_assistant, adaptive_k=args.adaptive_k,
-                             draft_confidence=args.draft_confidence, ngram=args.ngram,
+                             draft_confidence=args.draft_confidence, ngram=args.ngram, tree=args.tree,
                              vllm_python=args.vllm_python)
     result = run_bench(settings, log=lambda s: print(s, file=sys.stderr, flush=True))
     table = markdown(result)

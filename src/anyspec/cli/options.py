@@ -63,7 +63,8 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
     p.add_argument("--tree", type=int, default=None, metavar="N",
                    help="greedy (and slem sampled) rounds: up to N branches beside the draft's chain, at "
                         "its second choices where they pay for their rows (0 = the chain alone; default: "
-                        f"{TREE_BRANCHES} where the target is a GGUF model on anyspec's kernels, else 0)")
+                        f"{TREE_BRANCHES} where the target is a GGUF model on anyspec's kernels at their "
+                        "AVX-512 level, else 0)")
     p.add_argument("--dtype", default="auto",
                    help="target: auto (a GGUF model: gguf where anyspec's kernels run its blocks, else "
                         "de-quantized; a folder: bf16, or fp32 on a CPU without AVX2) | gguf (the file's "

@@ -17,7 +17,7 @@ import torch
 
 from anyspec.algorithms import ngram, slem, tli, tree
 from anyspec.algorithms.adaptive_k import AdaptiveK, PassCosts
-from anyspec.config import MAX_BATCH, TREE_BRANCHES, SamplingParams, SpeculativeConfig
+from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
@@ -33,6 +33,7 @@ from anyspec.engine.proposers import (
     propose,
     round_end,
     tuned_confidence,
+    tuned_tree,
 )
 from anyspec.errors import ConfigError
 
@@ -93,10 +94,9 @@ class Engine:
         self.config = config or SpeculativeConfig()
         if self.config.draft_confidence is None:
             self.config = replace(self.config, draft_confidence=tuned_confidence(target))
-        trees = bool(getattr(target, "tree_attention", False))
         if self.config.tree is None:
-            self.config = replace(self.config, tree=TREE_BRANCHES if trees else 0)
-        elif self.config.tree and not trees:
+            self.config = replace(self.config, tree=tuned_tree(target))
+        elif self.config.tree and not getattr(target, "tree_attention", False):
             raise ConfigError(f"tree={self.config.tree} needs a target whose forward takes a tree of rows "
                               "(a GGUF model on anyspec's kernels); use tree=0 (--tree 0)")
         self.proposers: dict[str, Proposer] = {}

@@ -17,7 +17,13 @@ import torch
 
 from anyspec.algorithms import slem, tli, tree
 from anyspec.algorithms.adaptive_k import confidence
-from anyspec.config import DRAFT_CONFIDENCE, DRAFT_CONFIDENCE_AVX2, SamplingParams, SpeculativeConfig
+from anyspec.config import (
+    DRAFT_CONFIDENCE,
+    DRAFT_CONFIDENCE_AVX2,
+    TREE_BRANCHES,
+    SamplingParams,
+    SpeculativeConfig,
+)
 from anyspec.engine.batch import Forward, Steps, chunked
 from anyspec.engine.bridge import Bridge
 from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
@@ -124,12 +130,24 @@ def tuned_confidence(target) -> float:
     """The default confidence stop for ``target`` (docs/benchmarks.md, "The defaults"): where it runs on
     anyspec's kernels below their AVX-512 level, a verified row costs 10-12 ms of compute on two
     cores, and a round drafting past a token the draft gives less than 0.7 loses more than it gains."""
-    if row_invariant(target):
-        from anyspec.backends.linear import rowwise_kernel
+    return DRAFT_CONFIDENCE_AVX2 if costly_rows(target) else DRAFT_CONFIDENCE
 
-        if rowwise_kernel().isa() < 2:
-            return DRAFT_CONFIDENCE_AVX2
-    return DRAFT_CONFIDENCE
+
+def tuned_tree(target) -> int:
+    """The default number of branches for ``target``: ``TREE_BRANCHES`` where its forward takes a tree
+    of rows, but none where a verified row costs 10-12 ms (below the kernels' AVX-512 level), where
+    the branches that pay for their rows win about as much as they cost (docs/benchmarks.md)."""
+    trees = bool(getattr(target, "tree_attention", False))
+    return TREE_BRANCHES if trees and not costly_rows(target) else 0
+
+
+def costly_rows(target) -> bool:
+    """Whether ``target`` runs on anyspec's kernels below their AVX-512 level."""
+    if not row_invariant(target):
+        return False
+    from anyspec.backends.linear import rowwise_kernel
+
+    return rowwise_kernel().isa() < 2
 
 
 def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:
