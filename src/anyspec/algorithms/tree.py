@@ -73,15 +73,7 @@ def trie(branches: list[list[int]]) -> tuple[list[int], list[int]]:
 
 def new_nodes(branches: list[list[int]], branch: list[int]) -> int:
     """How many nodes ``branch`` adds to the trie of ``branches``."""
-    shared = max((_common(branch, b) for b in branches), default=0)
-    return len(branch) - shared
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+    return len(trie([*branches, branch])[0]) - len(trie(branches)[0])
 
 
 def verify_greedy(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> tuple[list[int], int]:

@@ -309,10 +309,10 @@ def tree_depths(parents: list[int]) -> list[int]:
     """Each row's depth in a tree given by its ``parents`` (-1: the root, which follows the cache)."""
     if len(parents) and parents[0] != -1 or any(not 0 <= up < j for j, up in enumerate(parents) if j):
         raise ValueError("forward: a tree's first row is its root (-1), each other's parent an earlier row")
-    depth = [0]
-    for up in parents[1:]:
-        depth.append(depth[up] + 1)
-    return depth[:len(parents)]
+    depth = []
+    for up in parents:
+        depth.append(depth[up] + 1 if up >= 0 else 0)
+    return depth
 
 
 class Head(NamedTuple):

@@ -240,7 +240,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         verify_time = time.perf_counter() - t0
         stats.target_seconds += verify_time
         if worth is not None:
-            verify_costs.record(1 + len(tree.trie([proposal.ids, *proposal.branches])[0]), verify_time)
+            verify_costs.record(1 + len(proposal.trie[0] if proposal.trie else proposal.ids), verify_time)
         if schedule and not found:  # a draft pass that also read the prompt is no measure of k
             schedule.update(proposal.drafted, len(accepted), draft_time if proposal.catch_up <= 3 else None,
                             verify_time, proposed=len(proposal.ids))
@@ -270,7 +270,7 @@ def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
     n = len(accepted)
     on_chain = accepted == proposal.ids[:n]
     cause = round_end(proposal, n, token, target_bytes) if on_chain else "branch"
-    stats.branch_rows += len(tree.trie([proposal.ids, *proposal.branches])[0]) - len(proposal.ids)
+    stats.branch_rows += len(proposal.trie[0]) - len(proposal.ids) if proposal.trie else 0
     stats.branch_rounds += not on_chain
     if proposal.source == "ngram":
         stats.ngram_proposed += len(proposal.ids)
@@ -326,7 +326,7 @@ def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, 
            generator: torch.Generator) -> Steps:
     """The proposed tokens the target accepts, and the token it adds; its cache keeps those."""
     proposed = proposal.ids
-    if proposal.branches:
+    if proposal.trie:
         return (yield from verify_tree(target, pending, proposal, params, generator))
     logits = yield Forward(target, [pending] + proposed)
     if params.temperature == 0:
@@ -345,7 +345,7 @@ def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, 
 def verify_tree(target, pending: int, proposal: Proposal, params: SamplingParams,
                 generator: torch.Generator) -> Steps:
     """``verify`` of a chain and its branches in one forward of their trie, by exact match."""
-    tokens, parents = tree.trie([proposal.ids, *proposal.branches])
+    tokens, parents = proposal.trie
     logits = yield Forward(target, [pending] + tokens, parents=[-1] + [up + 1 for up in parents])
     if params.temperature == 0:
         path, token = tree.verify_greedy(logits, tokens, parents)

@@ -37,7 +37,8 @@ class Proposal(NamedTuple):
     catch_up: int = 0  # context tokens the draft read before writing
     end: str = ""  # why the draft stopped writing: "k", "confidence" or "eos" (a token without text)
     source: str = "draft"  # or "ngram": copied from the context (verified as exact match)
-    branches: tuple = ()  # target ids of other branches from the root (algorithms/tree.py), beside ids
+    trie: tuple = ()  # (tokens, parents) of ids and the branches beside them (algorithms/tree.py); ()
+    #                   for the chain alone
 
 
 class Proposer(Protocol):
@@ -193,15 +194,16 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
         if i + 1 < k:
             logits = (yield Forward(draft, [d], None, proposer.head))[-1]
     ids = proposer.to_target(ctx, draft_ids, k)
-    branches = ()
+    branches = []
     if worth is not None and ids:
         branches = choose_branches(proposer, ctx, draft_ids, ids, p_chain, seconds, k, config.tree, worth)
-    return Proposal(ids, qs, len(draft_ids), len(ctx.ids) - keep, end, branches=branches)
+    return Proposal(ids, qs, len(draft_ids), len(ctx.ids) - keep, end,
+                    trie=tree.trie([ids, *branches]) if branches else ())
 
 
 def choose_branches(proposer: Proposer, ctx: DraftContext, draft_ids: list[int], ids: list[int],
                     p_chain: list[float], seconds: list[tuple[int, float]], k: int, width: int,
-                    worth) -> tuple:
+                    worth) -> list[list[int]]:
     """At most ``width`` branches, the most promising first (``tree.gains``): at draft position i the
     draft's tokens before it and its second choice there, in target ids; each one only if it adds
     nodes to the trie and ``worth(gain, rows, added)`` says they pay."""
@@ -216,7 +218,7 @@ def choose_branches(proposer: Proposer, ctx: DraftContext, draft_ids: list[int],
         if added and worth(gain, rows, added):
             out.append(branch)
             rows += added
-    return tuple(out)
+    return out
 
 
 def round_end(proposal: Proposal, accepted: int, token: int, target_bytes: list[bytes]) -> str:
