@@ -1,4 +1,5 @@
-"""Tuning pass for the defaults: k, algorithm and adaptive k, against the target alone, in one run.
+"""Tuning pass for the defaults: k, algorithm, adaptive k, confidence stop, branches and prompt
+lookup, against the target alone, in one run.
 
 Loads the pair once, then for each prompt runs the target alone and every configuration in an
 order that rotates from prompt to prompt (drift on a shared machine falls on all alike), greedy.
@@ -11,6 +12,7 @@ Prints a Markdown table of speedups over the target alone per prompt set, and wr
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from pathlib import Path
@@ -33,6 +35,10 @@ def main() -> None:
     ap.add_argument("--adaptive", action="store_true", help="also each configuration with adaptive k")
     ap.add_argument("--confidences", nargs="+", type=float, default=[0.0],
                     help="draft_confidence thresholds to try (0 = off)")
+    ap.add_argument("--trees", nargs="+", type=int, default=[None],
+                    help="branches beside the chain to try (0 = the chain alone; default: the target's own)")
+    ap.add_argument("--ngrams", nargs="+", type=int, default=[0],
+                    help="prompt lookup lengths to try (0 = off)")
     ap.add_argument("--limit", type=int, default=2, help="prompts per set")
     ap.add_argument("--skip", type=int, default=0,
                     help="prompts per set left out before --limit ones (held-out prompts to confirm on)")
@@ -53,12 +59,15 @@ def main() -> None:
     for algorithm in args.algorithms:
         for k in args.ks:
             for adaptive in ([False, True] if args.adaptive else [False]):
-                for conf in args.confidences:
+                for conf, tree, n in itertools.product(args.confidences, args.trees, args.ngrams):
                     name = (f"{algorithm} k={k}" + (" adaptive" if adaptive else "")
-                            + (f" conf={conf:g}" if conf else ""))
+                            + (f" conf={conf:g}" if conf else "")
+                            + (f" tree={tree}" if tree is not None else "")
+                            + (f" ngram={n}" if n else ""))
                     configs[name] = SpeculativeConfig(num_speculative_tokens=k, algorithm=algorithm,
                                                       draft_sample_method="greedy", adaptive_k=adaptive,
-                                                      draft_confidence=conf, prefix_cache=False)
+                                                      draft_confidence=conf, tree=tree, ngram=n,
+                                                      prefix_cache=False)
     cold = SpeculativeConfig(prefix_cache=False)  # every run prefills its whole prompt
     engines = {name: Engine(target, None if c is None else draft, c or cold) for name, c in configs.items()}
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)

@@ -40,14 +40,17 @@ def test_greedy_walks_into_the_branch_the_target_picks():
     assert [tokens[j] for j in path] == [1, 4, 5] and token == 7
 
 
-def test_the_gain_of_a_branch_is_the_chance_to_get_there_times_the_second_choice():
-    assert tree.gains([0.9, 0.5, 0.6], [0.1, 0.4, 0.3]) == [0.1, 0.9 * 0.4, 0.9 * 0.5 * 0.3]
+def test_the_gain_of_a_branch_is_the_chance_to_get_there_times_the_other_choice():
+    assert tree.gains([0.9, 0.5, 0.6], [[0.1], [0.4, 0.2], [0.3]]) == [
+        [0.1], [0.9 * 0.4, 0.9 * 0.2], [0.9 * 0.5 * 0.3]]
     logits = torch.tensor([2.0, 1.0, 3.0, 0.0])
     p = torch.softmax(logits, -1)
-    assert tree.second_choice(logits, 2) == (float(p[2]), 0, float(p[0]))
+    assert tree.next_choices(logits, 2) == (float(p[2]), [(0, float(p[0]))])
+    assert tree.next_choices(logits, 2, m=2) == (float(p[2]), [(0, float(p[0])), (1, float(p[1]))])
+    assert tree.next_choices(logits, 0, m=2) == (float(p[0]), [(2, float(p[2])), (1, float(p[1]))])
     mask = torch.tensor([False, True, True, True])
     inside = torch.softmax(torch.tensor([1.0, 3.0, 0.0]), -1)  # tokens 1, 2, 3
-    assert tree.second_choice(logits, 2, mask) == (float(inside[1]), 1, float(inside[0]))
+    assert tree.next_choices(logits, 2, mask) == (float(inside[1]), [(1, float(inside[0]))])
 
 
 def _target(vocab: int = 4, seed: int = 0):
@@ -103,3 +106,21 @@ def _ancestry(j: int, parents: list[int]) -> list[int]:
         out.append(j)
         j = parents[j]
     return out[::-1]
+
+
+def test_branches_are_the_likeliest_other_choices_at_any_position_that_pay():
+    from types import SimpleNamespace
+
+    from anyspec.engine.proposers import choose_branches
+
+    same = SimpleNamespace(to_target=lambda ctx, ids, limit: list(ids))
+    others = [[(5, 0.3), (6, 0.25)], [(7, 0.05)]]  # gains 0.3, 0.25 at position 0; 0.015 at 1
+
+    def branches(width, least):  # chain [1, 2], the draft doubting its first token
+        pays = lambda gain, rows, added: gain > least  # noqa: E731
+        return choose_branches(same, None, [1, 2], [1, 2], [0.3, 0.9], others, 2, width, pays)
+
+    assert branches(2, 0.1) == [[5], [6]]
+    assert branches(1, 0.1) == [[5]]
+    assert branches(3, 0.1) == [[5], [6]]
+    assert branches(3, 0.0) == [[5], [6], [1, 7]]

@@ -1,8 +1,8 @@
-"""Branches in one verify: the draft's second choices beside its chain, as a trie of target tokens.
+"""Branches in one verify: the draft's next choices beside its chain, as a trie of target tokens.
 
-Where the draft doubts a token, the token it ranks second is often what the target picks. A round
-may then propose, beside its chain t1..tm, branches that leave the chain at such a position: the
-chain's tokens up to there and the second choice after them, in target tokens (for SLEM, that
+Where the draft doubts a token, a token it ranks second (or third) is often what the target picks.
+A round may then propose, beside its chain t1..tm, branches that leave the chain at such a
+position: the chain's tokens up to there and the other choice after them, in target tokens (for SLEM, that
 text re-encoded; so a branch can differ from the chain before the position where the draft's
 tokens did, and be longer than one token).
 
@@ -24,7 +24,7 @@ target gives that branch alone. Verification is exact match, walking from the ro
 
 ``gain`` scores a candidate branch by the draft's own probabilities: the chance that the target
 gets to its position (the product of the draft's probabilities for the chain's tokens before it)
-times the draft's probability of the second choice. A round adds a branch only when that many
+times the draft's probability of the other choice. A round adds a branch only when that many
 expected tokens are worth its extra rows (``loop``: the measured cost of the wider verify against
 the measured seconds per committed token).
 """
@@ -34,22 +34,23 @@ from __future__ import annotations
 import torch
 
 
-def second_choice(logits: torch.Tensor, top: int,
-                  mask: torch.Tensor | None = None) -> tuple[float, int, float]:
-    """``(p(top), second, p(second))`` under the draft's softmax of ``logits`` (confined to ``mask``)."""
+def next_choices(logits: torch.Tensor, top: int, mask: torch.Tensor | None = None,
+                 m: int = 1) -> tuple[float, list[tuple[int, float]]]:
+    """``(p(top), [(token, p(token))])``: the ``m`` tokens the draft ranks highest after ``top``,
+    under its softmax of ``logits`` (confined to ``mask``)."""
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     p = torch.softmax(logits.float(), dim=-1)
-    first, runner = torch.topk(p, 2).indices.tolist()
-    second = runner if first == top else first
-    return float(p[top]), second, float(p[second])
+    best = [t for t in torch.topk(p, m + 1).indices.tolist() if t != top][:m]
+    return float(p[top]), [(t, float(p[t])) for t in best]
 
 
-def gains(p_chain: list[float], p_second: list[float]) -> list[float]:
-    """Expected extra tokens from a branch at each position i: prod(p_chain[:i]) * p_second[i]."""
+def gains(p_chain: list[float], p_others: list[list[float]]) -> list[list[float]]:
+    """Expected extra tokens from a branch at position i through the draft's j-th other choice
+    there: prod(p_chain[:i]) * p_others[i][j]."""
     out, reach = [], 1.0
-    for p_top, p_alt in zip(p_chain, p_second, strict=True):
-        out.append(reach * p_alt)
+    for p_top, p_alt in zip(p_chain, p_others, strict=True):
+        out.append([reach * p for p in p_alt])
         reach *= p_top
     return out
 

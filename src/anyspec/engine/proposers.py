@@ -167,22 +167,22 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
             generator: torch.Generator, config: SpeculativeConfig, worth=None) -> Steps:
     """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on. With
     ``worth(gain, rows, added)`` (exact-match rounds on a target that takes a tree), up to
-    ``config.tree`` branches at the draft's second choices where ``worth`` says they pay."""
+    ``config.tree`` branches at the draft's next choices where ``worth`` says they pay."""
     keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
     draft.crop(keep)
     logits = (yield from chunked(draft, ctx.ids[keep:], 1, proposer.head))[-1]
     temperature = 0.0 if config.draft_sample_method == "greedy" else params.temperature
     stop_below = config.draft_confidence
-    draft_ids, qs, end, p_chain, seconds = [], [], "k", [], []
+    draft_ids, qs, end, p_chain, others = [], [], "k", [], []
     for i in range(k):
         d, q = proposer.sample(logits, temperature, params, generator)
         draft_ids.append(d)
         qs.append(d if q is None else q)
         sure = None
         if worth is not None:
-            sure, alt, p_alt = tree.second_choice(logits, d, proposer.mask)
+            sure, alts = tree.next_choices(logits, d, proposer.mask, config.tree)
             p_chain.append(sure)
-            seconds.append((alt, p_alt))
+            others.append(alts)
         if proposer.ends_text(d):
             end = "eos"
             break
@@ -196,24 +196,24 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
     ids = proposer.to_target(ctx, draft_ids, k)
     branches = []
     if worth is not None and ids:
-        branches = choose_branches(proposer, ctx, draft_ids, ids, p_chain, seconds, k, config.tree, worth)
+        branches = choose_branches(proposer, ctx, draft_ids, ids, p_chain, others, k, config.tree, worth)
     return Proposal(ids, qs, len(draft_ids), len(ctx.ids) - keep, end,
                     trie=tree.trie([ids, *branches]) if branches else ())
 
 
 def choose_branches(proposer: Proposer, ctx: DraftContext, draft_ids: list[int], ids: list[int],
-                    p_chain: list[float], seconds: list[tuple[int, float]], k: int, width: int,
+                    p_chain: list[float], others: list[list[tuple[int, float]]], k: int, width: int,
                     worth) -> list[list[int]]:
     """At most ``width`` branches, the most promising first (``tree.gains``): at draft position i the
-    draft's tokens before it and its second choice there, in target ids; each one only if it adds
-    nodes to the trie and ``worth(gain, rows, added)`` says they pay."""
+    draft's tokens before it and one of its other choices there, in target ids; each one only if it
+    adds nodes to the trie and ``worth(gain, rows, added)`` says they pay."""
     out, rows = [], 1 + len(ids)
-    gains = tree.gains(p_chain, [p for _, p in seconds])
-    ranked = sorted(zip(gains, range(len(gains)), strict=True), reverse=True)
-    for gain, i in ranked:
+    gains = tree.gains(p_chain, [[p for _, p in alts] for alts in others])
+    ranked = sorted(((g, i, j) for i, row in enumerate(gains) for j, g in enumerate(row)), reverse=True)
+    for gain, i, j in ranked:
         if len(out) == width or not worth(gain, rows, 1):
             break  # the likeliest branch left does not pay even for one row
-        branch = proposer.to_target(ctx, draft_ids[:i] + [seconds[i][0]], k)
+        branch = proposer.to_target(ctx, draft_ids[:i] + [others[i][j][0]], k)
         added = tree.new_nodes([ids, *out], branch)
         if added and worth(gain, rows, added):
             out.append(branch)
