@@ -2,9 +2,9 @@
 
 Where the draft doubts a token, a token it ranks second (or third) is often what the target picks.
 A round may then propose, beside its chain t1..tm, branches that leave the chain at such a
-position: the chain's tokens up to there and the other choice after them, in target tokens (for SLEM, that
-text re-encoded; so a branch can differ from the chain before the position where the draft's
-tokens did, and be longer than one token).
+position: the chain's tokens up to there and the other choice after them, in target tokens (for
+SLEM, that text re-encoded; so a branch can differ from the chain before the position where the
+draft's tokens did, and be longer than one token).
 
 ``trie`` merges the branches into one tree of target tokens, the chain first. The target scores
 the root (the pending token) and every node in ONE forward, each row attending to its own
@@ -49,8 +49,8 @@ def gains(p_chain: list[float], p_others: list[list[float]]) -> list[list[float]
     """Expected extra tokens from a branch at position i through the draft's j-th other choice
     there: prod(p_chain[:i]) * p_others[i][j]."""
     out, reach = [], 1.0
-    for p_top, p_alt in zip(p_chain, p_others, strict=True):
-        out.append([reach * p for p in p_alt])
+    for p_top, p_alts in zip(p_chain, p_others, strict=True):
+        out.append([reach * p for p in p_alts])
         reach *= p_top
     return out
 
