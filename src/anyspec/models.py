@@ -9,7 +9,6 @@ temporary folder and renamed into place, so that folder existing means it is com
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from anyspec.errors import ConfigError
 from anyspec.fetch import FetchError, join_members
-from anyspec.paths import cache_dir
+from anyspec.paths import cache_dir, held
 
 FORMAT = 1  # bump when the converted layout changes; older conversions are then rebuilt
 
@@ -125,7 +124,7 @@ def fetch_model(name: str, progress: bool = True) -> Path:
     if is_cached(name):
         return model_dir(name)
     models_dir().mkdir(parents=True, exist_ok=True)
-    with _lock(models_dir() / f".{name}.lock"):
+    with held(models_dir() / f".{name}.lock", f"waiting for another process fetching {name}"):
         if is_cached(name):  # another process finished it while we waited
             return model_dir(name)
         for stale in models_dir().glob(f".partial-{name}-*"):
@@ -146,21 +145,6 @@ def fetch_model(name: str, progress: bool = True) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return model_dir(name)
-
-
-@contextlib.contextmanager
-def _lock(path: Path):
-    try:
-        import fcntl
-    except ImportError:  # no advisory locks (Windows): rely on the atomic rename alone
-        yield
-        return
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def convert(gguf: Path, out: Path, progress: bool = True, desc: str = "convert") -> Path:

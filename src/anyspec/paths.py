@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 
 import platformdirs
@@ -20,3 +22,26 @@ def cache_dir() -> Path:
         raise ConfigError(f"cannot use {path} as anyspec's cache ({exc.strerror or exc}); "
                           "set ANYSPEC_CACHE_DIR to a writable folder") from None
     return path
+
+
+@contextlib.contextmanager
+def held(path: Path, waiting: str = ""):
+    """An exclusive advisory lock on ``path`` for the ``with`` block; the system releases it when the
+    process ends, however it ends. ``waiting`` is said on stderr if another process holds it. Without
+    advisory locks (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting:
+                print(f"anyspec: {waiting}", file=sys.stderr)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

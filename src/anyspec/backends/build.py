@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from anyspec.errors import ConfigError
-from anyspec.paths import cache_dir
+from anyspec.paths import cache_dir, held
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = sorted(CSRC.glob("*.cpp"))
@@ -50,12 +50,22 @@ def kernel_flags(machine: str | None = None) -> list[str]:
 
 def compile_kernel(name: str, sources: list[Path], build: Path, include: Path,
                    flags: list[str] | None = None):
-    """The kernel's C++ sources compiled (or loaded, if ``build`` has them) as module ``name``."""
+    """The kernel's C++ sources compiled (or loaded, if ``build`` has them) as module ``name``.
+
+    torch marks a build in progress with a ``lock`` file and waits, without a word, for as long as
+    it exists; a compile that was interrupted leaves it behind. Here a build holds ``build.flock``
+    (released by the system when its process ends, however it ends), so a ``lock`` found while
+    holding it belongs to no running build and is removed."""
     from torch.utils.cpp_extension import load
 
-    return load(name, [str(s) for s in sources], build_directory=str(build),
-                extra_cflags=kernel_flags() if flags is None else flags,
-                extra_include_paths=[str(include)], verbose=False)
+    waiting = f"waiting for another process to finish building the CPU kernel in {build}"
+    with held(build / "build.flock", waiting):
+        if (build / "lock").exists():
+            print("anyspec: removing the lock of an interrupted kernel build", file=sys.stderr)
+            (build / "lock").unlink()
+        return load(name, [str(s) for s in sources], build_directory=str(build),
+                    extra_cflags=kernel_flags() if flags is None else flags,
+                    extra_include_paths=[str(include)], verbose=False)
 
 
 def build_folder(prefix: str, flags: list[str]) -> Path:
