@@ -7,8 +7,9 @@
 #   LLAMA_CMAKE_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 # After the build, a two-token completion on a small GGUF (SMOKE_GGUF, else the built-in
 # smollm2-135m, fetched through PY's anyspec) checks that the programs run on this CPU. A native
-# build that fails it (e.g. SIGILL in the AMX kernels of some Xeons) is rebuilt once with
-# GGML_NATIVE=OFF and the AVX/AVX2/AVX-512/VNNI flags this CPU reports, without AMX.
+# build that fails it (a crash in the AMX kernels of some Xeons: SIGILL or SIGSEGV) is rebuilt once,
+# in the same build tree, with GGML_NATIVE=OFF and the AVX/AVX2/AVX-512/VNNI flags this CPU reports,
+# without AMX; its log is kept as smoke-native.log. Compiler output goes to DEST/cmake.log.
 set -euo pipefail
 VERSION=0.3.36
 PROGRAMS="llama-bench llama-completion llama-server llama-quantize"
@@ -29,15 +30,16 @@ smoke_model() {
 smoke_test() {
   local model
   model="$(smoke_model)" || { echo "smoke test: no GGUF to run (set SMOKE_GGUF)"; return 1; }
-  timeout 300 "$DEST/bin/llama-completion" -m "$model" -p "The capital of France is" -n 2 -no-cnv \
-    --temp 0 -c 256 -t "$(nproc)" --no-warmup < /dev/null > "$DEST/smoke.log" 2>&1
+  # in a subshell whose stderr is dropped: a crash is reported by the caller in one line, not by bash
+  ( timeout 300 "$DEST/bin/llama-completion" -m "$model" -p "The capital of France is" -n 2 -no-cnv \
+    --temp 0 -c 256 -t "$(nproc)" --no-warmup < /dev/null > "$DEST/smoke.log" 2>&1 ) 2> /dev/null
 }
 
 # GGML_NATIVE=OFF with the x86 extensions /proc/cpuinfo lists, AMX left out.
 portable_flags() {
   local have flags="-DGGML_NATIVE=OFF" f opt
   have=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
-  for f in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
+  for f in sse4_2:SSE42 avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI avx512f:AVX512 \
            avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
     opt=${f#*:}
     if [[ $have == *" ${f%%:*} "* ]]; then flags+=" -DGGML_$opt=ON"; else flags+=" -DGGML_$opt=OFF"; fi
@@ -45,13 +47,16 @@ portable_flags() {
   echo "$flags"
 }
 
-build() {  # build FLAGS...: configure, compile and copy the programs into DEST/bin
+unpack() {  # a clean source tree of the pinned version
   rm -rf src && mkdir src
   tar -xzf llama_cpp_python-$VERSION.tar.gz -C src --strip-components=1
+}
+
+build() {  # build FLAGS...: configure, compile and copy the programs into DEST/bin
   (
     cd src/vendor/llama.cpp
-    cmake -B build "$@" -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release > "$DEST/cmake.log"
-    cmake --build build -j "$(nproc)" --target $PROGRAMS >> "$DEST/cmake.log"
+    cmake -B build "$@" -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release >> "$DEST/cmake.log" 2>&1
+    cmake --build build -j "$(nproc)" --target $PROGRAMS >> "$DEST/cmake.log" 2>&1
     rm -rf "$DEST/bin" && mkdir -p "$DEST/bin"
     for p in $PROGRAMS; do cp "build/bin/$p" "$DEST/bin/"; done
     # shared libraries, when the build made any
@@ -63,7 +68,7 @@ build() {  # build FLAGS...: configure, compile and copy the programs into DEST/
 if [ -x bin/llama-server ] && [ ! -x bin/llama-quantize ] && [ -d src/vendor/llama.cpp/build ]; then
   (
     cd src/vendor/llama.cpp
-    cmake --build build -j "$(nproc)" --target llama-quantize >> "$DEST/cmake.log"
+    cmake --build build -j "$(nproc)" --target llama-quantize >> "$DEST/cmake.log" 2>&1
     cp build/bin/llama-quantize "$DEST/bin/"
     find build -name '*.so*' -exec cp -P {} "$DEST/bin/" \; 2>/dev/null || true
   ) && echo "added llama-quantize to $DEST/bin"
@@ -75,6 +80,9 @@ fi
 if [ ! -f llama_cpp_python-$VERSION.tar.gz ]; then
   "$PY" -m pip download --no-deps --no-binary :all: -d . "llama-cpp-python==$VERSION"
 fi
+echo "building llama.cpp $VERSION in $DEST (compiler output: $DEST/cmake.log)"
+: > "$DEST/cmake.log"
+unpack
 # shellcheck disable=SC2086  # the flags are words
 build ${LLAMA_CMAKE_FLAGS:--DGGML_NATIVE=ON}
 if ! smoke_test; then
@@ -82,7 +90,8 @@ if ! smoke_test; then
     echo "llama.cpp built with LLAMA_CMAKE_FLAGS fails its smoke test; see $DEST/smoke.log" >&2; exit 1
   fi
   flags="$(portable_flags)"
-  echo "the native llama.cpp build fails its smoke test (see $DEST/smoke.log); rebuilding without AMX: $flags"
+  cp "$DEST/smoke.log" "$DEST/smoke-native.log"
+  echo "the native llama.cpp build fails its smoke test (see $DEST/smoke-native.log); rebuilding without AMX: $flags"
   # shellcheck disable=SC2086
   build $flags
   smoke_test || { echo "llama.cpp fails its smoke test; see $DEST/smoke.log" >&2; exit 1; }
