@@ -30,9 +30,9 @@ smoke_model() {
 smoke_test() {
   local model
   model="$(smoke_model)" || { echo "smoke test: no GGUF to run (set SMOKE_GGUF)"; return 1; }
-  # in a subshell whose stderr is dropped: a crash is reported by the caller in one line, not by bash
-  ( timeout 300 "$DEST/bin/llama-completion" -m "$model" -p "The capital of France is" -n 2 -no-cnv \
-    --temp 0 -c 256 -t "$(nproc)" --no-warmup < /dev/null > "$DEST/smoke.log" 2>&1 ) 2> /dev/null
+  # in a group whose stderr is dropped: a crash is reported by the caller in one line, not by bash
+  { timeout 300 "$DEST/bin/llama-completion" -m "$model" -p "The capital of France is" -n 2 -no-cnv \
+    --temp 0 -c 256 -t "$(nproc)" --no-warmup < /dev/null > "$DEST/smoke.log" 2>&1; } 2> /dev/null
 }
 
 # GGML_NATIVE=OFF with the x86 extensions /proc/cpuinfo lists, AMX left out.
