@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import time
@@ -33,12 +34,24 @@ def test_a_build_interrupted_midway_does_not_hang_the_next_and_a_running_one_is_
     with held(tmp_path / "build.flock"):  # another build, running
         proc = subprocess.Popen([sys.executable, "-c", BUILD, str(tmp_path)], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        time.sleep(5)
-        assert proc.poll() is None, proc.communicate()
-        assert (tmp_path / "lock").exists()
+        waits_for("waiting for another process to finish building the CPU kernel", proc,
+                  time.monotonic() + 300)
+        assert proc.poll() is None and (tmp_path / "lock").exists()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert out.strip() == "42"
-    assert "waiting for another process to finish building the CPU kernel" in err
     assert "removing the lock of an interrupted kernel build" in err
     assert not (tmp_path / "lock").exists()
+
+
+def waits_for(text: str, proc: subprocess.Popen, deadline: float) -> None:
+    """Read ``proc``'s stderr until a line holds ``text``; fail at ``deadline`` (a build that hangs
+    without a word, as torch's alone does) or when the process ends first."""
+    while time.monotonic() < deadline:
+        if select.select([proc.stderr], [], [], 1.0)[0]:
+            line = proc.stderr.readline()
+            if text in line:
+                return
+            assert line, f"the build ended without saying {text!r}"
+    proc.kill()
+    raise AssertionError(f"the build did not say {text!r} before the deadline")
