@@ -9,10 +9,12 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from anyspec.algorithms import tli
 from anyspec.algorithms.adaptive_k import confidence
-from anyspec.algorithms.sampling import logits_to_probs
+from anyspec.algorithms.sampling import argmax, logits_to_probs, top_ids
 
 VT, VD = 8, 8
 DRAFT_TO_TARGET = torch.tensor([3, 0, 5, 1, 7, -1, 6, 0])  # draft 5 outside; 1 and 7 share target 0
@@ -177,3 +179,21 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert torch.allclose(probs, torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
     probs = logits_to_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 1.0, 2, 1.0)
     assert torch.allclose(probs, torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([-math.inf, -2.0, 0.0, 0.5, 3.0, math.inf, math.nan]), min_size=1,
+                max_size=40), st.integers(1, 3))
+def test_argmax_is_torch_argmax_with_ties_infinities_and_nans(values, rows):
+    logits = torch.tensor(values).repeat(rows, 1)
+    logits[-1] = logits[-1].flip(0)
+    assert argmax(logits) == torch.argmax(logits, dim=-1).tolist()
+    assert argmax(logits.to(torch.bfloat16)) == torch.argmax(logits.to(torch.bfloat16), dim=-1).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5]), min_size=1, max_size=30), st.integers(1, 6))
+def test_top_ids_are_the_largest_first_and_the_lowest_index_among_equals(values, n):
+    probs = torch.tensor(values)
+    want = sorted(range(len(values)), key=lambda i: (-values[i], i))[:n]
+    assert top_ids(probs, n) == want

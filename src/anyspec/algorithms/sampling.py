@@ -1,7 +1,12 @@
-"""Logits to a probability distribution: temperature, then top-k, then top-p (nucleus).
+"""Logits to a probability distribution: temperature, then top-k, then top-p (nucleus); and the
+largest entries of a vocabulary row.
 
 The draft and the target go through the same function, so the distribution the draft sampled
 from (q') and the one the target would sample from (p) are shaped by the same settings.
+
+``argmax`` and ``top_ids`` run on numpy: its argmax is vectorised, while torch's CPU argmax and
+topk over a vocabulary of 50k-150k entries take a few hundred microseconds, once per drafted token
+and once per verified row.
 """
 
 from __future__ import annotations
@@ -33,3 +38,22 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int =
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """One token id drawn from ``probs [V]``."""
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def argmax(logits: torch.Tensor) -> list[int]:
+    """Each row's index of its largest value along the last dimension, as ``torch.argmax`` gives
+    it: the first of equal maxima, and the first NaN where there is one."""
+    rows = logits.detach().reshape(-1, logits.shape[-1]).to(torch.float32).cpu().numpy()
+    return [int(row.argmax()) for row in rows]
+
+
+def top_ids(probs: torch.Tensor, n: int) -> list[int]:
+    """The indices of the ``n`` largest of ``probs [V]`` (non-negative), largest first; among equal
+    values the lowest index first."""
+    x = probs.detach().to(torch.float32).cpu().numpy().copy()
+    out = []
+    for _ in range(min(n, len(x))):
+        i = int(x.argmax())
+        out.append(i)
+        x[i] = -1.0
+    return out

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from anyspec.algorithms.sampling import logits_to_probs, sample
+from anyspec.algorithms.sampling import argmax, logits_to_probs, sample
 from anyspec.algorithms.spelling import encode_exact, incomplete_utf8_tail
 
 
@@ -49,7 +49,7 @@ def propose(draft_logits: torch.Tensor, temperature: float, top_k: int = 0, top_
             generator: torch.Generator | None = None) -> int:
     """One draft token from ``draft_logits [Vd]``, over the whole draft vocabulary."""
     if temperature == 0:
-        return int(torch.argmax(draft_logits))
+        return argmax(draft_logits)[0]
     return sample(logits_to_probs(draft_logits, temperature, top_k, top_p), generator)
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from anyspec.algorithms.sampling import logits_to_probs
+from anyspec.algorithms.sampling import argmax, logits_to_probs
 
 
 def intersection_ids(draft_to_target: torch.Tensor,
@@ -51,7 +51,7 @@ def propose(draft_logits: torch.Tensor, intersection_mask: torch.Tensor | None, 
     """One draft token from ``draft_logits [Vd]``: ``(draft id, q')``; q' is None when greedy."""
     logits = constrain(draft_logits, intersection_mask)
     if temperature == 0:
-        return int(torch.argmax(logits)), None
+        return argmax(logits)[0], None
     q = logits_to_probs(logits, temperature, top_k, top_p)
     return int(torch.multinomial(q, 1, generator=generator)), q
 
@@ -70,7 +70,7 @@ def to_target_space(q: torch.Tensor, draft_ids: torch.Tensor, target_ids: torch.
 
 def verify_greedy(target_logits: torch.Tensor, draft_target_ids: list[int]) -> tuple[int, int]:
     """``target_logits [k+1, Vt]`` scored after [pending, t1..tk] -> ``(n accepted, bonus token)``."""
-    choice = torch.argmax(target_logits, dim=-1).tolist()
+    choice = argmax(target_logits)
     n = 0
     while n < len(draft_target_ids) and draft_target_ids[n] == choice[n]:
         n += 1

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import torch
 
+from anyspec.algorithms.sampling import argmax, top_ids
+
 
 def next_choices(logits: torch.Tensor, top: int, mask: torch.Tensor | None = None,
                  m: int = 1) -> tuple[float, list[tuple[int, float]]]:
@@ -41,7 +43,7 @@ def next_choices(logits: torch.Tensor, top: int, mask: torch.Tensor | None = Non
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     p = torch.softmax(logits.float(), dim=-1)
-    best = [t for t in torch.topk(p, m + 1).indices.tolist() if t != top][:m]
+    best = [t for t in top_ids(p, m + 1) if t != top][:m]
     return float(p[top]), [(t, float(p[t])) for t in best]
 
 
@@ -80,7 +82,7 @@ def new_nodes(branches: list[list[int]], branch: list[int]) -> int:
 def verify_greedy(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
     """``logits [1 + nodes, Vt]``: the root's row, then each node's -> ``(accepted path as node
     indices, the token the target adds)``."""
-    choice = torch.argmax(logits, dim=-1).tolist()
+    choice = argmax(logits)
     children = {(up, token): j for j, (up, token) in enumerate(zip(parents, tokens, strict=True))}
     path, at = [], -1
     while (node := children.get((at, choice[at + 1]))) is not None:
