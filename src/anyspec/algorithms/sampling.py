@@ -4,9 +4,9 @@ largest entries of a vocabulary row.
 The draft and the target go through the same function, so the distribution the draft sampled
 from (q') and the one the target would sample from (p) are shaped by the same settings.
 
-``argmax`` and ``top_ids`` run on numpy: its argmax is vectorised, while torch's CPU argmax and
-topk over a vocabulary of 50k-150k entries take a few hundred microseconds, once per drafted token
-and once per verified row.
+``argmax`` and ``top_ids`` run on numpy, whose argmax is vectorised: torch's CPU argmax and topk
+over a whole vocabulary are many times slower, and they run once per drafted token and once per
+verified row.
 """
 
 from __future__ import annotations
