@@ -288,10 +288,16 @@ class GGUFModel:
         cos, sin = [c for c, _ in tables], [s for _, s in tables]
         x = self.kernel.decoder_forward(x, positions, torch.tensor(owners), self.arch, self.layers, keys,
                                         values, cos, sin, slots, parents)
-        h = self.kernel.rms_norm_rows(x[picked], self.final_norm, self.eps)
+        if picked and picked == list(range(picked[0], picked[0] + len(picked))):
+            x = x[picked[0]:picked[0] + len(picked)]  # a view: a list index costs a copy and more
+        else:
+            x = x[picked]
+        h = self.kernel.rms_norm_rows(x, self.final_norm, self.eps)
         weight, kind, k = self.lm_head if head is None else head.product
         logits = self.kernel.typed_linear(h, weight, kind, k, None, None)
-        logits = logits[:, :self.vocab_size if head is None else len(head.ids)]
+        width = self.vocab_size if head is None else len(head.ids)
+        if logits.shape[1] != width:
+            logits = logits[:, :width]
         if self.description.logit_scale != 1.0:
             logits = logits / self.description.logit_scale
         if self.description.final_softcap:
@@ -302,7 +308,7 @@ class GGUFModel:
             logits[:, head.ids] = part
         for seq, new, *_ in batch:
             seq.cached_ids.extend(new)
-        return list(logits.split(keeps))
+        return [logits] if len(keeps) == 1 else list(logits.split(keeps))
 
 
 def tree_depths(parents: list[int]) -> list[int]:
