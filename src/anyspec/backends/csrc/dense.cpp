@@ -149,24 +149,29 @@ void rowwise_rows(const float* x, int64_t M, const float* w, int64_t rows, int64
   rows_of(x, M, w, rows, K, scale, bias, y, ldy);
 }
 
-// Eight keys at a time; each key's sum runs in a fixed order (8 fp32 lanes over d, a fixed
-// horizontal sum, then a scalar tail).
+// N keys' scores at once: q against each key in 8 fp32 lanes over d, a fixed horizontal sum, then a
+// scalar tail; N is a constant, so the N sums stay in registers.
+template <int N>
+inline void score_keys(const float* q, const float* keys, int64_t D, int64_t D8, float scaling, float* out) {
+  F8 acc[N];
+  for (int i = 0; i < N; ++i) acc[i] = zero8();
+  for (int64_t d = 0; d < D8; d += 8) {
+    const F8 qv = load8(q + d);
+    for (int i = 0; i < N; ++i) acc[i] = fmadd8(qv, load8(keys + i * D + d), acc[i]);
+  }
+  for (int i = 0; i < N; ++i) {
+    float s = hsum(acc[i]);
+    for (int64_t d = D8; d < D; ++d) s += q[d] * keys[i * D + d];
+    out[i] = s * scaling;
+  }
+}
+
+// Eight keys at a time, then one at a time; each key's sum runs in the same fixed order either way.
 void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out) {
   const int64_t D8 = D - D % 8;
-  for (int64_t j0 = 0; j0 < len; j0 += 8) {
-    const int64_t n = std::min<int64_t>(8, len - j0);
-    F8 acc[8];
-    for (auto& a : acc) a = zero8();
-    for (int64_t d = 0; d < D8; d += 8) {
-      const F8 qv = load8(q + d);
-      for (int64_t i = 0; i < n; ++i) acc[i] = fmadd8(qv, load8(keys + (j0 + i) * D + d), acc[i]);
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      float s = hsum(acc[i]);
-      for (int64_t d = D8; d < D; ++d) s += q[d] * keys[(j0 + i) * D + d];
-      out[j0 + i] = s * scaling;
-    }
-  }
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8) score_keys<8>(q, keys + j * D, D, D8, scaling, out + j);
+  for (; j < len; ++j) score_keys<1>(q, keys + j * D, D, D8, scaling, out + j);
 }
 
 // 64 d at a time in registers (a narrower tail: 8 d at a time, then one by one).
