@@ -1,12 +1,12 @@
 """Two builds of anyspec's CPU kernel on the same model, alternating in one process.
 
     python benchmarks/kernel_ab.py --base HEAD~1 [--model qwen2.5-coder-1.5b] [--isa 2] [--repeats 8]
-        [--shapes 1x1 1x4 4x1 1x6 1x8 1x48] [--threads 2]
+        [--shapes 1x1 1x4 4x1 1x6 1x8 1x48] [--threads 2] [--cache 100]
 
 ``--base`` is a git revision: its ``csrc/`` is built as a second extension next to the working
 tree's, and the model's forwards run on one build, then on the other, case after case, the order
 flipping every repeat, so that drift of a noisy machine falls on both. A shape ``SxR`` is S
-sequences of R new rows each, on caches of 100 tokens (``1x48``: a prefill, last row's logits
+sequences of R new rows each, on caches of ``--cache`` tokens (``1x48``: a prefill, last row's logits
 only). Reported per shape: the median milliseconds of each build, their ratio, and whether the
 logits are the same bits (they must be: a kernel change may change speed, never results).
 ``--isa 1`` runs both builds' AVX2 path on a CPU that has AVX-512.
@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--shapes", nargs="+", default=["1x1", "1x4", "4x1", "1x6", "1x8", "1x48"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cache", type=int, default=100, help="tokens cached before each shape's rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from anyspec.backends.gguf import GGUFModel
@@ -69,7 +70,7 @@ def main() -> None:
         for m in models.values():
             m.kernel.set_isa(args.isa)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
-    ids = torch.randint(100, 20000, (100,), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = torch.randint(100, 20000, (args.cache,), generator=torch.Generator().manual_seed(0)).tolist()
     seqs = {}
     for name, m in models.items():
         seqs[name] = [m.new_sequence() for _ in range(max(s for s, _ in shapes))]
