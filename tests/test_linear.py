@@ -170,6 +170,34 @@ def test_rowwise_attention_equals_causal_attention_and_keeps_rows_apart(dtype, d
         assert torch.equal(alone[0, 0], got[0, row])
 
 
+@needs_rowwise
+@pytest.mark.parametrize("d", [16, 67, 128])
+def test_rowwise_attention_shares_a_key_value_head_without_changing_a_bit(d):
+    """The heads of a group read their shared keys and values together, 8 keys and 64 values at a time;
+    each head must be the same bits as with a copy of its own, on any number of threads."""
+    torch.manual_seed(0)
+    heads, kv_heads, past, m = 6, 2, 150, 3
+    module = nn.Module()
+    q = torch.randn(1, heads, m, d)
+    k, v = torch.randn(1, kv_heads, past + m, d), torch.randn(1, kv_heads, past + m, d)
+    own_k, own_v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            grouped, _ = rowwise_attention(module, q, k, v, None, scaling=d ** -0.5)
+            alone, _ = rowwise_attention(module, q, own_k, own_v, None, scaling=d ** -0.5)
+            assert torch.equal(grouped, alone)
+            results.append(grouped)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    mask = torch.ones(m, past + m, dtype=torch.bool).tril(diagonal=past)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(results[0], want.transpose(1, 2), rtol=0, atol=1e-5)
+
+
 def test_rowwise_kernel_says_why_it_is_off(monkeypatch):
     """No silent fallback: the reason reaches the user's warning (transformers.swap_cpu_kernels)."""
     from anyspec.backends import linear as module

@@ -47,37 +47,47 @@ struct RowCache {
 
 // Causal attention for M query rows, row m over rows[m]'s cache; query row m, head h at
 // q + m * q_stride + h * D; out is [M, heads * D]. Each (row, head) is computed alone in a fixed
-// order, so a row's result depends neither on M nor on the other rows' sequences. A path's slots
-// are scored and summed one at a time, in the order of their positions: each score is a dot
-// product by itself and the weighted sum goes on from where it was, so a branch's row is the same
-// bits as the row at its position in a sequence that holds only its ancestors.
+// order, so a row's result depends neither on M nor on the other rows' sequences. The tasks go by
+// key-value head, then row, then the heads that share it; a thread's run of such heads goes
+// together (scores_heads, weighted_sum_heads: the same bits as one head at a time), so the keys
+// and values are read once for them, and once more for the next row while they are still cached.
+// A path's slots are scored and summed one at a time, in the order of their positions: each score
+// is a dot product by itself and the weighted sum goes on from where it was, so a branch's row is
+// the same bits as the row at its position in a sequence that holds only its ancestors.
 void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int64_t kv_heads, int64_t D,
             const RowCache* rows, float scaling, float softcap, float* out) {
   const int64_t group = heads / kv_heads;
   int64_t longest = 0;
   for (int64_t m = 0; m < M; ++m) longest = std::max(longest, rows[m].pos + 1 - rows[m].first);
-  split(heads * M, 1, [&](int64_t begin, int64_t stop) {
-    std::vector<float> p(longest);
-    for (int64_t task = begin; task < stop; ++task) {
-      const int64_t hd = task / M, m = task % M, g = hd / group;
+  split(M * heads, 1, [&](int64_t begin, int64_t stop) {
+    std::vector<float> scores_of(group * longest);
+    for (int64_t task = begin; task < stop;) {
+      const int64_t g = task / (M * group), m = task / group % M, hd = g * group + task % group;
+      const int64_t n = std::min(stop - task, group - task % group);  // heads hd .. hd + n - 1
+      task += n;
       const RowCache& row = rows[m];
       const int64_t len = row.pos + 1 - row.first, tail = row.pos + 1 - row.path_len;
       const int64_t flat = std::max<int64_t>(0, tail - row.first);  // positions at their own slots
       const int64_t offset = (g * row.cap + row.first) * D, head = g * row.cap * D;
       const float* q = q_all + m * q_stride + hd * D;
       float* o = out + m * heads * D + hd * D;
-      scores(q, row.k + offset, flat, D, scaling, p.data());
-      for (int64_t j = flat; j < len; ++j)
-        scores(q, row.k + head + row.path[row.first + j - tail] * D, 1, D, scaling, &p[j]);
-      if (softcap > 0)
-        for (int64_t j = 0; j < len; ++j) p[j] = softcap * std::tanh(p[j] / softcap);
-      exp_shifted(p.data(), len, *std::max_element(p.data(), p.data() + len));
-      float total = 0;
-      for (int64_t j = 0; j < len; ++j) total += p[j];
-      for (int64_t j = 0; j < len; ++j) p[j] /= total;
-      weighted_sum(p.data(), row.v + offset, flat, D, o);
-      for (int64_t j = flat; j < len; ++j)
-        weighted_sum(&p[j], row.v + head + row.path[row.first + j - tail] * D, 1, D, o, j > 0);
+      scores_heads(q, n, row.k + offset, flat, D, scaling, scores_of.data(), longest);
+      for (int64_t i = 0; i < n; ++i) {
+        float* p = scores_of.data() + i * longest;
+        for (int64_t j = flat; j < len; ++j)
+          scores(q + i * D, row.k + head + row.path[row.first + j - tail] * D, 1, D, scaling, &p[j]);
+        if (softcap > 0)
+          for (int64_t j = 0; j < len; ++j) p[j] = softcap * std::tanh(p[j] / softcap);
+        exp_shifted(p, len, *std::max_element(p, p + len));
+        float total = 0;
+        for (int64_t j = 0; j < len; ++j) total += p[j];
+        for (int64_t j = 0; j < len; ++j) p[j] /= total;
+      }
+      weighted_sum_heads(scores_of.data(), n, longest, row.v + offset, flat, D, o);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = flat; j < len; ++j)
+          weighted_sum(scores_of.data() + i * longest + j, row.v + head + row.path[row.first + j - tail] * D, 1, D,
+                       o + i * D, j > 0);
     }
   });
 }

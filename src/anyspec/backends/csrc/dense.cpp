@@ -168,10 +168,18 @@ inline void score_keys(const float* q, const float* keys, int64_t D, int64_t D8,
 
 // Eight keys at a time, then one at a time; each key's sum runs in the same fixed order either way.
 void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out) {
+  scores_heads(q, 1, keys, len, D, scaling, out, len);
+}
+
+// Each block of eight keys against every head in turn, so a key is read from memory once per group.
+void scores_heads(const float* q, int64_t n, const float* keys, int64_t len, int64_t D, float scaling, float* out,
+                  int64_t out_stride) {
   const int64_t D8 = D - D % 8;
   int64_t j = 0;
-  for (; j + 8 <= len; j += 8) score_keys<8>(q, keys + j * D, D, D8, scaling, out + j);
-  for (; j < len; ++j) score_keys<1>(q, keys + j * D, D, D8, scaling, out + j);
+  for (; j + 8 <= len; j += 8)
+    for (int64_t h = 0; h < n; ++h) score_keys<8>(q + h * D, keys + j * D, D, D8, scaling, out + h * out_stride + j);
+  for (; j < len; ++j)
+    for (int64_t h = 0; h < n; ++h) score_keys<1>(q + h * D, keys + j * D, D, D8, scaling, out + h * out_stride + j);
 }
 
 // 64 d at a time in registers (a narrower tail: 8 d at a time, then one by one).
@@ -196,6 +204,16 @@ void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, f
     for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], values[j * D + d], s);
     o[d] = s;
   }
+}
+
+// Values in pieces of 64 rows, each piece summed for every head in turn: weighted_sum's pieces are
+// the same bits as one sum, and a piece stays in L1 for the group's heads.
+void weighted_sum_heads(const float* p, int64_t n, int64_t p_stride, const float* values, int64_t len, int64_t D,
+                        float* o) {
+  constexpr int64_t PIECE = 64;
+  for (int64_t j = 0; j < len; j += PIECE)
+    for (int64_t h = 0; h < n; ++h)
+      weighted_sum(p + h * p_stride + j, values + j * D, std::min(PIECE, len - j), D, o + h * D, j > 0);
 }
 
 void exp_shifted(float* v, int64_t n, float shift) {

@@ -17,10 +17,18 @@ void rowwise_rows(const float* x, int64_t M, const float* w, int64_t rows, int64
 
 // out[j] = q . k_j * scaling for the len keys k_j (rows of D).
 void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out);
+// The same for n heads at once (query h at q + h * D, its scores at out + h * out_stride): the bits
+// of n calls of scores.
+void scores_heads(const float* q, int64_t n, const float* keys, int64_t len, int64_t D, float scaling, float* out,
+                  int64_t out_stride);
 
 // o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j (rows of D); with `add`, the
 // sum goes on from o's values, so that sums in pieces give the same bits as one sum over all rows.
 void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o, bool add = false);
+// n heads' sums over the same values (head h: weights p + h * p_stride, output o + h * D), without
+// `add`: the bits of n calls of weighted_sum. len == 0 leaves o as it is.
+void weighted_sum_heads(const float* p, int64_t n, int64_t p_stride, const float* values, int64_t len, int64_t D,
+                        float* o);
 
 // v[i] = exp(v[i] - shift) for i < n.
 void exp_shifted(float* v, int64_t n, float shift);
