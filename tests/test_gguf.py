@@ -256,6 +256,70 @@ def test_a_truncated_or_foreign_file_is_one_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
+TOKENS = [f"t{i}" if i % 7 else "\u0120é\u4e2d" * (i % 5) for i in range(3000)]
+
+
+def vocabulary_gguf(path, tokens: int = 3000):
+    """A metadata-only GGUF file with a vocabulary's arrays (strings, int32, float32), an empty array,
+    a nested one and non-ASCII strings, as a converter writes them."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(TOKENS[:tokens])
+    writer.add_token_types([i % 6 + 1 for i in range(tokens)])
+    writer.add_token_scores([-float(i) for i in range(tokens)])
+    writer.add_token_merges([f"t{i} t{i + 1}" for i in range(tokens // 2)])
+    writer.add_array("test.empty", [])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    writer.add_uint32("test.after", 7)
+    writer.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_fast_header_reader_builds_the_same_fields_and_tensors_as_the_gguf_package(tmp_path):
+    import gguf
+
+    from anyspec.backends.gguf_file import reader_class
+
+    paths = [vocabulary_gguf(tmp_path / "v.gguf"), write_gguf(tmp_path / "m.gguf", kind=T.Q8_0, tokens=64)]
+    for path in paths:
+        ours, theirs = reader_class()(path, "r"), gguf.GGUFReader(path, "r")
+        assert list(ours.fields) == list(theirs.fields)
+        for name, field in theirs.fields.items():
+            mine = ours.fields[name]
+            assert (mine.offset, mine.data, mine.types) == (field.offset, field.data, field.types), name
+            assert [(p.dtype, p.shape, p.tobytes()) for p in mine.parts] == \
+                   [(p.dtype, p.shape, p.tobytes()) for p in field.parts], name
+            assert mine.contents() == field.contents(), name
+        assert ours.data_offset == theirs.data_offset
+        for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+            assert (a.name, a.tensor_type, list(a.shape), a.n_bytes, a.data_offset) == \
+                   (b.name, b.tensor_type, list(b.shape), b.n_bytes, b.data_offset)
+            assert np.array_equal(a.data, b.data)
+    fields = reader_class()(paths[0], "r").fields
+    assert fields["tokenizer.ggml.tokens"].contents() == TOKENS
+    assert fields["test.after"].contents() == 7
+
+
+def test_a_vocabulary_cut_short_is_one_line_not_a_hang(tmp_path):
+    from anyspec.backends.load import check_model_path
+
+    whole = vocabulary_gguf(tmp_path / "vocab.gguf").read_bytes()
+    count = whole.index(b"tokenizer.ggml.tokens") + len(b"tokenizer.ggml.tokens") + 8  # after both types
+    assert int.from_bytes(whole[count:count + 8], "little") == 3000
+    bad = {"cut_in_tokens": whole[:whole.index(b"t1000")],
+           "cut_in_types": whole[:whole.index(b"tokenizer.ggml.token_type") + 40],
+           "a_count_past_the_end": whole[:count] + (1 << 40).to_bytes(8, "little") + whole[count + 8:]}
+    for name, data in bad.items():
+        (tmp_path / f"{name}.gguf").write_bytes(data)
+        with pytest.raises(ConfigError, match=r"is truncated or damaged \(.* bytes, its header"):
+            check_model_path(str(tmp_path / f"{name}.gguf"))
+
+
 @pytest.mark.parametrize(("arch", "kind", "reason"), [
     ("gpt2", T.Q8_0, "architecture gpt2"),
     ("llama", T.MXFP4, "is MXFP4"),

@@ -8,6 +8,7 @@ then sets the threads and loads the target and, unless there is none, the draft.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from typing import NamedTuple
@@ -51,6 +52,9 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
 
 
 def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> Pair:
+    """The pair, loaded with Python's cyclic garbage collector paused: loading creates millions of
+    long-lived objects (vocabularies, their byte tables), and each full collection on the way would
+    walk all of them again (about a second apiece)."""
     import torch
 
     from anyspec.backends import load as backend
@@ -58,10 +62,16 @@ def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> P
     if plan.threads is not None:
         torch.set_num_threads(plan.threads)
     options = dict(allow_download=plan.allow_download, trust_remote_code=plan.trust_remote_code)
-    target = backend.load_model(plan.target, dtype=plan.dtype, name=names[0], **options)
-    draft = None
-    if plan.draft:
-        draft = backend.load_model(plan.draft, dtype=plan.draft_dtype, name=names[1], **options)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        target = backend.load_model(plan.target, dtype=plan.dtype, name=names[0], **options)
+        draft = None
+        if plan.draft:
+            draft = backend.load_model(plan.draft, dtype=plan.draft_dtype, name=names[1], **options)
+    finally:
+        if collecting:
+            gc.enable()
     return Pair(target, draft, plan)
 
 

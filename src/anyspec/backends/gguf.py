@@ -13,7 +13,6 @@ before any heavy work.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import warnings
@@ -32,6 +31,7 @@ from anyspec.backends.arch import (
     layer_tensors,
     shape_problem,
 )
+from anyspec.backends.gguf_file import read_gguf
 from anyspec.backends.linear import rowwise_kernel, rowwise_problem
 from anyspec.backends.stack import KVCache, Sequence
 from anyspec.errors import ConfigError
@@ -47,44 +47,6 @@ Q4_0_X16, Q4_1_X16, Q8_0_X16, Q4_K_X16, Q6_K_X16, S8_X16 = 1002, 1003, 1008, 101
 X16 = {Q4_0: Q4_0_X16, Q4_1: Q4_1_X16, Q8_0: Q8_0_X16, Q4_K: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q8_0_X16,
        IQ4_NL: Q8_0_X16, Q3_K: Q6_K_X16, Q5_1: S8_X16, Q5_K: S8_X16, IQ4_XS: S8_X16}
 EOS_NAMES = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>")
-
-
-def read_gguf(path: Path):
-    """The file's ``GGUFReader`` (memory-mapped); a one-line ConfigError for a truncated or foreign file.
-
-    Parsing a header reads every metadata array (a large vocabulary takes seconds), and checking a
-    spec, resolving its dtype and loading it all need it: a file is parsed once while its size and
-    modification time stay the same.
-    """
-    path = Path(path)
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return _read(str(path.resolve()), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4)
-def _read(path: str, size: int, mtime_ns: int):
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except Exception:  # the reader raises ValueError, struct and numpy errors on bad bytes
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-        if magic == b"GGUF":  # the reader's own words name numpy internals, not the file's fault
-            size = Path(path).stat().st_size
-            raise ConfigError(f"{path} is truncated or damaged ({size:,} bytes, its header or tensor table "
-                              "cannot be read); fetch it again") from None
-        raise ConfigError(f"{path} is not a readable GGUF file (it does not start with GGUF); "
-                          "give a .gguf model file") from None
-    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
-    if end > size:
-        raise ConfigError(f"{path} is truncated ({size:,} bytes, its tensors need {end:,}); fetch it again")
-    return reader
 
 
 def gguf_problem(path: Path, reader=None) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import socket
 import sys
@@ -91,6 +92,7 @@ def run(args) -> int:
     settings.worker_thread = False
     pair = load_pair(plan, names=(args.target, args.draft))
     app = create_app(Engine(pair.target, pair.draft, config), settings)
+    gc.freeze()  # the models' objects live as long as the server: no full collection walks them again
     if app.state.scheduler.max_batch < settings.max_batch:
         print(f"anyspec serve: these models hold one KV cache each (not GGUF models on anyspec's kernels), "
               f"so requests run one at a time (--max-batch {settings.max_batch} does not apply)",
