@@ -69,8 +69,10 @@ def compile_kernel(name: str, sources: list[Path], build: Path, include: Path,
 
 
 def build_folder(prefix: str, flags: list[str]) -> Path:
-    """The cache folder of a build with ``flags``: one per torch version, flags and sources."""
-    digest = hashlib.sha256(f"{torch.__version__} {' '.join(flags)}".encode())
+    """The cache folder of a build with ``flags``: one per torch version, flags, sources and their
+    folder (torch's build files name the sources by path: two checkouts sharing one folder would
+    each recompile after the other's build)."""
+    digest = hashlib.sha256(f"{torch.__version__} {' '.join(flags)} {CSRC.resolve()}".encode())
     for path in sorted(CSRC.glob("*.[ch]*")):
         digest.update(path.read_bytes())
     build = cache_dir() / "kernels" / f"{prefix}-{digest.hexdigest()[:16]}"
