@@ -131,6 +131,23 @@ def test_a_subset_of_rows_repacked_alone_gives_the_same_bits(kind):
                            full[:, torch.from_numpy(ids)])
 
 
+@pytest.mark.parametrize("kind", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_K], ids=lambda t: t.name)
+def test_repacking_on_two_threads_writes_the_bytes_of_one(kind):
+    """The groups of 16 rows are repacked in parallel chunks (64 groups a chunk, the last one padded):
+    the same bytes as one thread's single pass."""
+    k, n = 256, 16 * 64 * 2 + 5
+    weight = torch.from_numpy(random_blocks(kind, n, k, seed=5))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel().repack_x16(weight, int(kind), k)
+        torch.set_num_threads(2)
+        two = kernel().repack_x16(weight, int(kind), k)
+    finally:
+        torch.set_num_threads(threads)
+    assert one.shape[0] == 16 * 129 and torch.equal(one, two)
+
+
 def test_rows_past_eight_reuse_the_block_and_change_nothing():
     data, code = stored(T.Q4_K, random_blocks(T.Q4_K, 9, 256, seed=3), 256)
     x = torch.randn(20, 256, generator=torch.Generator().manual_seed(4))

@@ -190,7 +190,13 @@ torch::Tensor repack_x16(torch::Tensor weight, int64_t type, int64_t K) {
   TORCH_CHECK(weight.size(1) == K / anyspec::block_size(type) * anyspec::block_bytes(type),
               "repack_x16: row bytes do not match K");
   auto out = torch::empty({(N + 15) / 16 * 16, nb * gbytes / 16}, weight.options());
-  anyspec::repack_x16(type, weight.data_ptr<uint8_t>(), N, K, out.data_ptr<uint8_t>());
+  const uint8_t* src = weight.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const int64_t row_bytes = weight.size(1), group_bytes = nb * gbytes;
+  at::parallel_for(0, (N + 15) / 16, 64, [&](int64_t g0, int64_t g1) {  // groups are independent
+    anyspec::repack_x16(type, src + 16 * g0 * row_bytes, std::min(N, 16 * g1) - 16 * g0, K,
+                        dst + g0 * group_bytes);
+  });
   return out;
 }
 
