@@ -54,7 +54,7 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
 def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> Pair:
     """The pair, loaded with Python's cyclic garbage collector paused: loading creates millions of
     long-lived objects (vocabularies, their byte tables), and each full collection on the way would
-    walk all of them again (about a second apiece)."""
+    walk all of them again."""
     import torch
 
     from anyspec.backends import load as backend

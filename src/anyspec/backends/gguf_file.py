@@ -1,11 +1,12 @@
 """A GGUF file's header, read once per process with the ``gguf`` package, fast.
 
 ``gguf.GGUFReader`` builds a numpy view per metadata array element, each sliced from an
-``np.memmap`` whose ``__getitem__`` and ``__array_finalize__`` run in Python: a 152k-token vocabulary
-(tokens, merges, token types: 455k elements) takes most of a minute's CPU to parse. ``Reader`` is
-that reader with two shortcuts that build the same fields and tensors (``test_gguf.py`` compares
-them part by part): slices come from a plain ndarray over the same map, and an array of strings or
-numbers is walked in one loop instead of one recursive call per element.
+``np.memmap`` whose ``__getitem__`` and ``__array_finalize__`` run in Python, so a large vocabulary
+(its tokens, merges and token types) dominates the start of every command. ``Reader`` is that
+reader with two shortcuts that build the same fields and tensors (``test_gguf.py`` compares them
+part by part): slices come from a plain ndarray over the same map, and an array of strings or
+numbers is walked in one loop instead of one recursive call per element (docs/benchmarks.md,
+"Start-up").
 """
 
 from __future__ import annotations
