@@ -314,3 +314,33 @@ def test_models_path_and_fetch_give_the_gguf_file_that_runs(monkeypatch, tmp_pat
     assert capsys.readouterr().out.split() == [gguf, folder]
     assert main(["models", "path", "--bf16", "smollm2-135m"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "smollm2-135m")
+
+
+def test_the_pair_loads_with_the_garbage_collector_paused_and_restores_it(monkeypatch):
+    import gc
+
+    from anyspec.backends import load as backend
+    from anyspec.pair import PairPlan, load_pair
+
+    seen = []
+
+    def load_model(spec, **kwargs):
+        seen.append(gc.isenabled())
+        if spec == "broken":
+            raise ConfigError("broken")
+        return spec
+
+    monkeypatch.setattr(backend, "load_model", load_model)
+    assert gc.isenabled()
+    pair = load_pair(PairPlan("target", "draft", "gguf", "gguf"))
+    assert (pair.target, pair.draft, seen) == ("target", "draft", [False, False])
+    assert gc.isenabled()
+    with pytest.raises(ConfigError, match="broken"):
+        load_pair(PairPlan("target", "broken", "gguf", "gguf"))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_pair(PairPlan("target", None, "gguf", None))
+        assert not gc.isenabled()  # a caller's own choice stays
+    finally:
+        gc.enable()
