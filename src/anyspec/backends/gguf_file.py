@@ -60,12 +60,15 @@ def reader_class():
     from gguf import GGUFReader, GGUFValueType
 
     class Reader(GGUFReader):
+        def _flat(self) -> np.ndarray:
+            """The map as a plain ndarray: its slices skip np.memmap's Python-level hooks."""
+            if "_plain" not in self.__dict__:
+                self._plain = self.data.view(np.ndarray)
+            return self._plain
+
         def _get(self, offset, dtype, count=1, override_order=None):
-            flat = self.__dict__.get("_flat")
-            if flat is None:
-                flat = self.__dict__["_flat"] = self.data.view(np.ndarray)
             count = int(count)
-            arr = flat[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+            arr = self._flat()[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
             order = self.byte_order if override_order is None else override_order
             return arr.view(arr.dtype.newbyteorder(order))
 
@@ -78,12 +81,12 @@ def reader_class():
             scalar = self.gguf_scalar_to_np.get(item)
             if n == 0 or (item != GGUFValueType.STRING and scalar is None):
                 return super()._get_field_parts(orig_offs, raw_type)
-            flat = self.__dict__["_flat"]
-            if offs + n * (8 if scalar is None else np.dtype(scalar).itemsize) > len(flat):
+            flat = self._flat()
+            size = 8 if scalar is None else np.dtype(scalar).itemsize  # a string takes 8 bytes or more
+            if offs + n * size > len(flat):
                 raise ValueError("an array runs past the end of the file")
             parts, idxs = [raw_itype, count], []
             if scalar is not None:
-                size = np.dtype(scalar).itemsize
                 values = flat[offs:offs + size * n].view(scalar)
                 parts += [values[i:i + 1] for i in range(n)]
                 idxs = list(range(2, 2 + n))
