@@ -1,6 +1,7 @@
 """Stop rules for the draft's chain, scored on one recorded run instead of one timed run each.
 
     python benchmarks/replay.py [--k 8] [--limit 6] [--skip 0] [--threads 2] [--json F]
+    python benchmarks/replay.py --load F [--rows-free] [--draft-scale 0.5]
 
 Greedy SLEM with the default pair drafts k tokens every round with no stop and no branches; each
 round records the draft's probability of each token it wrote and the target ids that each prefix
@@ -17,8 +18,10 @@ makes the recorded rule's modeled time equal its measured time. Its speed over t
 measurement: the rounds after a different stop would not be the same rounds. It ranks rules
 without the noise of separate timed runs; ``anyspec bench`` or ``tune.py`` confirms a ranking.
 
-``hindsight`` stops every round where its tokens per second are best, knowing what the target
-accepts: no rule that sees only the draft's numbers can beat it on these rounds.
+``hindsight`` picks each round's stop so that the whole run is fastest, knowing what the target
+accepts: no rule that sees only the draft's numbers can beat it on these rounds. ``--rows-free``
+and ``--draft-scale`` score the same rounds as if a verify of any rows cost one row, or a draft
+forward a multiple of its measured seconds (``--load``: a recording written by ``--json``).
 """
 
 from __future__ import annotations
