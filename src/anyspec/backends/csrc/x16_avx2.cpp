@@ -8,6 +8,10 @@
 namespace anyspec {
 namespace {
 
+// The most activation rows one pass over a group's blocks takes: the K-quants' pair sums of 6 rows
+// fit the 16 registers, the 32-weight blocks' of 4.
+constexpr int GROUP_ROWS = 6, SMALL_ROWS = 4;
+
 // The int16 pair sums of 4 weights by 4 broadcast activations, added to acc in int16. Exact while
 // no lane passes 32767: 8 of them for 4-bit weights (8 * 2 * 15 * 127), 2 for 6-bit ones.
 inline __m256i pairs4(__m256i acc, __m256i w, int32_t x) {
@@ -16,7 +20,7 @@ inline __m256i pairs4(__m256i acc, __m256i w, int32_t x) {
 
 inline __m256i widen(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
-// Rows 8h..8h+7 of a group against R (at most 4) activation rows.
+// Rows 8h..8h+7 of a group against R (at most GROUP_ROWS) activation rows.
 template <int R>
 void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h, __m256* F) {
   const int64_t K = a.K;
@@ -33,13 +37,19 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
       for (int j = 0; j < 8; ++j) {
         __m256i S[R];  // int16 pair sums of the sub-block's 32 weights: at most 8 * 2 * 15 * 127
         for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
+        auto chunk = [&](int c) {
           const __m256i v = load(gb + 320 + (4 * j + c) * 64);
           const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           for (int r = 0; r < R; ++r) {
             const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 32 * j + 4 * c;
             S[r] = pairs4(pairs4(S[r], lo, word(x)), hi, word(x + 16));
           }
+        };
+        if constexpr (R == 1) {
+          for (int c = 0; c < 4; ++c) chunk(c);
+        } else {  // unrolled over c, the compiler reorders the sums into trees and spills them
+#pragma GCC unroll 1
+          for (int c = 0; c < 4; ++c) chunk(c);
         }
         const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 64 + 16 * j + 8 * h)));
         for (int r = 0; r < R; ++r) I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(widen(S[r]), sc));
@@ -84,7 +94,7 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
   }
 }
 
-// Rows 8h..8h+7 of a 32-weight group against R (at most 4) activation rows; Q8_0 through |w| and sign.
+// Rows 8h..8h+7 of a 32-weight group against R (at most SMALL_ROWS) activation rows; Q8_0 through |w| and sign.
 // H = 2: both halves in one pass over the group's blocks (F[R] then rows 8..15 in F[R + r]), for at
 // most 2 activation rows; each output row's arithmetic is the same, in the same order.
 template <int R, int H = 1>
@@ -141,8 +151,10 @@ void small_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
 
 template <int R>
 void any_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h, __m256* F) {
-  if (small(type)) small_avx2<R>(type, group, nb, a, r0, h, F);
-  else group_avx2<R>(type, group, nb, a, r0, h, F);
+  if constexpr (R <= SMALL_ROWS) {
+    if (small(type)) return small_avx2<R>(type, group, nb, a, r0, h, F);
+  }
+  group_avx2<R>(type, group, nb, a, r0, h, F);
 }
 
 }  // namespace
@@ -150,8 +162,8 @@ void any_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int6
 void x16_rows_avx2(int64_t type, const uint8_t* w, int64_t K, const Act& a, const float* bias, float* y,
                    int64_t ldy, int64_t n0, int64_t n1) {
   const int64_t nb = K / block_size(type), gbytes = x16_group_bytes(type);
-  alignas(32) float out[4 * 8];
-  __m256 F[4];
+  alignas(32) float out[GROUP_ROWS * 8];
+  __m256 F[GROUP_ROWS];
   auto put = [&](int64_t first, int64_t r0, int64_t R, const __m256* acc) {
     for (int64_t r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
     for (int64_t r = 0; r < R; ++r)
@@ -170,15 +182,19 @@ void x16_rows_avx2(int64_t type, const uint8_t* w, int64_t K, const Act& a, cons
     for (int h = 0; h < 2; ++h) {
       const int64_t first = 16 * g + 8 * h;
       if (first >= n1) break;
-      for (int64_t r0 = 0; r0 < a.M; r0 += 4) {
-        const int64_t R = std::min<int64_t>(4, a.M - r0);
+      const int64_t most = small(type) ? SMALL_ROWS : GROUP_ROWS, passes = (a.M + most - 1) / most;
+      for (int64_t r0 = 0, p = 0; p < passes; ++p) {
+        const int64_t R = (a.M - r0 + passes - p - 1) / (passes - p);  // as even as the passes allow
         switch (R) {
           case 1: any_avx2<1>(type, group, nb, a, r0, h, F); break;
           case 2: any_avx2<2>(type, group, nb, a, r0, h, F); break;
           case 3: any_avx2<3>(type, group, nb, a, r0, h, F); break;
-          default: any_avx2<4>(type, group, nb, a, r0, h, F); break;
+          case 4: any_avx2<4>(type, group, nb, a, r0, h, F); break;
+          case 5: any_avx2<5>(type, group, nb, a, r0, h, F); break;
+          default: any_avx2<6>(type, group, nb, a, r0, h, F); break;
         }
         put(first, r0, R, F);
+        r0 += R;
       }
     }
   }
