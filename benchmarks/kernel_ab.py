@@ -10,6 +10,12 @@ sequences of R new rows each, on caches of ``--cache`` tokens (``1x48``: a prefi
 only). Reported per shape: the median milliseconds of each build, their ratio, and whether the
 logits are the same bits (they must be: a kernel change may change speed, never results).
 ``--isa 1`` runs both builds' AVX2 path on a CPU that has AVX-512.
+
+``--generate N``: instead of the shapes, greedy generations of N tokens on the bench prompts
+(``--limit`` of each set), each build as the target alone and as the target of the default draft
+(SLEM, the default config), prompt after prompt, the order flipping each time. Reported per build:
+tok/s of both, speculation's speedup over its own target alone, and whether every answer is the same
+tokens (it must be).
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["1x1", "1x4", "4x1", "1x6", "1x8", "1x48"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", type=int, default=100, help="tokens cached before each shape's rows")
+    ap.add_argument("--generate", type=int, default=0, metavar="N", help="time generations of N tokens")
+    ap.add_argument("--limit", type=int, default=2, help="prompts of each set, with --generate")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from anyspec.backends.gguf import GGUFModel
@@ -69,6 +77,8 @@ def main() -> None:
     if args.isa is not None:
         for m in models.values():
             m.kernel.set_isa(args.isa)
+    if args.generate:
+        return generate_ab(models, args)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     ids = torch.randint(100, 20000, (args.cache,), generator=torch.Generator().manual_seed(0)).tolist()
     seqs = {}
@@ -102,6 +112,40 @@ def main() -> None:
         print(f"| {shape[0]}x{shape[1]} | {a:.1f} | {b:.1f} | {b / a:.2f} | {'yes' if same else 'NO'} |")
         if not same:
             sys.exit(f"the builds' logits differ for {shape[0]}x{shape[1]}: a kernel change altered results")
+
+
+def generate_ab(models: dict, args) -> None:
+    """Each build's target alone and with the default draft, alternating prompt by prompt."""
+    from anyspec.backends.load import load_model
+    from anyspec.bench.prompts import DEFAULT_PROMPTS, load_prompts
+    from anyspec.config import SamplingParams
+    from anyspec.engine import Engine
+    from anyspec.models import DEFAULT_DRAFT
+
+    draft = load_model(DEFAULT_DRAFT, dtype="gguf", name="draft")
+    engines = {(name, mode): Engine(m, draft if mode == "slem" else None)
+               for name, m in models.items() for mode in ("target", "slem")}
+    prompts = [p for path in DEFAULT_PROMPTS for p in load_prompts(path)[:args.limit]]
+    params = SamplingParams(max_new_tokens=args.generate)
+    seconds, tokens, answers = {key: 0.0 for key in engines}, dict.fromkeys(engines, 0), {}
+    for i, prompt in enumerate(prompts):
+        for key in list(engines)[::1 if i % 2 else -1]:
+            start = time.perf_counter()
+            result = engines[key].generate(prompt["prompt"], params)
+            seconds[key] += time.perf_counter() - start
+            tokens[key] += len(result.token_ids)
+            answers.setdefault(prompt["id"], set()).add(tuple(result.token_ids))
+    print(f"{len(prompts)} prompts, {args.generate} new tokens, isa {models['working tree'].kernel.isa()}, "
+          f"{args.threads} threads, alternating")
+    print("| build | target alone tok/s | SLEM tok/s | SLEM ÷ target alone |")
+    print("|---|---:|---:|---:|")
+    for name in models:
+        alone, slem = (tokens[(name, m)] / seconds[(name, m)] for m in ("target", "slem"))
+        print(f"| {name} | {alone:.2f} | {slem:.2f} | {slem / alone:.2f}x |")
+    same = all(len(a) == 1 for a in answers.values())
+    print(f"every answer the same tokens: {'yes' if same else 'NO'}")
+    if not same:
+        sys.exit("the builds or methods gave different answers")
 
 
 if __name__ == "__main__":
