@@ -45,9 +45,9 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
             S[r] = pairs4(pairs4(S[r], lo, word(x)), hi, word(x + 16));
           }
         };
-        if constexpr (R == 1) {
+        if constexpr (R <= 3) {
           for (int c = 0; c < 4; ++c) chunk(c);
-        } else {  // unrolled over c, the compiler reorders the sums into trees and spills them
+        } else {  // unrolled over c, the compiler reorders 4 or more rows' sums into trees and spills them
 #pragma GCC unroll 1
           for (int c = 0; c < 4; ++c) chunk(c);
         }
