@@ -14,82 +14,99 @@ constexpr int GROUP_ROWS = 6, SMALL_ROWS = 4;
 
 // The int16 pair sums of 4 weights by 4 broadcast activations, added to acc in int16. Exact while
 // no lane passes 32767: 8 of them for 4-bit weights (8 * 2 * 15 * 127), 2 for 6-bit ones.
-inline __m256i pairs4(__m256i acc, __m256i w, int32_t x) {
-  return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, _mm256_set1_epi32(x)));
-}
+inline __m256i pairs4(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x)); }
+inline __m256i pairs4(__m256i acc, __m256i w, int32_t x) { return pairs4(acc, w, _mm256_set1_epi32(x)); }
 
 inline __m256i widen(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
-// Rows 8h..8h+7 of a group against R (at most GROUP_ROWS) activation rows.
-template <int R>
-void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h, __m256* F) {
+// Rows 8h..8h+7 of a group against R (at most GROUP_ROWS) activation rows. H = 2: both halves in one
+// pass (rows 8..15 in F[R + r]), each weight line read once and each broadcast used twice, for
+// R * H at most GROUP_ROWS; each output row's arithmetic is the same, in the same order.
+template <int R, int H = 1>
+void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h0, __m256* F) {
   const int64_t K = a.K;
   const __m256i low4 = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
   const int64_t gbytes = x16_group_bytes(type);
-  for (int r = 0; r < R; ++r) F[r] = _mm256_setzero_ps();
-  auto load = [&](const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); };
+  for (int r = 0; r < H * R; ++r) F[r] = _mm256_setzero_ps();
+  auto half = [](const uint8_t* p, int h) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); };
+  auto bytes8 = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * gbytes;
-    if (h == 0) fetch_ahead(gb + PREFETCH_BLOCKS * gbytes, gbytes);  // the second half reads them from L2
-    __m256i I[R], M[R];
-    for (int r = 0; r < R; ++r) I[r] = M[r] = _mm256_setzero_si256();
+    if (h0 == 0) fetch_ahead(gb + PREFETCH_BLOCKS * gbytes, gbytes);  // a second pass reads them from L2
+    __m256i I[H][R], M[H][R];
+    for (int u = 0; u < H; ++u)
+      for (int r = 0; r < R; ++r) I[u][r] = M[u][r] = _mm256_setzero_si256();
     if (type == Q4_K_X16) {
       for (int j = 0; j < 8; ++j) {
-        __m256i S[R];  // int16 pair sums of the sub-block's 32 weights: at most 8 * 2 * 15 * 127
-        for (int r = 0; r < R; ++r) S[r] = _mm256_setzero_si256();
+        __m256i S[H][R];  // int16 pair sums of the sub-block's 32 weights: at most 8 * 2 * 15 * 127
+        for (int u = 0; u < H; ++u)
+          for (int r = 0; r < R; ++r) S[u][r] = _mm256_setzero_si256();
         auto chunk = [&](int c) {
-          const __m256i v = load(gb + 320 + (4 * j + c) * 64);
-          const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          __m256i lo[H], hi[H];
+          for (int u = 0; u < H; ++u) {
+            const __m256i v = half(gb + 320 + (4 * j + c) * 64, h0 + u);
+            lo[u] = _mm256_and_si256(v, low4), hi[u] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          }
           for (int r = 0; r < R; ++r) {
             const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 32 * j + 4 * c;
-            S[r] = pairs4(pairs4(S[r], lo, word(x)), hi, word(x + 16));
+            const __m256i xl = _mm256_set1_epi32(word(x)), xh = _mm256_set1_epi32(word(x + 16));
+            for (int u = 0; u < H; ++u) S[u][r] = pairs4(pairs4(S[u][r], lo[u], xl), hi[u], xh);
           }
         };
-        if constexpr (R <= 3) {
+        if constexpr (H * R <= 3) {
           for (int c = 0; c < 4; ++c) chunk(c);
         } else {  // unrolled over c, the compiler reorders 4 or more rows' sums into trees and spills them
 #pragma GCC unroll 1
           for (int c = 0; c < 4; ++c) chunk(c);
         }
-        const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + 64 + 16 * j + 8 * h)));
-        for (int r = 0; r < R; ++r) I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(widen(S[r]), sc));
-      }
-      for (int i = 0; i < 4; ++i) {
-        const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 192 + 32 * i + 16 * h)));
-        for (int r = 0; r < R; ++r) {
-          const int16_t* bs = a.bsum32.data() + (r0 + r) * (K / 32) + 8 * b;
-          M[r] = _mm256_add_epi32(M[r], _mm256_madd_epi16(mn, _mm256_set1_epi32(word(reinterpret_cast<const int8_t*>(bs + 2 * i)))));
+        for (int u = 0; u < H; ++u) {
+          const __m256i sc = _mm256_cvtepu8_epi32(bytes8(gb + 64 + 16 * j + 8 * (h0 + u)));
+          for (int r = 0; r < R; ++r) I[u][r] = _mm256_add_epi32(I[u][r], _mm256_mullo_epi32(widen(S[u][r]), sc));
         }
       }
+      for (int i = 0; i < 4; ++i)
+        for (int u = 0; u < H; ++u) {
+          const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 192 + 32 * i + 16 * (h0 + u))));
+          for (int r = 0; r < R; ++r) {
+            const int16_t* bs = a.bsum32.data() + (r0 + r) * (K / 32) + 8 * b;
+            M[u][r] = _mm256_add_epi32(M[u][r], _mm256_madd_epi16(mn, _mm256_set1_epi32(word(reinterpret_cast<const int8_t*>(bs + 2 * i)))));
+          }
+        }
     } else {
-      for (int s = 0; s < 16; ++s) {
-        const __m256i v0 = load(gb + QL6 + (2 * s) * 64), v1 = load(gb + QL6 + (2 * s + 1) * 64);
-        const __m256i hb = load(gb + QH6 + s * 64);
-        auto top = [&](int shift) {
-          return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, shift), two), 4);
-        };
-        const __m256i w0 = _mm256_or_si256(_mm256_and_si256(v0, low4), top(0));
-        const __m256i w1 = _mm256_or_si256(_mm256_and_si256(v1, low4), top(2));
-        const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4), top(4));
-        const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4), top(6));
-        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + SC6 + 16 * s + 8 * h)));
-        for (int r = 0; r < R; ++r) {
-          const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 16 * s;
-          const __m256i zero = _mm256_setzero_si256();  // 6-bit weights: two pair sums per int16
-          __m256i S = _mm256_add_epi32(widen(pairs4(pairs4(zero, w0, word(x)), w1, word(x + 4))),
-                                       widen(pairs4(pairs4(zero, w2, word(x + 8)), w3, word(x + 12))));
-          S = _mm256_sub_epi32(S, _mm256_set1_epi32(a.b16x32[(r0 + r) * (K / 16) + 16 * b + s]));
-          I[r] = _mm256_add_epi32(I[r], _mm256_mullo_epi32(S, sc));
+      for (int s = 0; s < 16; ++s)
+        for (int u = 0; u < H; ++u) {
+          const int h = h0 + u;
+          const __m256i v0 = half(gb + QL6 + (2 * s) * 64, h), v1 = half(gb + QL6 + (2 * s + 1) * 64, h);
+          const __m256i hb = half(gb + QH6 + s * 64, h);
+          auto top = [&](int shift) {
+            return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, shift), two), 4);
+          };
+          const __m256i w0 = _mm256_or_si256(_mm256_and_si256(v0, low4), top(0));
+          const __m256i w1 = _mm256_or_si256(_mm256_and_si256(v1, low4), top(2));
+          const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4), top(4));
+          const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4), top(6));
+          const __m256i sc = _mm256_cvtepi8_epi32(bytes8(gb + SC6 + 16 * s + 8 * h));
+          for (int r = 0; r < R; ++r) {
+            const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 16 * s;
+            const __m256i zero = _mm256_setzero_si256();  // 6-bit weights: two pair sums per int16
+            __m256i S = _mm256_add_epi32(widen(pairs4(pairs4(zero, w0, word(x)), w1, word(x + 4))),
+                                         widen(pairs4(pairs4(zero, w2, word(x + 8)), w3, word(x + 12))));
+            S = _mm256_sub_epi32(S, _mm256_set1_epi32(a.b16x32[(r0 + r) * (K / 16) + 16 * b + s]));
+            I[u][r] = _mm256_add_epi32(I[u][r], _mm256_mullo_epi32(S, sc));
+          }
         }
-      }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
-    const __m256 dmin = type == Q4_K_X16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
-                                         : _mm256_setzero_ps();
-    for (int r = 0; r < R; ++r) {
-      const __m256 dx = _mm256_set1_ps(a.d[(r0 + r) * nb + b]);
-      F[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(I[r]), F[r]);
-      F[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(M[r]), F[r]);
+    for (int u = 0; u < H; ++u) {
+      const int h = h0 + u;
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+      const __m256 dmin = type == Q4_K_X16 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)))
+                                           : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r) {
+        const __m256 dx = _mm256_set1_ps(a.d[(r0 + r) * nb + b]);
+        __m256& acc = F[u * R + r];
+        acc = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(I[u][r]), acc);
+        acc = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(M[u][r]), acc);
+      }
     }
   }
 }
@@ -172,9 +189,12 @@ void x16_rows_avx2(int64_t type, const uint8_t* w, int64_t K, const Act& a, cons
   };
   for (int64_t g = n0 / 16; g * 16 < n1; ++g) {
     const uint8_t* group = w + g * nb * gbytes;
-    if (small(type) && a.M <= 2 && 16 * g + 8 < n1) {  // both halves in one pass over the blocks
-      if (a.M == 1) small_avx2<1, 2>(type, group, nb, a, 0, 0, F);
-      else small_avx2<2, 2>(type, group, nb, a, 0, 0, F);
+    if (a.M <= (small(type) ? 2 : 3) && 16 * g + 8 < n1) {  // both halves in one pass over the blocks
+      if (small(type) && a.M == 1) small_avx2<1, 2>(type, group, nb, a, 0, 0, F);
+      else if (small(type)) small_avx2<2, 2>(type, group, nb, a, 0, 0, F);
+      else if (a.M == 1) group_avx2<1, 2>(type, group, nb, a, 0, 0, F);
+      else if (a.M == 2) group_avx2<2, 2>(type, group, nb, a, 0, 0, F);
+      else group_avx2<3, 2>(type, group, nb, a, 0, 0, F);
       put(16 * g, 0, a.M, F);
       put(16 * g + 8, 0, a.M, F + a.M);
       continue;
