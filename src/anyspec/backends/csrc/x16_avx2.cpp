@@ -19,17 +19,48 @@ inline __m256i pairs4(__m256i acc, __m256i w, int32_t x) { return pairs4(acc, w,
 
 inline __m256i widen(__m256i pairs) { return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)); }
 
+// Half h (rows 8h..8h+7) of 64 bytes of a group block, and 8 bytes into the low lane.
+inline __m256i half(const uint8_t* p, int h) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); }
+inline __m128i bytes8(const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+
+// Block b of a Q6_K group: each half's scaled sums, rows 8h..8h+7 for h = h0 .. h0 + H - 1, into I.
+template <int R, int H>
+void q6k_block(const uint8_t* gb, const Act& a, int64_t r0, int h0, int64_t b, __m256i (&I)[H][R]) {
+  const int64_t K = a.K;
+  const __m256i low4 = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
+  for (int s = 0; s < 16; ++s)
+    for (int u = 0; u < H; ++u) {
+      const int h = h0 + u;
+      const __m256i v0 = half(gb + QL6 + (2 * s) * 64, h), v1 = half(gb + QL6 + (2 * s + 1) * 64, h);
+      const __m256i hb = half(gb + QH6 + s * 64, h);
+      auto top = [&](int shift) {
+        return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, shift), two), 4);
+      };
+      const __m256i w0 = _mm256_or_si256(_mm256_and_si256(v0, low4), top(0));
+      const __m256i w1 = _mm256_or_si256(_mm256_and_si256(v1, low4), top(2));
+      const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4), top(4));
+      const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4), top(6));
+      const __m256i sc = _mm256_cvtepi8_epi32(bytes8(gb + SC6 + 16 * s + 8 * h));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 16 * s;
+        const __m256i zero = _mm256_setzero_si256();  // 6-bit weights: two pair sums per int16
+        __m256i S = _mm256_add_epi32(widen(pairs4(pairs4(zero, w0, word(x)), w1, word(x + 4))),
+                                     widen(pairs4(pairs4(zero, w2, word(x + 8)), w3, word(x + 12))));
+        S = _mm256_sub_epi32(S, _mm256_set1_epi32(a.b16x32[(r0 + r) * (K / 16) + 16 * b + s]));
+        I[u][r] = _mm256_add_epi32(I[u][r], _mm256_mullo_epi32(S, sc));
+      }
+    }
+}
+
 // Rows 8h..8h+7 of a group against R (at most GROUP_ROWS) activation rows. H = 2: both halves in one
 // pass (rows 8..15 in F[R + r]), each weight line read once and each broadcast used twice, for
 // R * H at most GROUP_ROWS; each output row's arithmetic is the same, in the same order.
 template <int R, int H = 1>
 void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, int64_t r0, int h0, __m256* F) {
   const int64_t K = a.K;
-  const __m256i low4 = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
+  const __m256i low4 = _mm256_set1_epi8(15);
   const int64_t gbytes = x16_group_bytes(type);
   for (int r = 0; r < H * R; ++r) F[r] = _mm256_setzero_ps();
-  auto half = [](const uint8_t* p, int h) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); };
-  auto bytes8 = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* gb = group + b * gbytes;
     if (h0 == 0) fetch_ahead(gb + PREFETCH_BLOCKS * gbytes, gbytes);  // a second pass reads them from L2
@@ -73,28 +104,7 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
           }
         }
     } else {
-      for (int s = 0; s < 16; ++s)
-        for (int u = 0; u < H; ++u) {
-          const int h = h0 + u;
-          const __m256i v0 = half(gb + QL6 + (2 * s) * 64, h), v1 = half(gb + QL6 + (2 * s + 1) * 64, h);
-          const __m256i hb = half(gb + QH6 + s * 64, h);
-          auto top = [&](int shift) {
-            return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, shift), two), 4);
-          };
-          const __m256i w0 = _mm256_or_si256(_mm256_and_si256(v0, low4), top(0));
-          const __m256i w1 = _mm256_or_si256(_mm256_and_si256(v1, low4), top(2));
-          const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4), top(4));
-          const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4), top(6));
-          const __m256i sc = _mm256_cvtepi8_epi32(bytes8(gb + SC6 + 16 * s + 8 * h));
-          for (int r = 0; r < R; ++r) {
-            const int8_t* x = a.q.data() + (r0 + r) * K + 256 * b + 16 * s;
-            const __m256i zero = _mm256_setzero_si256();  // 6-bit weights: two pair sums per int16
-            __m256i S = _mm256_add_epi32(widen(pairs4(pairs4(zero, w0, word(x)), w1, word(x + 4))),
-                                         widen(pairs4(pairs4(zero, w2, word(x + 8)), w3, word(x + 12))));
-            S = _mm256_sub_epi32(S, _mm256_set1_epi32(a.b16x32[(r0 + r) * (K / 16) + 16 * b + s]));
-            I[u][r] = _mm256_add_epi32(I[u][r], _mm256_mullo_epi32(S, sc));
-          }
-        }
+      q6k_block<R, H>(gb, a, r0, h0, b, I);
     }
     for (int u = 0; u < H; ++u) {
       const int h = h0 + u;
