@@ -127,7 +127,7 @@ def generate_ab(models: dict, args) -> None:
                for name, m in models.items() for mode in ("target", "slem")}
     prompts = [p for path in DEFAULT_PROMPTS for p in load_prompts(path)[:args.limit]]
     params = SamplingParams(max_new_tokens=args.generate)
-    seconds, tokens, answers = {key: 0.0 for key in engines}, dict.fromkeys(engines, 0), {}
+    seconds, tokens, answers = dict.fromkeys(engines, 0.0), dict.fromkeys(engines, 0), {}
     for i, prompt in enumerate(prompts):
         for key in list(engines)[::1 if i % 2 else -1]:
             start = time.perf_counter()

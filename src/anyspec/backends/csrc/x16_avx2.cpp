@@ -86,7 +86,7 @@ void group_avx2(int64_t type, const uint8_t* group, int64_t nb, const Act& a, in
         };
         if constexpr (H * R <= 3) {
           for (int c = 0; c < 4; ++c) chunk(c);
-        } else {  // unrolled over c, the compiler reorders 4 or more rows' sums into trees and spills them
+        } else {  // unrolled over c, the compiler reorders 4 or more sums into trees and spills them
 #pragma GCC unroll 1
           for (int c = 0; c < 4; ++c) chunk(c);
         }
