@@ -210,7 +210,7 @@ class GGUFModel:
         ids = torch.as_tensor(ids, dtype=torch.long).sort().values
         return Head(ids, _product(self.kernel, self._head_tensor, ids))
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: its tensors (caches, logits) could not be written later
     def forward(self, batch: list[tuple], head: Head | None = None) -> list[torch.Tensor]:
         """Append each ``(sequence, ids, last)``'s ids to its sequence in one pass; for each, the fp32
         logits of its ids (or of its ``last`` rows), ``[rows, V]``. With a ``head``

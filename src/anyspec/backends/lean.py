@@ -179,7 +179,7 @@ class LeanModel(TransformersModel):
     def crop(self, n: int) -> None:
         del self.cached_ids[n:]
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: its tensors (caches, logits) could not be written later
     def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
         start, m = self.num_cached, len(ids)
         end = start + m

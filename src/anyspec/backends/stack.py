@@ -22,7 +22,10 @@ class KVCache:
         self.keys, self.values = self._allocate(capacity), self._allocate(capacity)
 
     def _allocate(self, length: int) -> list[torch.Tensor]:
-        return [torch.zeros(self.kv_heads, length, self.head_dim) for _ in range(self.layers)]
+        # Ordinary tensors even when a caller runs the forward under inference mode: a cache grown
+        # there is written outside it later (``copy_prefix``, ``Sequence.keep_rows``).
+        with torch.inference_mode(False):
+            return [torch.zeros(self.kv_heads, length, self.head_dim) for _ in range(self.layers)]
 
     @property
     def capacity(self) -> int:
@@ -70,6 +73,11 @@ class Sequence:
 
     def reset(self) -> None:
         self.cached_ids = []
+
+    def release(self) -> None:
+        """Leave the model: the sequence holds nothing and is no donor (``donors``) any more."""
+        self.cached_ids = []
+        self.model.sequences.discard(self)
 
     def donors(self) -> list[Sequence]:
         """The model's other sequences, whose cached prefixes this one may adopt."""

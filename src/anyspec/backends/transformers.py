@@ -63,7 +63,7 @@ class TransformersModel:
         self.cache = self._new_cache()
         self.cached_ids = []
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: its tensors (caches, logits) could not be written later
     def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
         """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]`` (or the ``last`` rows)."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)

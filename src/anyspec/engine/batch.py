@@ -82,6 +82,16 @@ def take_slot(free: list[tuple], ids: list[int], new_slot: Callable[[], tuple]) 
     return free.pop(best)
 
 
+def drop_slot(slot: tuple) -> None:
+    """Forget a slot whose generation failed: whatever its caches hold is never read again. Sequences
+    leave their model (a fresh slot takes their place); a model with one cache starts empty."""
+    for seq in slot:
+        if isinstance(seq, Sequence):
+            seq.release()
+        elif seq is not None:
+            seq.reset()
+
+
 def model_of(seq) -> object:
     return seq.model if isinstance(seq, Sequence) else seq
 

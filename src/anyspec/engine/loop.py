@@ -18,7 +18,7 @@ import torch
 from anyspec.algorithms import ngram, slem, tli, tree
 from anyspec.algorithms.adaptive_k import AdaptiveK, PassCosts
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
-from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, take_slot
+from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, drop_slot, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence, PrefixSharing, row_invariant
@@ -169,24 +169,28 @@ class Engine:
         errors: dict[int, Exception] = {}
         batch = Batch(lambda i, text: None, results.__setitem__, errors.__setitem__, drafts=(self.draft,))
         free, waiting, owner = [], list(enumerate(requests))[::-1], {}
-        while waiting or len(batch):
-            while waiting and len(batch) < max_batch and not errors:
-                i, (prompt, params) = waiting.pop()
-                try:
-                    encoded = encode_prompt(self.target.tokenizer, prompt)[:2]
-                except Exception as exc:  # raised below, as a generation's own error is
-                    errors[i] = exc
-                    break
-                owner[i] = take_slot(free, encoded[0], self.new_slot)
-                batch.add(i, self.steps(prompt, params, *owner[i], batch=batch, key=i, encoded=encoded))
-            for i in [i for i in owner if i not in batch]:
-                free.append(owner.pop(i))
-            if not errors:
-                batch.step()
-            if errors:
-                for i in list(owner):
-                    batch.remove(i)
-                raise next(iter(errors.values()))
+        try:
+            while waiting or len(batch):
+                while waiting and len(batch) < max_batch and not errors:
+                    i, (prompt, params) = waiting.pop()
+                    try:
+                        encoded = encode_prompt(self.target.tokenizer, prompt)[:2]
+                    except Exception as exc:  # raised below, as a generation's own error is
+                        errors[i] = exc
+                        break
+                    owner[i] = take_slot(free, encoded[0], self.new_slot)
+                    batch.add(i, self.steps(prompt, params, *owner[i], batch=batch, key=i, encoded=encoded))
+                for i in [i for i in owner if i not in batch]:
+                    free.append(owner.pop(i))
+                if not errors:
+                    batch.step()
+                if errors:
+                    for i in list(owner):
+                        batch.remove(i)
+                    raise next(iter(errors.values()))
+        finally:  # the slots leave the models: their caches would otherwise live as long as the models
+            for slot in free + list(owner.values()):
+                drop_slot(slot)
         return [results[i] for i in range(len(requests))]
 
 

@@ -10,29 +10,35 @@ memory stays bounded by ``max_batch`` times the context. A job whose prompt begi
 another job is about to prefill (a shared system prompt) joins one pass later and copies those
 keys and values (``loop.reuse_prefix``). A job that finds no free slot waits in the queue.
 Cancelling a job takes it out of the queue at once, or, once it runs, ends it before the worker's
-next pass. Models that hold one cache only run one job at a time.
+next pass. A job that fails leaves no slot behind: its sequences are dropped, since whatever their
+caches hold may be half written, and the next job gets a fresh slot. Models that hold one cache
+only run one job at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 
 from anyspec.config import MAX_BATCH, SamplingParams
 from anyspec.engine import Engine, Stats
-from anyspec.engine.batch import Batch, take_slot
+from anyspec.engine.batch import Batch, drop_slot, take_slot
 from anyspec.engine.context import common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence
 from anyspec.engine.prompt import encode_prompt
+from anyspec.errors import ConfigError
 from anyspec.server.metrics import Metrics
 
 
 class QueueFull(Exception):
     pass
 
+
+log = logging.getLogger("anyspec.server")
 
 SHARED = 16  # prompt tokens a joining job must be able to copy from another one to wait a pass for them
 
@@ -223,6 +229,9 @@ class Scheduler:
 
     def _on_error(self, job: Job, exc: Exception) -> None:
         if job in self.running:
-            self._finish(job)
+            drop_slot(self.running.pop(job).slot)
+            self.slots -= self.batched
+        if not isinstance(exc, ConfigError):  # a request's own bad data answers 400 and is no failure
+            log.error("a generation failed", exc_info=exc)
         self.metrics.add_generation("error", 0, 0.0, None)
         job.emit("error", exc)
