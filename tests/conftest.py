@@ -122,3 +122,15 @@ def reference(folders):
     from live_server import load_engine
 
     return load_engine(*folders)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The run's peak resident memory, the test process's and its largest child's (the commands that
+    tests start), so that a suite growing towards the machine's memory shows before it is killed."""
+    import resource
+    import sys
+
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**30
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**30
+    terminalreporter.write_line(f"peak RSS: {own:.1f} GB (tests), {child:.1f} GB (largest command they ran)")
