@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_gguf import TYPES, kernel, random_blocks, stored
+from test_gguf import TYPES, kernel, random_blocks, smollm2, stored  # noqa: F401 (smollm2: a fixture)
 
 from anyspec.backends.linear import rowwise_possible
 
@@ -102,3 +102,22 @@ def test_a_pass_across_the_threshold_changes_no_bits(kind, lib):
     x = activations(9, k)
     below, at, above, _ = products(lib, kind, 3, x, (7, 8, 9), n, k)
     assert torch.equal(at[:7], below) and torch.equal(above[:8], at)
+
+
+@pytest.mark.slow
+def test_a_forward_across_the_threshold_gives_each_row_the_bits_it_has_alone(smollm2, lib):  # noqa: F811
+    """SmolLM2-135M, every product on the stand-in's tiles from 4 rows: 6 new rows of one pass take
+    the tiles, and each of them is the bits of that row computed alone at the vector level."""
+    ids = smollm2.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fib")
+    lib.set_amx_rows(4)
+    try:
+        lib.set_isa(3)
+        smollm2.reset()
+        smollm2.extend(ids[:-6])
+        together = smollm2.extend(ids[-6:])
+        lib.set_isa(lib.cpu_isa())
+        smollm2.crop(len(ids) - 6)
+        alone = torch.cat([smollm2.extend([i]) for i in ids[-6:]])
+    finally:
+        smollm2.reset()
+    assert torch.equal(together, alone)
