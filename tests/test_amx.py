@@ -19,12 +19,15 @@ from anyspec.backends.linear import rowwise_possible
 pytestmark = pytest.mark.skipif(not rowwise_possible(), reason="x86 without AVX2, or ANYSPEC_KERNELS=0")
 
 
-@pytest.fixture
-def lib():
-    """The kernel with level 3 on the stand-in; its level, stand-in and threshold restored after."""
+@pytest.fixture(params=["stand-in", "cpu"])
+def lib(request):
+    """The kernel with level 3 on the stand-in, or on the CPU's tiles where it has them; its level,
+    stand-in and threshold restored after."""
     lib = kernel()
+    if request.param == "cpu" and not lib.amx_hw_usable():
+        pytest.skip("this CPU or OS gives no AMX tiles (amx_int8)")
     level, rows = lib.isa(), lib.amx_rows()
-    lib.set_amx_standin(True)
+    lib.set_amx_standin(request.param == "stand-in")
     try:
         yield lib
     finally:
@@ -106,7 +109,7 @@ def test_a_pass_across_the_threshold_changes_no_bits(kind, lib):
 
 @pytest.mark.slow
 def test_a_forward_across_the_threshold_gives_each_row_the_bits_it_has_alone(smollm2, lib):  # noqa: F811
-    """SmolLM2-135M, every product on the stand-in's tiles from 4 rows: 6 new rows of one pass take
+    """SmolLM2-135M, every product on the tiles from 4 rows: 6 new rows of one pass take
     the tiles, and each of them is the bits of that row computed alone at the vector level."""
     ids = smollm2.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fib")
     lib.set_amx_rows(4)
