@@ -31,8 +31,9 @@ def limit_isa(kernel) -> None:
     machine the way an AVX2-only one runs, or an AMX one without its tiles. Every level computes the
     same bits; a level the CPU (or the build) lacks gives its best one.
 
-    Level 3 takes a pass to the tiles from ``ANYSPEC_AMX_ROWS`` activation rows (default 8), fewer
-    to the best vector level. ``ANYSPEC_AMX_STANDIN=1`` runs it on the tiles' plain C++ stand-in,
+    Level 3 is taken only when asked for (``ANYSPEC_ISA=amx`` where the CPU and the OS grant the
+    tiles): it takes a pass to the tiles from ``ANYSPEC_AMX_ROWS`` activation rows (default 8),
+    fewer to the best vector level. ``ANYSPEC_AMX_STANDIN=1`` runs it on the tiles' plain C++ stand-in,
     on any CPU (slow; for tests and for checking the tiling code where AMX is missing)."""
     rows = os.environ.get("ANYSPEC_AMX_ROWS")
     if rows is not None:
@@ -44,7 +45,7 @@ def limit_isa(kernel) -> None:
         if standin.strip() not in ("0", "1"):
             raise ConfigError(f"ANYSPEC_AMX_STANDIN must be 0 or 1, got {standin!r}")
         kernel.set_amx_standin(standin.strip() == "1")
-        kernel.set_isa(3)  # the best level there is now; ANYSPEC_ISA may cap it below
+        kernel.set_isa(3 if kernel.amx_standin() else kernel.cpu_isa())  # ANYSPEC_ISA may cap it below
     wanted = os.environ.get("ANYSPEC_ISA")
     if wanted is None:
         return
