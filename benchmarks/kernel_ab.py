@@ -57,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", required=True, help="git revision to compare the working tree with")
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="built-in name or GGUF file")
-    ap.add_argument("--isa", type=int, default=None, help="instruction-set level for both (0, 1, 2)")
+    ap.add_argument("--isa", type=int, default=None, help="instruction-set level for both (0, 1, 2, 3)")
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--shapes", nargs="+", default=["1x1", "1x4", "4x1", "1x6", "1x8", "1x48"])
     ap.add_argument("--threads", type=int, default=2)

@@ -240,7 +240,7 @@ def test_the_default_confidence_stop_follows_the_kernels_level(tok_qwen2):
     lib = rowwise_kernel()
     level = lib.isa()
     try:
-        want = {0: DRAFT_CONFIDENCE_AVX2, 1: DRAFT_CONFIDENCE_AVX2, 2: DRAFT_CONFIDENCE}
+        want = {0: DRAFT_CONFIDENCE_AVX2, 1: DRAFT_CONFIDENCE_AVX2, 2: DRAFT_CONFIDENCE, 3: DRAFT_CONFIDENCE}
         for lvl in range(lib.best_isa() + 1):
             lib.set_isa(lvl)
             assert tuned_confidence(SimpleNamespace(row_invariant=True)) == want[lvl]

@@ -49,7 +49,8 @@ def test_the_kernel_builds_wherever_the_cpu_can_run_it():
 
     assert rowwise_problem() is None
     lib = kernel()
-    assert lib.isa() == lib.best_isa() and (1 <= lib.best_isa() <= 2 if is_x86() else lib.best_isa() == 0)
+    assert lib.isa() == lib.best_isa() and (1 <= lib.best_isa() <= 3 if is_x86() else lib.best_isa() == 0)
+    assert lib.best_isa() == (3 if lib.amx_hw_usable() else lib.cpu_isa())
 
 
 def random_blocks(kind, rows: int, k: int, seed: int = 0) -> np.ndarray:

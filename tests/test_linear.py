@@ -234,12 +234,47 @@ def test_anyspec_isa_caps_the_instruction_set_level(monkeypatch):
     lib = rowwise_kernel()
     best = lib.best_isa()
     try:
-        for value, level in (("plain", 0), ("1", 1), ("AVX512", 2)):
+        for value, level in (("plain", 0), ("1", 1), ("AVX512", 2), ("amx", 3)):
             monkeypatch.setenv("ANYSPEC_ISA", value)
             limit_isa(lib)
             assert lib.isa() == min(level, best)
         monkeypatch.setenv("ANYSPEC_ISA", "sse9")
-        with pytest.raises(ConfigError, match="ANYSPEC_ISA must be 0, 1 or 2"):
+        with pytest.raises(ConfigError, match="ANYSPEC_ISA must be 0, 1, 2 or 3"):
             limit_isa(lib)
     finally:
         lib.set_isa(best)
+
+
+@needs_rowwise
+def test_the_tiles_stand_in_and_threshold_come_from_the_environment(monkeypatch):
+    """ANYSPEC_AMX_STANDIN=1 gives level 3 on any CPU, which ANYSPEC_ISA still caps; ANYSPEC_AMX_ROWS
+    sets the rows from which a pass takes the tiles."""
+    from anyspec.backends.build import limit_isa
+    from anyspec.backends.linear import rowwise_kernel
+
+    lib = rowwise_kernel()
+    level, rows = lib.isa(), lib.amx_rows()
+    try:
+        monkeypatch.setenv("ANYSPEC_AMX_STANDIN", "1")
+        monkeypatch.setenv("ANYSPEC_AMX_ROWS", "12")
+        limit_isa(lib)
+        assert lib.amx_standin() and lib.best_isa() == 3 and lib.isa() == 3 and lib.amx_rows() == 12
+        monkeypatch.setenv("ANYSPEC_ISA", "avx2")
+        limit_isa(lib)
+        assert lib.isa() == 1
+        monkeypatch.setenv("ANYSPEC_AMX_STANDIN", "0")
+        monkeypatch.delenv("ANYSPEC_ISA")
+        limit_isa(lib)
+        assert not lib.amx_standin()
+        assert lib.isa() == lib.cpu_isa(), "the tiles are taken only when asked for"
+        assert lib.best_isa() == (3 if lib.amx_hw_usable() else lib.cpu_isa())
+        bad = (("ANYSPEC_AMX_ROWS", "0"), ("ANYSPEC_AMX_ROWS", "many"), ("ANYSPEC_AMX_STANDIN", "yes"))
+        for name, value in bad:
+            monkeypatch.setenv(name, value)
+            with pytest.raises(ConfigError, match=f"{name} must be"):
+                limit_isa(lib)
+            monkeypatch.delenv(name)
+    finally:
+        lib.set_amx_standin(False)
+        lib.set_amx_rows(rows)
+        lib.set_isa(level)

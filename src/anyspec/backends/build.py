@@ -1,7 +1,7 @@
 """Building anyspec's CPU kernel: its C++ sources (``csrc/``), compiled once per torch version,
 source and flags into ``cache_dir()/kernels``, and the instruction-set level it runs at (``ANYSPEC_ISA``).
 
-On x86 the kernel is built with AVX2, FMA and F16C, and picks AVX2 or AVX-512 VNNI at run time; on any
+On x86 the kernel is built with AVX2, FMA and F16C, and picks AVX2, AVX-512 VNNI or AMX at run time; on any
 other machine it is built without x86 flags and runs its plain C++ (level 0), which computes the same
 bits (``csrc/vec8.h``).
 """
@@ -22,18 +22,35 @@ from anyspec.paths import cache_dir, held
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = sorted(CSRC.glob("*.cpp"))
 X86_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
-ISA_LEVELS = {"0": 0, "plain": 0, "1": 1, "avx2": 1, "2": 2, "avx512": 2}
+ISA_LEVELS = {"0": 0, "plain": 0, "1": 1, "avx2": 1, "2": 2, "avx512": 2, "3": 3, "amx": 3}
 
 
 def limit_isa(kernel) -> None:
     """``ANYSPEC_ISA`` caps the kernel's instruction-set level (0 or plain: the C++ reference, 1 or
-    avx2, 2 or avx512: AVX-512 VNNI), to run an AVX-512 machine the way an AVX2-only one runs. Every
-    level computes the same bits; a level the CPU (or the build) lacks gives its best one."""
+    avx2, 2 or avx512: AVX-512 VNNI, 3 or amx: AMX tiles for passes of many rows), to run an AVX-512
+    machine the way an AVX2-only one runs, or an AMX one without its tiles. Every level computes the
+    same bits; a level the CPU (or the build) lacks gives its best one.
+
+    Level 3 is taken only when asked for (``ANYSPEC_ISA=amx`` where the CPU and the OS grant the
+    tiles): it takes a pass to the tiles from ``ANYSPEC_AMX_ROWS`` activation rows (default 8),
+    fewer to the best vector level. ``ANYSPEC_AMX_STANDIN=1`` runs it on the tiles' plain C++ stand-in,
+    on any CPU (slow; for tests and for checking the tiling code where AMX is missing)."""
+    rows = os.environ.get("ANYSPEC_AMX_ROWS")
+    if rows is not None:
+        if not rows.strip().isdigit() or int(rows) < 1:
+            raise ConfigError(f"ANYSPEC_AMX_ROWS must be a whole number of rows, 1 or more, got {rows!r}")
+        kernel.set_amx_rows(int(rows))
+    standin = os.environ.get("ANYSPEC_AMX_STANDIN")
+    if standin is not None:
+        if standin.strip() not in ("0", "1"):
+            raise ConfigError(f"ANYSPEC_AMX_STANDIN must be 0 or 1, got {standin!r}")
+        kernel.set_amx_standin(standin.strip() == "1")
+        kernel.set_isa(3 if kernel.amx_standin() else kernel.cpu_isa())  # ANYSPEC_ISA may cap it below
     wanted = os.environ.get("ANYSPEC_ISA")
     if wanted is None:
         return
     if wanted.strip().lower() not in ISA_LEVELS:
-        raise ConfigError(f"ANYSPEC_ISA must be 0, 1 or 2 (plain, avx2, avx512), got {wanted!r}")
+        raise ConfigError(f"ANYSPEC_ISA must be 0, 1, 2 or 3 (plain, avx2, avx512, amx), got {wanted!r}")
     kernel.set_isa(ISA_LEVELS[wanted.strip().lower()])
 
 

@@ -77,6 +77,8 @@ void decode(const BlockQ6_K* b, KBlock& o) {
 namespace {
 
 int level = -1;
+bool standin = false;
+int64_t tile_rows = 8;
 
 // IQ4_NL's and IQ4_XS's 16 non-uniform levels
 constexpr int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -202,7 +204,7 @@ int64_t block_bytes(int64_t type) {
 
 bool is_quantized(int64_t type) { return block_size(type) > 1; }
 
-int best_isa() {
+int cpu_isa() {
 #if ANYSPEC_X86
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -214,12 +216,27 @@ int best_isa() {
 #endif
 }
 
+int best_isa() { return standin || amx_hw_usable() ? 3 : cpu_isa(); }
+
+// The tiles are taken only when asked for (ANYSPEC_ISA=amx, or the stand-in): their speed and their
+// grant from the OS are not yet measured on a machine that has them.
 int isa() {
-  if (level < 0) level = best_isa();
+  if (level < 0) level = standin ? 3 : cpu_isa();
   return level;
 }
 
 void set_isa(int wanted) { level = std::min(std::max(wanted, 0), best_isa()); }
+
+bool amx_standin() { return standin; }
+
+void set_amx_standin(bool on) {
+  standin = on;
+  if (level > best_isa()) level = best_isa();
+}
+
+int64_t amx_rows() { return tile_rows; }
+
+void set_amx_rows(int64_t rows) { tile_rows = std::max<int64_t>(rows, 1); }
 
 void prepare(Act& a, int64_t M, int64_t K, int64_t blk) {
   a.M = M, a.K = K, a.blk = blk;

@@ -70,12 +70,22 @@ struct Act {
 void prepare(Act& act, int64_t M, int64_t K, int64_t blk);           // sizes the buffers
 void quantize_rows(const float* x, Act& act, int64_t r0, int64_t r1);  // rows r0..r1-1 of x [M, K]
 
-// Instruction sets of the quantized products: 0 plain C++ (the reference), 1 AVX2, 2 AVX-512 VNNI. The
-// best one this CPU has is chosen at first use; every level computes the same bits. A build without
-// x86 flags (vec8.h's ANYSPEC_X86 is 0, as on every machine that is not x86) has level 0 only.
+// Instruction sets of the quantized products: 0 plain C++ (the reference), 1 AVX2, 2 AVX-512 VNNI, 3
+// AMX tiles. The best one this CPU has is chosen at first use; every level computes the same bits. A
+// build without x86 flags (vec8.h's ANYSPEC_X86 is 0, as on every machine that is not x86) has
+// level 0 only, unless the tiles' stand-in is on.
 int isa();
 int best_isa();
 void set_isa(int level);
+int cpu_isa();  // the best of levels 0-2
+// Level 3 takes products of at least amx_rows() activation rows to the tiles (x16_amx.h) and fewer
+// to level cpu_isa(). The tiles are the CPU's where it has amx_int8 and the OS grants them
+// (amx_hw_usable), or, with set_amx_standin(true), a plain C++ stand-in on any CPU (tiles.h).
+bool amx_hw_usable();
+bool amx_standin();
+void set_amx_standin(bool on);
+int64_t amx_rows();
+void set_amx_rows(int64_t rows);
 
 // y[m, n] (row stride ldy) for output rows [n0, n1) of the quantized matrix w ([N, row bytes]).
 void qmatmul_rows(int64_t type, const uint8_t* w, int64_t K, const Act& act, const float* bias, float* y,

@@ -16,6 +16,7 @@
 #include "dense.h"
 #include "quant.h"
 #include "stack.h"
+#include "x16.h"
 
 namespace {
 
@@ -90,10 +91,11 @@ void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int6
     split(total, 4, [&](int64_t begin, int64_t end) {
       for (int i = 0, first = 0; i < count; first += groups[i], ++i) {
         const Mat& m = mats[i];
-        const uint8_t* w = static_cast<const uint8_t*>(m.w);
-        for (int64_t c = std::max<int64_t>(begin, first); c < std::min<int64_t>(end, first + groups[i]); ++c)
-          anyspec::qmatmul_rows(m.type, w, m.K, acts.of(m.type), m.bias, y + offset[i], ldy,
-                                (c - first) * rows[i], std::min(m.N, (c - first + 1) * rows[i]));
+        // this thread's groups of the matrix in one call: the tiles' configuration is loaded once a call
+        const int64_t lo = std::max<int64_t>(begin, first), hi = std::min<int64_t>(end, first + groups[i]);
+        if (lo < hi)
+          anyspec::qmatmul_rows(m.type, static_cast<const uint8_t*>(m.w), m.K, acts.of(m.type), m.bias,
+                                y + offset[i], ldy, (lo - first) * rows[i], std::min(m.N, (hi - first) * rows[i]));
       }
     });
   }
@@ -200,6 +202,27 @@ torch::Tensor repack_x16(torch::Tensor weight, int64_t type, int64_t K) {
   return out;
 }
 
+// c [16, 16] int32 plus a [16, 64] . b [16, 64] (uint8) on tiles of `rows` rows, `depth` bytes of A a
+// row and `cols` dwords of C a row: on the stand-in, or on the CPU's tiles (hw).
+torch::Tensor tile_product(torch::Tensor a, torch::Tensor b, torch::Tensor c, int64_t rows, int64_t depth,
+                           int64_t cols, bool a_signed, bool hw) {
+  TORCH_CHECK(a.scalar_type() == torch::kUInt8 && b.scalar_type() == torch::kUInt8 && c.scalar_type() == torch::kInt32 &&
+                  a.sizes() == b.sizes() && a.size(0) == 16 && a.size(1) == 64 && c.size(0) == 16 && c.size(1) == 16,
+              "tile_product: a, b [16, 64] uint8 and c [16, 16] int32");
+  TORCH_CHECK(rows >= 1 && rows <= 16 && depth >= 4 && depth <= 64 && depth % 4 == 0 && cols >= 1 && cols <= 16,
+              "tile_product: a shape palette 1 cannot hold");
+  TORCH_CHECK(!hw || anyspec::amx_hw_usable(), "tile_product: this CPU or OS gives no AMX tiles");
+  a = a.contiguous(), b = b.contiguous();
+  torch::Tensor out = c.contiguous().clone();
+  auto run = anyspec::standin_tiles::tile_product;
+#if ANYSPEC_AMX_HW
+  if (hw) run = anyspec::hw_tiles::tile_product;
+#endif
+  run(a.data_ptr<uint8_t>(), b.data_ptr<uint8_t>(), out.data_ptr<int32_t>(), static_cast<int>(rows),
+      static_cast<int>(depth), static_cast<int>(cols), a_signed);
+  return out;
+}
+
 }  // namespace
 
 // The long calls let go of the GIL: a server's other threads stream answers while a pass runs,
@@ -212,7 +235,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm_rows", &rms_norm_rows, "RMS norm of each row by itself");
   m.def("dequant_rows", &dequant_rows, "fp32 rows of a matrix of any supported type");
   m.def("repack_x16", &repack_x16, "quantized rows interleaved 16 at a time");
-  m.def("isa", &anyspec::isa, "the instruction-set level in use: 0 plain C++, 1 AVX2, 2 AVX-512 VNNI");
+  m.def("isa", &anyspec::isa, "the instruction-set level in use: 0 plain C++, 1 AVX2, 2 AVX-512 VNNI, 3 AMX");
   m.def("best_isa", &anyspec::best_isa, "the best instruction-set level this CPU has");
   m.def("set_isa", &anyspec::set_isa, "use an instruction-set level (at most the best one)");
+  m.def("cpu_isa", &anyspec::cpu_isa, "the best vector level this CPU has (0-2), which level 3 takes for few rows");
+  m.def("amx_hw_usable", &anyspec::amx_hw_usable, "whether this CPU and OS give the process AMX tiles");
+  m.def("amx_standin", &anyspec::amx_standin, "whether level 3 runs the tiles' plain C++ stand-in");
+  m.def("set_amx_standin", &anyspec::set_amx_standin, "level 3 on the tiles' stand-in, on any CPU");
+  m.def("amx_rows", &anyspec::amx_rows, "the fewest activation rows level 3 takes to the tiles");
+  m.def("set_amx_rows", &anyspec::set_amx_rows, "set the fewest activation rows level 3 takes to the tiles");
+  m.def("tile_product", &tile_product, "one tdpbssd or tdpbusd on the stand-in or the CPU's tiles (tests)");
 }

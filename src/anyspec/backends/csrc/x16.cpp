@@ -1,5 +1,5 @@
 // Products over GGUF blocks interleaved 16 rows at a time: the layout, the repacking and the choice
-// of level (the levels: x16_ref.cpp, x16_avx2.cpp, x16_avx512.cpp).
+// of level (the levels: x16_ref.cpp, x16_avx2.cpp, x16_avx512.cpp, and the tiles of x16_amx.h).
 //
 // repack_x16 regroups a matrix's blocks without changing a single value: for each group of 16
 // rows (the last padded with zero blocks) and each block, one "group block" holds the 16 rows'
@@ -29,6 +29,7 @@
 // S8 has no AVX-512 code of its own: its products take the AVX2 path there too.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "x16.h"
 
@@ -166,7 +167,18 @@ void repack_x16(int64_t type, const uint8_t* src, int64_t N, int64_t K, uint8_t*
 
 void x16_rows(int64_t type, const uint8_t* w, int64_t K, const Act& a, const float* bias, float* y, int64_t ldy,
               int64_t n0, int64_t n1) {
-  switch (isa()) {
+  int level = isa();
+  if (level == 3) {
+    if (a.M >= amx_rows()) {
+      std::vector<float> acc(a.M * 16);
+      if (amx_standin()) return standin_tiles::x16_rows_tiles(type, w, K, a, bias, y, ldy, n0, n1, acc.data());
+#if ANYSPEC_AMX_HW
+      return hw_tiles::x16_rows_tiles(type, w, K, a, bias, y, ldy, n0, n1, acc.data());
+#endif
+    }
+    level = cpu_isa();
+  }
+  switch (level) {
 #if ANYSPEC_X86
     case 2:
       if (type == S8_X16) x16_rows_avx2(type, w, K, a, bias, y, ldy, n0, n1);

@@ -1,10 +1,19 @@
 // What the files of the interleaved products share (x16.cpp: the layout and the repacking,
-// x16_ref.cpp: the plain C++ reference, x16_avx2.cpp and x16_avx512.cpp: the SIMD levels).
+// x16_ref.cpp: the plain C++ reference, x16_avx2.cpp and x16_avx512.cpp: the SIMD levels,
+// x16_amx.h: the tiles).
 #pragma once
 #include <cstdint>
 #include <cstring>
 
 #include "quant.h"
+
+// The tile instructions are built where GCC 11 or later targets 64-bit x86 Linux (x16_amx.cpp).
+#if ANYSPEC_X86 && defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 11
+#define ANYSPEC_AMX_HW 1
+#else
+#define ANYSPEC_AMX_HW 0
+#endif
 
 namespace anyspec {
 
@@ -43,5 +52,18 @@ void x16_rows_avx2(int64_t type, const uint8_t* w, int64_t K, const Act& a, cons
                    int64_t ldy, int64_t n0, int64_t n1);
 void x16_rows_avx512(int64_t type, const uint8_t* w, int64_t K, const Act& a, const float* bias, float* y,
                      int64_t ldy, int64_t n0, int64_t n1);
+
+// x16_rows on tiles (x16_amx.h): hw_tiles with the instructions (where ANYSPEC_AMX_HW), standin_tiles
+// with their stand-in; acc has room for a.M * 16 floats.
+namespace hw_tiles {
+void x16_rows_tiles(int64_t type, const uint8_t* w, int64_t K, const Act& a, const float* bias, float* y,
+                    int64_t ldy, int64_t n0, int64_t n1, float* acc);
+void tile_product(const uint8_t* a, const uint8_t* b, int32_t* c, int rows, int depth, int cols, bool a_signed);
+}
+namespace standin_tiles {
+void x16_rows_tiles(int64_t type, const uint8_t* w, int64_t K, const Act& a, const float* bias, float* y,
+                    int64_t ldy, int64_t n0, int64_t n1, float* acc);
+void tile_product(const uint8_t* a, const uint8_t* b, int32_t* c, int rows, int depth, int cols, bool a_signed);
+}
 
 }  // namespace anyspec
