@@ -16,10 +16,17 @@ import torch
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
                     top_p: float = 1.0) -> torch.Tensor:
-    """``logits [..., V]`` -> float32 probabilities ``[..., V]``. ``temperature`` must be > 0.
+    """``logits [..., V]`` -> float32 probabilities ``[..., V]``: the softmax of ``filtered_logits``."""
+    return torch.softmax(filtered_logits(logits, temperature, top_k, top_p), dim=-1)
+
+
+def filtered_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
+                    top_p: float = 1.0) -> torch.Tensor:
+    """``logits [..., V]`` / ``temperature`` (> 0) as float32, -inf where top-k or top-p (nucleus)
+    leave a token out.
 
     ``top_k = 0`` and ``top_p = 1`` switch those filters off. Tokens at ``-inf`` (e.g. outside the
-    intersection) get probability 0.
+    intersection) stay there.
     """
     logits = logits.float() / temperature
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -32,7 +39,7 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int =
         drop_sorted = mass_before >= top_p  # keep the smallest prefix whose mass reaches top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    return logits
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:

@@ -70,7 +70,12 @@ def to_target_space(q: torch.Tensor, draft_ids: torch.Tensor, target_ids: torch.
 
 def verify_greedy(target_logits: torch.Tensor, draft_target_ids: list[int]) -> tuple[int, int]:
     """``target_logits [k+1, Vt]`` scored after [pending, t1..tk] -> ``(n accepted, bonus token)``."""
-    choice = argmax(target_logits)
+    return verify_exact(argmax(target_logits), draft_target_ids)
+
+
+def verify_exact(choice: list[int], draft_target_ids: list[int]) -> tuple[int, int]:
+    """Exact match: ``choice[i]`` is the target's own token after [pending, t1..ti] (its argmax, or
+    its Gumbel-max choice, ``algorithms/gumbel.py``) -> ``(n accepted, the token the target adds)``."""
     n = 0
     while n < len(draft_target_ids) and draft_target_ids[n] == choice[n]:
         n += 1

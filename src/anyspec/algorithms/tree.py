@@ -82,7 +82,13 @@ def new_nodes(branches: list[list[int]], branch: list[int]) -> int:
 def verify_greedy(logits: torch.Tensor, tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
     """``logits [1 + nodes, Vt]``: the root's row, then each node's -> ``(accepted path as node
     indices, the token the target adds)``."""
-    choice = argmax(logits)
+    return verify_exact(argmax(logits), tokens, parents)
+
+
+def verify_exact(choice: list[int], tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """``choice``: the target's own token at the root's row, then at each node's (its argmax, or its
+    Gumbel-max choice at the row's position) -> ``(accepted path as node indices, the token the
+    target adds)``."""
     children = {(up, token): j for j, (up, token) in enumerate(zip(parents, tokens, strict=True))}
     path, at = [], -1
     while (node := children.get((at, choice[at + 1]))) is not None:
@@ -104,3 +110,13 @@ def verify_sample(p: torch.Tensor, tokens: list[int], parents: list[int],
             return path, x
         path.append(node)
         at = node
+
+
+def depths(parents: list[int]) -> list[int]:
+    """Each row's depth in a tree given by its ``parents`` (-1: the root, which follows the cache)."""
+    if len(parents) and parents[0] != -1 or any(not 0 <= up < j for j, up in enumerate(parents) if j):
+        raise ValueError("forward: a tree's first row is its root (-1), each other's parent an earlier row")
+    out = []
+    for up in parents:
+        out.append(out[up] + 1 if up >= 0 else 0)
+    return out

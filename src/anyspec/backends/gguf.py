@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from anyspec.algorithms.tree import depths
 from anyspec.backends.arch import (
     arch_problem,
     describe,
@@ -232,7 +233,7 @@ class GGUFModel:
                 positions += range(start, start + m)
                 parents += [-1] * m if trees else []
             else:
-                positions += [start + d for d in tree_depths(tree)]
+                positions += [start + d for d in depths(tree)]
                 parents += [-1 if up < 0 else len(ids) + up for up in tree]
             slots += range(start, start + m) if trees else []
             owners += [i] * m
@@ -271,16 +272,6 @@ class GGUFModel:
         for seq, new, *_ in batch:
             seq.cached_ids.extend(new)
         return [logits] if len(keeps) == 1 else list(logits.split(keeps))
-
-
-def tree_depths(parents: list[int]) -> list[int]:
-    """Each row's depth in a tree given by its ``parents`` (-1: the root, which follows the cache)."""
-    if len(parents) and parents[0] != -1 or any(not 0 <= up < j for j, up in enumerate(parents) if j):
-        raise ValueError("forward: a tree's first row is its root (-1), each other's parent an earlier row")
-    depth = []
-    for up in parents:
-        depth.append(depth[up] + 1 if up >= 0 else 0)
-    return depth
 
 
 class Head(NamedTuple):

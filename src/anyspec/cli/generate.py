@@ -74,7 +74,8 @@ def run(args) -> int:
     result = engine.generate(prompt, params, on_text=None if args.json else write)
     stats = result.stats.to_dict()
     if args.json:
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids,
+        seed = {"seed": stats["seed"]} if stats["seed"] is not None else {}  # reproduces a sampled answer
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, **seed,
                           "stats": {key: stats[key] for key in STAT_KEYS}}))
         return 0
     print()

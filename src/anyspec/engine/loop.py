@@ -13,10 +13,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 
-import torch
-
-from anyspec.algorithms import ngram, slem, tli, tree
+from anyspec.algorithms import ngram, tli, tree
 from anyspec.algorithms.adaptive_k import AdaptiveK, PassCosts
+from anyspec.algorithms.sampling import argmax
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, drop_slot, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
@@ -35,6 +34,7 @@ from anyspec.engine.proposers import (
     tuned_confidence,
     tuned_tree,
 )
+from anyspec.engine.sampler import Sampler, request_seed
 from anyspec.errors import ConfigError
 
 
@@ -59,6 +59,7 @@ class Stats:
     ngram_accepted: int = 0
     branch_rows: int = 0  # target rows verified on branches beside the chain (algorithms/tree.py)
     branch_rounds: int = 0  # rounds whose accepted tokens left the chain for a branch
+    seed: int | None = None  # what a sampled answer is reproduced with (its noise: algorithms/gumbel.py)
 
     @property
     def acceptance_rate(self) -> float:
@@ -204,11 +205,10 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     proposer = engine.proposer_for(params)
     lookup = engine.config.ngram
     k = engine.config.num_speculative_tokens if proposer is not None or lookup else 0
-    generator = torch.Generator().manual_seed(params.seed if params.seed is not None else 0)
-    if params.seed is None:
-        generator.seed()
+    seed = request_seed(params)
+    sampler = Sampler(params, seed, engine.target.vocab_size, engine.bridge) if params.temperature else None
     stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if lookup else "none",
-                  accepted_hist=[0] * (k + 1))
+                  accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     if proposer is None:
         schedule = None
     elif schedule is None and engine.config.adaptive_k:
@@ -216,8 +216,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     t_start = time.perf_counter()
     pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
-    worth = None  # branches beside the chain: for exact-match rounds (algorithms/tree.py)
-    if engine.config.tree and proposer and (params.temperature == 0 or proposer.algorithm == "slem"):
+    worth = None  # branches beside the chain (algorithms/tree.py)
+    if engine.config.tree and proposer:
         worth, verify_costs = branch_worth(time.perf_counter(), output)
 
     while output.finish is None:
@@ -233,14 +233,14 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         if found:
             proposal = Proposal(found, source="ngram")
         elif k_round > 0 and proposer is not None:
-            proposal = yield from propose(proposer, draft, ctx, k_round, params, generator, engine.config,
-                                          worth)
+            proposal = yield from propose(proposer, draft, ctx, k_round, sampler, len(output.ids),
+                                          engine.config, worth)
         draft_time = time.perf_counter() - t0
         stats.draft_seconds += draft_time
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
         t0 = time.perf_counter()
-        accepted, pending = yield from verify(target, pending, proposal, proposer, params, generator)
+        accepted, pending = yield from verify(target, pending, proposal, sampler, len(output.ids))
         verify_time = time.perf_counter() - t0
         stats.target_seconds += verify_time
         if worth is not None:
@@ -326,36 +326,29 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
     return ids[-1], engine.reader.start(prompt, text, ids), ids
 
 
-def verify(target, pending: int, proposal: Proposal, proposer: Proposer | None, params: SamplingParams,
-           generator: torch.Generator) -> Steps:
-    """The proposed tokens the target accepts, and the token it adds; its cache keeps those."""
-    proposed = proposal.ids
+def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int) -> Steps:
+    """The proposed tokens the target accepts, and the token it adds; its cache keeps those. Each
+    row's choice is the target's own at its generated position (the first at ``position``): its
+    argmax, or with a ``sampler`` its Gumbel-max choice. A proposed token is accepted when it is
+    that choice."""
     if proposal.trie:
-        return (yield from verify_tree(target, pending, proposal, params, generator))
+        return (yield from verify_tree(target, pending, proposal, sampler, position))
+    proposed = proposal.ids
     logits = yield Forward(target, [pending] + proposed)
-    if params.temperature == 0:
-        n, token = tli.verify_greedy(logits, proposed)
-    else:
-        p = tli.target_probs(logits, params.temperature, params.top_k, params.top_p)
-        if proposal.source == "ngram" or proposer is None:  # a fixed guess: exact match
-            q = slem.one_hot(proposed, p.shape[-1])
-        else:
-            q = proposer.q_prime(proposal, p.shape[-1])
-        n, token = tli.verify_sample(p, q, proposed, generator)
+    rows = range(position, position + len(proposed) + 1)
+    n, token = tli.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), proposed)
     target.crop(target.num_cached - (len(proposed) - n))
     return proposed[:n], token
 
 
-def verify_tree(target, pending: int, proposal: Proposal, params: SamplingParams,
-                generator: torch.Generator) -> Steps:
-    """``verify`` of a chain and its branches in one forward of their trie, by exact match."""
+def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int) -> Steps:
+    """``verify`` of a chain and its branches in one forward of their trie."""
     tokens, parents = proposal.trie
-    logits = yield Forward(target, [pending] + tokens, parents=[-1] + [up + 1 for up in parents])
-    if params.temperature == 0:
-        path, token = tree.verify_greedy(logits, tokens, parents)
-    else:
-        p = tli.target_probs(logits, params.temperature, params.top_k, params.top_p)
-        path, token = tree.verify_sample(p, tokens, parents, generator)
+    rows = [-1] + [up + 1 for up in parents]  # the pending token's row, then the trie's
+    logits = yield Forward(target, [pending] + tokens, parents=rows)
+    rows = [position + depth for depth in tree.depths(rows)]
+    path, token = tree.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), tokens,
+                                    parents)
     target.keep_rows(target.num_cached - len(tokens) - 1, [0] + [1 + j for j in path])
     return [tokens[j] for j in path], token
 

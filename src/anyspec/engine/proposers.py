@@ -1,9 +1,13 @@
 """The two ways a draft with another vocabulary proposes target tokens, behind one small protocol.
 
-* ``TLI`` (``algorithms/tli.py``): the draft samples only among the tokens both vocabularies share,
-  and each draft token is its target twin; sampled verification uses its q' in target space.
+* ``TLI`` (``algorithms/tli.py``): the draft chooses only among the tokens both vocabularies share,
+  and each draft token is its target twin.
 * ``SLEM`` (``algorithms/slem.py``): the draft writes freely; its text is re-encoded with the target
-  tokenizer, and verification is exact match (a one-hot q on each proposed token).
+  tokenizer.
+
+Either way verification is exact match: against the target's argmax when greedy, and when sampling
+against the target's Gumbel-max choice at each position (``engine/sampler.py``), which the draft's
+own choice reads the same noise for.
 
 ``propose`` runs a round's draft for either: the draft catches up on its context, then writes up to
 k tokens, one cached forward each, and stops early after a token it doubts.
@@ -15,8 +19,10 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from anyspec.algorithms import slem, tli, tree
+from anyspec.algorithms import slem, tree
 from anyspec.algorithms.adaptive_k import confidence
+from anyspec.algorithms.sampling import argmax
+from anyspec.algorithms.tli import constrain
 from anyspec.config import (
     DRAFT_CONFIDENCE,
     DRAFT_CONFIDENCE_AVX2,
@@ -28,11 +34,11 @@ from anyspec.engine.batch import Forward, Steps, chunked
 from anyspec.engine.bridge import Bridge
 from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
 from anyspec.engine.model import RestrictedHead, row_invariant
+from anyspec.engine.sampler import Sampler
 
 
 class Proposal(NamedTuple):
     ids: list[int]  # target ids, to verify
-    qs: list | tuple = ()  # per draft token: its q' over the draft vocabulary, or its id (one-hot)
     drafted: int = 0  # draft tokens written
     catch_up: int = 0  # context tokens the draft read before writing
     end: str = ""  # why the draft stopped writing: "k", "confidence" or "eos" (a token without text)
@@ -46,14 +52,9 @@ class Proposer(Protocol):
     mask: torch.Tensor | None  # the draft tokens it may write (None: all)
     head: object  # the draft's LM head rows its forwards compute (None: all)
 
-    def sample(self, logits: torch.Tensor, temperature: float, params: SamplingParams,
-               generator: torch.Generator) -> tuple[int, torch.Tensor | None]: ...
-
     def ends_text(self, draft_id: int) -> bool: ...
 
     def to_target(self, ctx: DraftContext, draft_ids: list[int], limit: int) -> list[int]: ...
-
-    def q_prime(self, proposal: Proposal, vocab_size: int) -> torch.Tensor | None: ...
 
 
 class TLI:
@@ -73,29 +74,12 @@ class TLI:
             self._head = self._draft.restricted_head(self.mask.nonzero().flatten())
         return self._head
 
-    def sample(self, logits, temperature, params, generator):
-        return tli.propose(logits, self.mask, temperature, params.top_k, params.top_p, generator)
-
     def ends_text(self, draft_id: int) -> bool:
         return False
 
     def to_target(self, ctx, draft_ids, limit):
         return [self.bridge.draft_to_target[d] for d in draft_ids]
 
-    def q_prime(self, proposal, vocab_size):
-        """The round's q' stacked in target space ``[k, Vt]``; None when nothing was proposed."""
-        if not proposal.qs:
-            return None
-        rows = []
-        for q in proposal.qs:
-            if isinstance(q, int):
-                row = torch.zeros(vocab_size)
-                row[self.bridge.draft_to_target[q]] = 1.0
-                rows.append(row)
-            else:
-                rows.append(tli.to_target_space(q, self.bridge.inter_draft_ids, self.bridge.inter_target_ids,
-                                                vocab_size))
-        return torch.stack(rows)
 
 
 class SLEM:
@@ -106,9 +90,6 @@ class SLEM:
         self.bridge = bridge
         self.target_tokenizer = target_tokenizer
         self.target_anchor_ids = target_tokenizer.encode(ANCHOR, add_special_tokens=False)
-
-    def sample(self, logits, temperature, params, generator):
-        return slem.propose(logits, temperature, params.top_k, params.top_p, generator), None
 
     def ends_text(self, draft_id: int) -> bool:
         """EOS or another special token ends the draft's text (``slem.draft_bytes``)."""
@@ -122,9 +103,6 @@ class SLEM:
             return []
         return slem.retokenize(slem.draft_bytes(draft_ids, self.bridge.draft_bytes), self.target_tokenizer,
                                self.bridge.target_bytes, self.target_anchor_ids, limit)
-
-    def q_prime(self, proposal, vocab_size):
-        return slem.one_hot(proposal.ids, vocab_size)
 
 
 def tuned_confidence(target) -> float:
@@ -152,32 +130,33 @@ def costly_rows(target) -> bool:
 
 
 def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:
-    """The algorithm a request runs. ``auto``: SLEM when greedy (exact match keeps every draft token
-    the target would pick, and the draft may write tokens outside the intersection), TLI when
-    sampling (accepting with min(1, p/q') keeps more than exact match's p(t)), and TLI with the
-    token-map context, which SLEM cannot use."""
+    """The algorithm a request runs. ``auto``: SLEM (the draft may write tokens outside the
+    intersection, and its text still proposes the target's tokens), but TLI with the token-map
+    context, which SLEM cannot use."""
     if config.algorithm != "auto":
         return config.algorithm
-    if params.temperature == 0 and config.draft_context == "retokenize":
-        return "slem"
-    return "tli"
+    return "slem" if config.draft_context == "retokenize" else "tli"
 
 
-def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: SamplingParams,
-            generator: torch.Generator, config: SpeculativeConfig, worth=None) -> Steps:
-    """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on. With
-    ``worth(gain, rows, added)`` (exact-match rounds on a target that takes a tree), up to
+def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, sampler: Sampler | None, position: int,
+            config: SpeculativeConfig, worth=None) -> Steps:
+    """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on. Its tokens are
+    the draft's argmax, or with a ``sampler`` its choice coupled to the target's noise, the first at
+    generated ``position``. With ``worth(gain, rows, added)`` (a target that takes a tree), up to
     ``config.tree`` branches at the draft's next choices where ``worth`` says they pay."""
     keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
     draft.crop(keep)
     logits = (yield from chunked(draft, ctx.ids[keep:], 1, proposer.head))[-1]
-    temperature = 0.0 if config.draft_sample_method == "greedy" else params.temperature
+    if config.draft_sample_method == "greedy":
+        sampler = None
     stop_below = config.draft_confidence
-    draft_ids, qs, end, p_chain, others = [], [], "k", [], []
+    draft_ids, end, p_chain, others = [], "k", [], []
     for i in range(k):
-        d, q = proposer.sample(logits, temperature, params, generator)
+        if sampler is None:
+            d, q = argmax(constrain(logits, proposer.mask))[0], None
+        else:
+            d, q = sampler.draft_choice(logits, position + i, proposer.mask)
         draft_ids.append(d)
-        qs.append(d if q is None else q)
         sure = None
         if worth is not None:
             sure, alts = tree.next_choices(logits, d, proposer.mask, config.tree)
@@ -197,7 +176,7 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, params: Sampli
     branches = []
     if worth is not None and ids:
         branches = choose_branches(proposer, ctx, draft_ids, ids, p_chain, others, k, config.tree, worth)
-    return Proposal(ids, qs, len(draft_ids), len(ctx.ids) - keep, end,
+    return Proposal(ids, len(draft_ids), len(ctx.ids) - keep, end,
                     trie=tree.trie([ids, *branches]) if branches else ())
 
 

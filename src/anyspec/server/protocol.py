@@ -236,6 +236,8 @@ def anyspec_stats(outcome: Outcome) -> dict:
         out.update(acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
                    drafted=s.drafted, accepted=s.accepted, rounds=s.rounds, draft_fallbacks=s.draft_fallbacks,
                    tokens_per_second=s.tokens_per_second, seconds=s.total_seconds)
+        if s.seed is not None:
+            out["seed"] = s.seed
     return out
 
 

@@ -1,0 +1,60 @@
+"""A sampled generation's choices (``algorithms/gumbel.py``): the target's token at each generated
+position, and the draft's guesses coupled to the same noise.
+
+The target's choice at position i depends on its logits row and on ``(seed, i)`` alone, so verifying
+is exact match, and what is committed does not depend on the draft. The draft reads the target's
+noise on the tokens both vocabularies share (each draft token takes its target twin's value), and
+noise of its own elsewhere; its position is the round's first plus the draft tokens before it, which
+is the target position where the two tokenizers cut the text alike.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from anyspec.algorithms import gumbel
+from anyspec.algorithms.sampling import filtered_logits
+from anyspec.algorithms.tli import constrain
+from anyspec.config import SamplingParams
+
+
+def request_seed(params: SamplingParams) -> int:
+    """The request's seed, or a fresh one: every answer reports the seed that reproduces it."""
+    return params.seed if params.seed is not None else secrets.randbits(63)
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams, seed: int, vocab_size: int, bridge=None):
+        self.params = params
+        self.seed = seed
+        self.target = gumbel.Noises(seed, vocab_size)
+        self.bridge = bridge
+        self.draft_noise: dict[int, torch.Tensor] = {}
+
+    def filtered(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.params
+        return filtered_logits(constrain(logits, mask), p.temperature, p.top_k, p.top_p)
+
+    def choices(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
+        """The target's token for each row of ``logits [R, V]``, row r at generated ``positions[r]``."""
+        return gumbel.choose(self.filtered(logits), [self.target.at(i) for i in positions])
+
+    def draft_choice(self, logits: torch.Tensor, position: int,
+                     mask: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
+        """The draft's token from its ``logits [Vd]`` (confined to ``mask``) at ``position``, and its
+        distribution there (the softmax of what it chose from)."""
+        filtered = self.filtered(logits, mask)
+        token = gumbel.choose(filtered[None], [self._draft_noise(position, filtered.shape[-1])])[0]
+        return token, torch.softmax(filtered, dim=-1)
+
+    def _draft_noise(self, position: int, size: int) -> torch.Tensor:
+        if position not in self.draft_noise:
+            if len(self.draft_noise) >= self.target.keep:
+                del self.draft_noise[min(self.draft_noise)]
+            noise = gumbel.noise(self.seed, position, size, stream=1)
+            b = self.bridge
+            noise[b.inter_draft_ids] = self.target.at(position)[b.inter_target_ids]
+            self.draft_noise[position] = noise
+        return self.draft_noise[position]

@@ -1,0 +1,120 @@
+"""Sampled answers on the real small pair (Qwen2.5-Coder-0.5B target, SmolLM2-135M draft, GGUF on
+anyspec's kernels): for a seed, the same tokens as the target alone whatever the draft, algorithm, k,
+branches or batch, through the engine and the server; and the committed tokens drawn from the
+target's own distribution (chi-square)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from live_server import live_server
+from test_long_context import pair  # noqa: F401  (the module's models)
+from test_tli_sampling import chi_square_pvalue
+
+from anyspec.algorithms.sampling import logits_to_probs
+from anyspec.bench.prompts import PROMPTS_DIR
+from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+from anyspec.engine.prompt import encode_prompt, end_ids
+
+pytestmark = pytest.mark.slow
+
+SEEDS = (0, 1, 2)
+CONFIGS = [  # (config, in a batch of 4 with the other requests, or each alone)
+    (dict(algorithm="slem", num_speculative_tokens=5, tree=2), True),
+    (dict(algorithm="tli", num_speculative_tokens=1, tree=0), True),
+    (dict(algorithm="slem", num_speculative_tokens=8, tree=0), False),
+    (dict(algorithm="tli", num_speculative_tokens=8, tree=2), False),
+]
+
+
+def prompts() -> list[list[dict]]:
+    """The bench's code and prose prompts (12)."""
+    out = []
+    for name in ("code", "prose"):
+        lines = (PROMPTS_DIR / f"{name}.jsonl").read_text().splitlines()
+        out += [json.loads(line)["messages"] for line in lines if line.strip()]
+    return out
+
+
+def requests() -> list[tuple[list[dict], SamplingParams]]:
+    return [(messages, SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=20, seed=seed))
+            for messages in prompts()[:10] for seed in SEEDS]
+
+
+@pytest.fixture(scope="module")
+def reference(pair):  # noqa: F811
+    alone = Engine(pair[0], None)
+    return [alone.generate(*request).token_ids for request in requests()]
+
+
+@pytest.mark.parametrize(("config", "batched"), CONFIGS)
+def test_a_seeded_answer_is_the_target_alones_on_the_real_pair(pair, reference, config, batched):  # noqa: F811
+    target, draft = pair
+    engine = Engine(target, draft, SpeculativeConfig(**config))
+    if batched:
+        results = engine.generate_batch(requests(), max_batch=4)
+    else:
+        results = [engine.generate(*request) for request in requests()]
+    assert [r.token_ids for r in results] == reference
+    assert sum(r.stats.accepted for r in results) > 0.3 * sum(r.stats.drafted for r in results)
+
+
+def test_the_server_answers_a_seed_alike_with_and_without_speculation(pair, reference):  # noqa: F811
+    """Through the ``openai`` client: ``"speculative": false`` (the target alone) against the default."""
+    import openai
+
+    target, draft = pair
+    engine = Engine(target, draft, SpeculativeConfig(tree=2))
+    asked = requests()[::5]
+    with live_server(engine, max_batch=4) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+        def ask(messages, params, **extra):
+            return client.chat.completions.create(
+                model="tiny-qwen2", messages=messages, max_tokens=params.max_new_tokens,
+                temperature=params.temperature, top_p=params.top_p, seed=params.seed, extra_body=extra)
+
+        for messages, params in asked:
+            spec, alone = ask(messages, params), ask(messages, params, speculative=False)
+            assert spec.choices[0].message.content == alone.choices[0].message.content
+            assert spec.model_extra["anyspec"]["seed"] == params.seed
+            assert spec.model_extra["anyspec"]["speculative"]
+            assert not alone.model_extra["anyspec"]["speculative"]
+        unseeded = ask(asked[0][0], SamplingParams(temperature=1.0, max_new_tokens=12))
+        seed = unseeded.model_extra["anyspec"]["seed"]
+        again = ask(asked[0][0], SamplingParams(temperature=1.0, max_new_tokens=12, seed=seed),
+                    speculative=False)
+    assert again.choices[0].message.content == unseeded.choices[0].message.content
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_the_real_pair_samples_the_targets_distribution(pair, temperature):  # noqa: F811
+    """The first two committed tokens against the target's own joint distribution of them, top-p 0.9;
+    an end token ends the answer early, so pairs cut there count as one cell per first token."""
+    target, draft = pair
+    messages = [{"role": "user", "content": "Name a colour."}]
+    settings = dict(temperature=temperature, top_p=0.9)
+    ids, ends = encode_prompt(target.tokenizer, messages)[0], end_ids(target)
+    target.reset()
+    first = logits_to_probs(target.extend(ids, last=1)[-1], **settings)
+    joint: dict[tuple, float] = {}
+    for a in torch.nonzero(first).flatten().tolist():
+        if a in ends:
+            joint[()] = joint.get((), 0.0) + float(first[a])
+            continue
+        target.crop(len(ids))
+        second = logits_to_probs(target.extend([a])[-1], **settings)
+        for b in torch.nonzero(second).flatten().tolist():
+            cell = (a,) if b in ends else (a, b)
+            joint[cell] = joint.get(cell, 0.0) + float(first[a]) * float(second[b])
+    target.reset()
+    engine = Engine(target, draft, SpeculativeConfig(tree=2))
+    cells, counts = list(joint), torch.zeros(len(joint))
+    for seed in range(600):
+        params = SamplingParams(max_new_tokens=2, seed=seed, **settings)
+        got = tuple(engine.generate(messages, params).token_ids)
+        assert got in joint, "a pair the target gives probability 0"
+        counts[cells.index(got)] += 1
+    assert chi_square_pvalue(counts, torch.tensor([joint[c] for c in cells])) > 1e-3
