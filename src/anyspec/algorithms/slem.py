@@ -20,8 +20,10 @@ One round, for k draft tokens:
 3. The target scores [pending token, t1..tm] in ONE forward pass: m+1 distributions p_0..p_m.
    Verify by EXACT MATCH. Greedy: accept while t_i == argmax p_i, then emit the argmax
    (``tli.verify_greedy``). Sampling: draw x_i ~ p_i; accept t_i iff x_i == t_i; at the first
-   mismatch emit x_i; if all m match, draw a bonus token from p_m. The engine runs this as
-   ``tli.verify_sample(p, one_hot(proposed), proposed)``, the same code as TLI (see below).
+   mismatch emit x_i; if all m match, draw a bonus token from p_m. The engine draws x_i by
+   Gumbel-max with noise fixed by the seed and the position (``gumbel.py``), so x_i is the token
+   the target alone would draw; ``tli.verify_sample(p, one_hot(proposed), proposed)`` is the same
+   rule with fresh draws (see below).
 4. The draft's context follows the committed text in its own tokenization, exactly as TLI with
    ``draft_context="retokenize"`` (``engine/context.py``).
 
