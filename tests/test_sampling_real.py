@@ -118,3 +118,24 @@ def test_the_real_pair_samples_the_targets_distribution(pair, temperature):  # n
         assert got in joint, "a pair the target gives probability 0"
         counts[cells.index(got)] += 1
     assert chi_square_pvalue(counts, torch.tensor([joint[c] for c in cells])) > 1e-3
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logprobs_are_the_targets_own_with_or_without_the_draft(pair, temperature):  # noqa: F811
+    """Each token's logprob and its 3 likeliest, from the target's logits row that chose it: the same
+    numbers with the draft (branches on) and alone, and as a plain forward of the whole answer gives."""
+    target, draft = pair
+    messages = prompts()[0]
+    params = SamplingParams(temperature=temperature, max_new_tokens=24, seed=3, logprobs=3)
+    spec = Engine(target, draft, SpeculativeConfig(tree=2)).generate(messages, params)
+    alone = Engine(target, None).generate(messages, params)
+    assert spec.token_ids == alone.token_ids and spec.logprobs == alone.logprobs
+    assert [entry.token for entry in spec.logprobs] == spec.token_ids
+    ids = encode_prompt(target.tokenizer, messages)[0]
+    target.reset()
+    rows = torch.log_softmax(target.extend(ids + spec.token_ids[:-1], last=len(spec.token_ids)), dim=-1)
+    target.reset()
+    for entry, row in zip(spec.logprobs, rows, strict=True):
+        assert entry.logprob == float(row[entry.token])
+        assert [i for i, _ in entry.top] == row.topk(3).indices.tolist()
+        assert [lp for _, lp in entry.top] == row.topk(3).values.tolist()

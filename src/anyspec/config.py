@@ -23,6 +23,7 @@ MAX_SPECULATIVE_TOKENS = 64  # a round's draft; acceptance falls geometrically l
 TREE_BRANCHES = 2  # a round's branches beside its chain, at most, where the target takes a tree (and
 #                    verified rows are cheap: proposers.tuned_tree)
 MAX_TREE_BRANCHES = 8
+MAX_LOGPROBS = 20  # the most of the likeliest tokens reported beside each token (OpenAI's top_logprobs)
 MAX_NGRAM = 4  # the longest context suffix prompt lookup matches (algorithms/ngram.py MAX_N)
 # Sampling settings below these are refused: logits / temperature and the top-p mass are float32,
 # where smaller values overflow or round to 0 (temperature 0 is greedy; top_p 1e-6 is greedy already).
@@ -104,6 +105,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    logprobs: int | None = None  # report each token's logprob and this many likeliest (None: off)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -125,6 +127,8 @@ class SamplingParams:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.seed is not None and not seed_fits(self.seed):
             raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
+        if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ConfigError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty strings")
         for s in self.stop:

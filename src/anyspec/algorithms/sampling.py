@@ -11,6 +11,8 @@ verified row.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -63,4 +65,24 @@ def top_ids(probs: torch.Tensor, n: int) -> list[int]:
         i = int(x.argmax())
         out.append(i)
         x[i] = -1.0
+    return out
+
+
+class TokenLogprob(NamedTuple):
+    token: int
+    logprob: float  # log-softmax of the model's raw logits (no temperature, top-k or top-p)
+    top: list[tuple[int, float]]  # the ``n`` likeliest ids and their logprobs, likeliest first
+
+
+def token_logprobs(rows: torch.Tensor, tokens: list[int], n: int) -> list[TokenLogprob]:
+    """Each of ``tokens``' logprob under its row of ``rows [len(tokens), V]`` (the row that chose
+    it), with the row's ``n`` likeliest entries."""
+    out = []
+    if not tokens:
+        return out
+    logp = torch.log_softmax(rows.float(), dim=-1)
+    for row, token in zip(logp, tokens, strict=True):
+        top = torch.topk(row, n) if n else None
+        pairs = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else []
+        out.append(TokenLogprob(token, float(row[token]), pairs))
     return out

@@ -19,6 +19,7 @@ from anyspec.cli.options import (
     speculative_config,
 )
 from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, SamplingParams
+from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
              "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at",
@@ -37,6 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each token's logprob and its N likeliest alternatives (0-20)")
     add_k_option(p)
     p.add_argument("--method", default="draft_model")
     p.add_argument("--draft-sample-method", default="sample", help=" | ".join(DRAFT_SAMPLE_METHODS))
@@ -61,7 +64,10 @@ def run(args) -> int:
                                 draft_sample_method=args.draft_sample_method,
                                 draft_context=args.draft_context)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop)
+                            max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop,
+                            logprobs=args.logprobs)
+    if args.logprobs is not None and not args.json:
+        raise ConfigError("--logprobs needs --json, which prints them")
     check_prompt_text(args.prompt)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     pair = load_pair(pair_plan(args))
@@ -74,8 +80,11 @@ def run(args) -> int:
     result = engine.generate(prompt, params, on_text=None if args.json else write)
     stats = result.stats.to_dict()
     if args.json:
-        seed = {"seed": stats["seed"]} if stats["seed"] is not None else {}  # reproduces a sampled answer
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids, **seed,
+        extra = {"seed": stats["seed"]} if stats["seed"] is not None else {}  # reproduces a sampled answer
+        if result.logprobs is not None:
+            extra["logprobs"] = [{"token": e.token, "logprob": e.logprob, "top": e.top}
+                                 for e in result.logprobs]
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, **extra,
                           "stats": {key: stats[key] for key in STAT_KEYS}}))
         return 0
     print()

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from anyspec.algorithms import ngram, tli, tree
 from anyspec.algorithms.adaptive_k import AdaptiveK, PassCosts
-from anyspec.algorithms.sampling import argmax
+from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, drop_slot, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
@@ -87,6 +87,7 @@ class GenerationResult:
     token_ids: list[int]  # target ids of the generated tokens (an EOS that ended it not included)
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     stats: Stats
+    logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
 
 
 class Engine:
@@ -216,6 +217,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     t_start = time.perf_counter()
     pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
+    logprobs = [] if params.logprobs is not None else None
     worth = None  # branches beside the chain (algorithms/tree.py)
     if engine.config.tree and proposer:
         worth, verify_costs = branch_worth(time.perf_counter(), output)
@@ -240,7 +242,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
         t0 = time.perf_counter()
-        accepted, pending = yield from verify(target, pending, proposal, sampler, len(output.ids))
+        accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids))
         verify_time = time.perf_counter() - t0
         stats.target_seconds += verify_time
         if worth is not None:
@@ -252,6 +254,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
+        if logprobs is not None:
+            logprobs += token_logprobs(rows[:len(committed)], committed, params.logprobs)
         stats.generated = len(output.ids)
         if piece := output.ready():
             yield piece
@@ -265,7 +269,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     if ctx is not None:
         stats.draft_fallbacks = ctx.fallbacks
     stats.total_seconds = time.perf_counter() - t_start
-    return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats)
+    return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats,
+                            logprobs=logprobs)
 
 
 def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
@@ -327,7 +332,8 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
 
 
 def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int) -> Steps:
-    """The proposed tokens the target accepts, and the token it adds; its cache keeps those. Each
+    """The proposed tokens the target accepts, the token it adds, and the logits rows that chose
+    them (``[accepted + 1, V]``); its cache keeps those tokens. Each
     row's choice is the target's own at its generated position (the first at ``position``): its
     argmax, or with a ``sampler`` its Gumbel-max choice. A proposed token is accepted when it is
     that choice."""
@@ -338,7 +344,7 @@ def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, po
     rows = range(position, position + len(proposed) + 1)
     n, token = tli.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), proposed)
     target.crop(target.num_cached - (len(proposed) - n))
-    return proposed[:n], token
+    return proposed[:n], token, logits[:n + 1]
 
 
 def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int) -> Steps:
@@ -349,8 +355,9 @@ def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | Non
     rows = [position + depth for depth in tree.depths(rows)]
     path, token = tree.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), tokens,
                                     parents)
-    target.keep_rows(target.num_cached - len(tokens) - 1, [0] + [1 + j for j in path])
-    return [tokens[j] for j in path], token
+    kept = [0] + [1 + j for j in path]
+    target.keep_rows(target.num_cached - len(tokens) - 1, kept)
+    return [tokens[j] for j in path], token, logits[kept]
 
 
 def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
