@@ -1,0 +1,92 @@
+"""Bad input and a hostile environment on the command line: one line each, nothing replaced or lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from anyspec.cli import main
+from anyspec.errors import ConfigError
+
+
+def one_line_error(capsys, argv: list[str], says: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# ---- bench outputs: through symlinks, never over what is not a regular file --------------------------
+
+def test_an_output_symlink_is_written_through_and_stays_a_link(tmp_path):
+    from anyspec.cli.options import check_output, write_atomically
+
+    real = tmp_path / "results" / "bench.json"
+    real.parent.mkdir()
+    real.write_text("earlier\n")
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    check_output(link, "--json")
+    with write_atomically(link, "--json") as tmp:
+        tmp.write_text("new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "results"]
+    assert list(real.parent.iterdir()) == [real]
+
+
+def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_is(tmp_path):
+    from anyspec.cli.options import check_output, write_atomically
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is not a regular file"), write_atomically(fifo, "--json") as tmp:
+        tmp.write_text("results\n")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and list(tmp_path.iterdir()) == [fifo]
+    with pytest.raises(ConfigError, match="--json .*pipe is not a regular file"):
+        check_output(fifo, "--json")
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    with pytest.raises(ConfigError, match="--plot .*link is not a regular file"):
+        check_output(link, "--plot")
+
+
+def test_a_device_node_is_refused_before_loading(no_loading, capsys, tmp_path):
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("creating a device node needs root")
+    one_line_error(capsys, ["bench", "--markdown", str(node)], "is not a regular file")
+    assert stat.S_ISCHR(os.stat(node).st_mode)
+
+
+# ---- bench prompt files: every line checked before any model loads -----------------------------------
+
+BAD_LINES = [
+    (b"5\n", "p.jsonl:1: expected a JSON object with 'messages' or 'prompt', got int"),
+    (b'["prompt"]\n', "p.jsonl:1: expected a JSON object with 'messages' or 'prompt', got list"),
+    (b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n', "p.jsonl:2 is not valid UTF-8"),
+    (b'{"prompt": "fine"}\n{"prompt": ""}\n', "p.jsonl:2: the prompt is empty"),
+    (b'{"prompt": 7}\n', "p.jsonl:1: 'prompt' must be a text"),
+    (b'{"messages": []}\n', "p.jsonl:1: chat messages must be a non-empty list"),
+    (b'{"messages": [{"role": "robot", "content": "hi"}]}\n', "p.jsonl:1: message 0 must be {'role'"),
+    (b'{"messages": [{"role": "user", "content": ["hi"]}]}\n', "p.jsonl:1: message 0 must be"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "id": {"a": 1}}\n', "'id' must be a text"),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), BAD_LINES, ids=[m for _, m in BAD_LINES])
+def test_a_bad_prompt_line_is_one_line_before_loading(no_loading, capsys, tmp_path, content, message):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(content)
+    one_line_error(capsys, ["bench", "--methods", "target", "--prompts", str(prompts)], message)
+
+
+def test_a_bad_line_past_the_limit_is_still_refused(no_loading, capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": ""}) + "\n")
+    one_line_error(capsys, ["bench", "--methods", "target", "--limit", "1", "--prompts", str(prompts)],
+                   "p.jsonl:2: the prompt is empty")
