@@ -90,3 +90,34 @@ def test_a_bad_line_past_the_limit_is_still_refused(no_loading, capsys, tmp_path
     prompts.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": ""}) + "\n")
     one_line_error(capsys, ["bench", "--methods", "target", "--limit", "1", "--prompts", str(prompts)],
                    "p.jsonl:2: the prompt is empty")
+
+
+# ---- stdout that takes no more: one line, no traceback -----------------------------------------------
+
+def run_into_full_disk(argv: list[str]):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = os.environ | {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open("/dev/full", "w") as full:
+        return subprocess.run([sys.executable, "-m", "anyspec", *argv], stdout=full, stderr=subprocess.PIPE,
+                              text=True, env=env, timeout=300)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_on_stdout_is_one_line():
+    done = run_into_full_disk(["models", "list"])
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert done.stderr == "anyspec models: error: cannot write to stdout (No space left on device)\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("output", [[], ["--json"]], ids=["streamed", "json"])
+def test_a_full_disk_under_generate_is_one_line(folders, output):
+    done = run_into_full_disk(["generate", "--target", str(folders[0]), "--draft", str(folders[1]),
+                               "--dtype", "fp32", "--prompt", "hello", "--max-new-tokens", "4", *output])
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last == "anyspec generate: error: cannot write to stdout (No space left on device)", done.stderr
