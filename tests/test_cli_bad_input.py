@@ -121,3 +121,16 @@ def test_a_full_disk_under_generate_is_one_line(folders, output):
     assert done.returncode == 2 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     last = done.stderr.splitlines()[-1]
     assert last == "anyspec generate: error: cannot write to stdout (No space left on device)", done.stderr
+
+
+# ---- analyze --text: a bounded read ------------------------------------------------------------------
+
+def test_analyze_text_beyond_the_limit_is_refused_without_reading_it_all(capsys, tmp_path):
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as fh:
+        fh.truncate((64 << 20) + 1)  # sparse: no disk used
+    pair = ["--target", str(tmp_path / "no-target"), "--draft", str(tmp_path / "no-draft")]
+    one_line_error(capsys, ["analyze", *pair, "--text", str(big)], f"--text {big} is larger than 64 MiB")
+    if os.path.exists("/dev/zero"):  # endless: read as far as the limit only
+        one_line_error(capsys, ["analyze", *pair, "--text", "/dev/zero"],
+                       "--text /dev/zero is larger than 64 MiB")
