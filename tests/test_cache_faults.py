@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -64,3 +65,27 @@ def test_a_disk_that_fills_during_a_fetch_is_one_line_and_leaves_nothing(fresh_c
     assert err.startswith("anyspec models: error: cannot join smollm2-135m.gguf into ")
     assert "File too large" in err and "ANYSPEC_CACHE_DIR" in err
     assert not [p.name for p in (fresh_cache / "gguf").iterdir() if not p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("damage", ["not UTF-8", "a folder", "another hash"])
+def test_a_damaged_sha256_stamp_means_hashing_again(tmp_path, monkeypatch, damage):
+    import anyspec.fetch as fetch
+
+    monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(tmp_path))
+    data = b"the joined model file"
+    path = tmp_path / "model.gguf"
+    path.write_bytes(data)
+    good = hashlib.sha256(data).hexdigest()
+    stamp = tmp_path / "model.gguf.sha256"
+    if damage == "not UTF-8":
+        stamp.write_bytes(b"\xff\xfe" + good.encode())
+    elif damage == "a folder":
+        stamp.mkdir()
+    else:
+        stamp.write_text(f"{'0' * 64} {len(data)} {path.stat().st_mtime_ns}")
+    hashed, real = [], fetch.sha256_file
+    monkeypatch.setattr(fetch, "sha256_file", lambda p, chunk=1 << 20: hashed.append(p) or real(p))
+    assert fetch._verified(path, good) and hashed == [path]
+    assert fetch._verified(path, good) and len(hashed) == (2 if damage == "a folder" else 1)
+    assert not fetch._verified(path, "1" * 64)
+    assert stamp.is_dir() == (damage == "a folder")

@@ -108,21 +108,28 @@ def _copy_member(archive: Path, member: str, dst) -> None:
 
 
 def _verified(path: Path, sha256: str) -> bool:
-    """A file verified once is trusted while its size and mtime are unchanged."""
+    """A file verified once is trusted while its size and mtime are unchanged. A stamp that cannot
+    be read as one (damaged, or not a file) only means the file is hashed again."""
     stamp = path.with_name(path.name + ".sha256")
     st = path.stat()
     expected = f"{sha256} {st.st_size} {st.st_mtime_ns}"
-    if stamp.is_file() and stamp.read_text() == expected:
-        return True
+    try:
+        if stamp.read_bytes() == expected.encode():
+            return True
+    except OSError:
+        pass
     if sha256_file(path) == sha256:
-        stamp.write_text(expected)
+        _mark_verified(path, sha256)
         return True
     return False
 
 
 def _mark_verified(path: Path, sha256: str) -> None:
     st = path.stat()
-    path.with_name(path.name + ".sha256").write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}")
+    try:
+        path.with_name(path.name + ".sha256").write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}")
+    except OSError:  # the stamp only spares hashing the file again next time
+        pass
 
 
 def download_packages(specs: list[tuple[str, str]], progress: bool = True,
