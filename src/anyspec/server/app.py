@@ -225,8 +225,12 @@ def create_app(engine: Engine, settings: Settings):
     add_error_handlers(app)
 
     async def generate(request: Request, chat: bool):
-        parsed = parse_request(await read_json(request, settings.max_body_bytes), chat, settings.model_name,
-                               tokenizer, context, settings.default_max_tokens, settings.max_prompt_tokens)
+        try:
+            body = await read_json(request, settings.max_body_bytes)
+        except ClientGone:  # hung up before the body ended
+            return Response(status_code=499)
+        parsed = parse_request(body, chat, settings.model_name, tokenizer, context,
+                               settings.default_max_tokens, settings.max_prompt_tokens)
         job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
                   asyncio.get_running_loop(), ids=parsed.ids, text=parsed.text)
         if not await admit(job, request, scheduler, settings, metrics):
