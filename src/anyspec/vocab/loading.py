@@ -118,14 +118,17 @@ def _cached_conversion(p: Path, convert) -> Any:
     out = root / f"{p.stem[:40]}-{key[:16]}"
     if (out / "tokenizer.json").is_file():
         try:
-            return AutoTokenizer.from_pretrained(out, trust_remote_code=False)
+            if _intact(out):
+                return AutoTokenizer.from_pretrained(out, trust_remote_code=False)
         except Exception:
-            shutil.rmtree(out, ignore_errors=True)
+            pass
+        shutil.rmtree(out, ignore_errors=True)  # damaged: converted again
     tok = _quiet(lambda: convert(p), p)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".partial-"))
     try:
         tok.save_pretrained(tmp)
+        (tmp / _MANIFEST).write_text(json.dumps(_hashes(tmp)))
         if out.exists():
             shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
@@ -134,6 +137,22 @@ def _cached_conversion(p: Path, convert) -> Any:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return tok
+
+
+_MANIFEST = "anyspec-files.json"  # every saved file's sha256, written with the conversion
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(folder.iterdir()) if f.name != _MANIFEST}
+
+
+def _intact(folder: Path) -> bool:
+    """True when the cached conversion's files are exactly those its manifest lists."""
+    try:
+        return json.loads((folder / _MANIFEST).read_bytes()) == _hashes(folder)
+    except (OSError, ValueError):
+        return False
 
 
 def _from_gguf(p: Path) -> Any:
