@@ -134,3 +134,60 @@ def test_analyze_text_beyond_the_limit_is_refused_without_reading_it_all(capsys,
     if os.path.exists("/dev/zero"):  # endless: read as far as the limit only
         one_line_error(capsys, ["analyze", *pair, "--text", "/dev/zero"],
                        "--text /dev/zero is larger than 64 MiB")
+
+
+# ---- the environment, empty names, Ctrl-C and warnings ------------------------------------------------
+
+@pytest.mark.parametrize("value", ["off", "false", "no"])
+def test_a_switch_that_is_not_0_or_1_is_refused(no_loading, capsys, monkeypatch, value):
+    monkeypatch.setenv("ANYSPEC_KERNELS", value)
+    one_line_error(capsys, ["models", "list"], f"ANYSPEC_KERNELS must be 0 (off) or 1 (on), got '{value}'")
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["bench"], ["analyze"]])
+@pytest.mark.parametrize("option", ["--target", "--draft"])
+def test_an_empty_model_name_is_called_empty(no_loading, capsys, command, option):
+    other = {"--target": ["--draft", "smollm2-135m"], "--draft": ["--target", "smollm2-135m"]}[option]
+    one_line_error(capsys, [*command, option, "", *other], f"{option} is empty")
+
+
+def anyspec_process(*argv: str, **kw):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = os.environ | {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "anyspec", *argv], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_ctrl_c_is_one_line(tmp_path):
+    import signal
+    import time
+
+    fifo = tmp_path / "text"
+    os.mkfifo(fifo)
+    run = anyspec_process("analyze", "--target", "a", "--draft", "b", "--text", str(fifo))
+    deadline = time.monotonic() + 120
+    while True:  # until the command has opened the FIFO: it then waits for text that never comes
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    os.close(writer)
+    assert run.returncode == 130 and err == "anyspec analyze: interrupted\n", err
+
+
+def test_a_warning_is_one_line_without_a_source_path(folders):
+    run = anyspec_process("generate", "--target", str(folders[0]), "--draft", str(folders[0]), "--dtype",
+                          "fp32", "--algorithm", "tli", "--prompt", "hello", "--max-new-tokens", "2")
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    warned = [line for line in err.splitlines() if "unk token" in line]
+    assert warned == [line for line in warned if line.startswith("anyspec: warning: the draft tokenizer")]
+    assert warned and ".py:" not in err and "UserWarning" not in err

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 from anyspec.cli import analyze, bench, demo, generate, models, serve
-from anyspec.cli.options import check_cache_dir
+from anyspec.cli.options import check_cache_dir, check_switches
 from anyspec.errors import AnyspecError
 
 
@@ -50,11 +51,16 @@ class Stdout:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)
+    shown, warnings.showwarning = warnings.showwarning, _one_line_warning
     try:
+        check_switches()
         check_cache_dir()
         code = args.func(args) or 0
         sys.stdout.flush()
         return code
+    except KeyboardInterrupt:
+        print(f"anyspec {args.command}: interrupted", file=sys.stderr)
+        return 130
     except AnyspecError as exc:
         print(f"anyspec {args.command}: error: {exc}", file=sys.stderr)
         if isinstance(exc, OutputError):
@@ -64,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         _drop_stdout(stdout)
         return 1
     finally:
-        sys.stdout = stdout
+        sys.stdout, warnings.showwarning = stdout, shown
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line of what it says, not Python's source path and line."""
+    print(f"anyspec: warning: {message}", file=file or sys.stderr)
 
 
 def _drop_stdout(stream) -> None:

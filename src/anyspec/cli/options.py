@@ -162,3 +162,14 @@ def check_cache_dir() -> None:
     except OSError as exc:
         raise ConfigError(f"cannot use {where} as anyspec's cache ({exc.strerror or exc}); "
                           "set ANYSPEC_CACHE_DIR to a writable folder") from None
+
+
+SWITCHES = ("ANYSPEC_KERNELS", "ANYSPEC_LEAN", "ANYSPEC_ONEDNN")  # 0 turns each off
+
+
+def check_switches() -> None:
+    """The environment's on/off switches hold 0 or 1: ``off`` or ``false`` would leave them on."""
+    for name in SWITCHES:
+        value = os.environ.get(name)
+        if value is not None and value.strip() not in ("0", "1"):
+            raise ConfigError(f"{name} must be 0 (off) or 1 (on), got {value!r}")
