@@ -40,6 +40,9 @@ def read_sample(path: Path) -> str:
 def run(args) -> int:
     from anyspec.vocab.analyze import analyze_pair, default_sample, format_report, resolve_tokenizer
 
+    for option, spec in (("--target", args.target), ("--draft", args.draft)):
+        if not spec.strip():
+            raise ConfigError(f"{option} is empty; give a tokenizer folder or file, or a built-in model name")
     if args.text:
         path = Path(args.text).expanduser()
         text, name = read_sample(path), str(path)
