@@ -14,6 +14,7 @@ httpx = pytest.importorskip("httpx")
 from live_server import MODEL_NAME, live_server, load_engine, one_thread, tiny_pair  # noqa: E402, F401
 
 BODY_LIMIT = 4000
+BODY_TIMEOUT = 2.0
 OK = {"model": MODEL_NAME, "prompt": "hello", "max_tokens": 2, "temperature": 0}
 CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -21,7 +22,7 @@ CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
 @pytest.fixture(scope="module")
 def server(tok_qwen2, tok_llama2, tmp_path_factory):
     folders = tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
-    with live_server(load_engine(*folders), max_body_bytes=BODY_LIMIT) as (url, _):
+    with live_server(load_engine(*folders), max_body_bytes=BODY_LIMIT, body_timeout=BODY_TIMEOUT) as (url, _):
         yield url
 
 
@@ -364,3 +365,21 @@ def test_a_client_that_hangs_up_mid_body_is_not_a_500(server):
         time.sleep(0.1)
     assert metric(server, "/v1/completions", 499) == before_499 + 3
     assert metric(server, "/v1/completions", 500) == before_500
+
+
+def test_a_body_that_stalls_is_a_408_after_the_timeout(server):
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    where = urlsplit(server)
+    with socket.create_connection((where.hostname, where.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "and then noth')
+        t = time.monotonic()
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := sock.recv(4096)):
+            answer += chunk
+        waited = time.monotonic() - t
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert BODY_TIMEOUT - 0.5 < waited < BODY_TIMEOUT + 10

@@ -23,9 +23,10 @@ a control token written in them (``<|im_end|>``) is text, not a turn boundary.
 Bad input answers ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed or invalid
 fields, an oversized body (``--max-body-bytes``; 400 ``request_too_large`` rather than 413) and a
 prompt or ``max_tokens`` beyond the target's context; 404 ``model_not_found`` for an unknown model,
-as OpenAI answers. ``max_tokens`` defaults to ``--default-max-tokens``, capped by the context;
-``--max-prompt-tokens`` caps a request's prompt (400 ``prompt_too_long``). A long prompt is
-prefilled in passes of at most 256 tokens, so a disconnect or shutdown stops it between passes.
+as OpenAI answers; 408 ``request_timeout`` for a body not in within ``--body-timeout``.
+``max_tokens`` defaults to ``--default-max-tokens``, capped by the context; ``--max-prompt-tokens``
+caps a request's prompt (400 ``prompt_too_long``). A long prompt is prefilled in passes of at most
+256 tokens, so a disconnect or shutdown stops it between passes.
 """
 
 import asyncio
@@ -68,6 +69,7 @@ class Settings:
     max_batch: int = MAX_BATCH
     max_prompt_tokens: int | None = None  # None: up to the target's context
     worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
+    body_timeout: float = 30.0  # seconds for a request's body to arrive in full; then 408
 
     def __post_init__(self):
         for name in ("queue_size", "max_body_bytes", "default_max_tokens", "max_batch", "max_prompt_tokens"):
@@ -76,7 +78,7 @@ class Settings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
-        for name in ("queue_timeout", "generation_timeout"):
+        for name in ("queue_timeout", "generation_timeout", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
@@ -226,7 +228,7 @@ def create_app(engine: Engine, settings: Settings):
 
     async def generate(request: Request, chat: bool):
         try:
-            body = await read_json(request, settings.max_body_bytes)
+            body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
         except ClientGone:  # hung up before the body ended
             return Response(status_code=499)
         parsed = parse_request(body, chat, settings.model_name, tokenizer, context,

@@ -6,6 +6,7 @@ Every problem in a request is an ``ApiError`` naming the field (``param``), answ
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -211,7 +212,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text)
 
 
-async def read_json(request, limit: int):
+async def read_json(request, limit: int, timeout: float | None = None):
+    """The request's JSON body: at most ``limit`` bytes, in full within ``timeout`` seconds (408)."""
     too_large = ApiError(400, f"The request body is larger than this server's limit of {limit} bytes.", None,
                          "request_too_large")
     declared = request.headers.get("content-length", "")
@@ -221,12 +223,16 @@ async def read_json(request, limit: int):
 
     body = bytearray()
     try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
     except ClientDisconnect:
         raise ClientGone from None
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive in full within {timeout:g} s.", None,
+                       "request_timeout") from None
     try:
         return json.loads(body)
     except RecursionError:
