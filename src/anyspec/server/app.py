@@ -32,8 +32,10 @@ caps a request's prompt (400 ``prompt_too_long``). A long prompt is prefilled in
 import asyncio
 import contextlib
 import copy
+import functools
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from anyspec.config import MAX_BATCH
@@ -213,12 +215,15 @@ def create_app(engine: Engine, settings: Settings):
     context = context_length(engine.target)
     metrics.queue_state = lambda: (scheduler.depth, len(scheduler.running))
 
+    tokenizing = ThreadPoolExecutor(1, "anyspec-tokenize")  # off the event loop: /health stays quick
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if settings.worker_thread:
             scheduler.start()
         yield
         scheduler.stop()
+        tokenizing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="anyspec", lifespan=lifespan)
     app.state.scheduler, app.state.metrics = scheduler, metrics
@@ -231,8 +236,9 @@ def create_app(engine: Engine, settings: Settings):
             body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
         except ClientGone:  # hung up before the body ended
             return Response(status_code=499)
-        parsed = parse_request(body, chat, settings.model_name, tokenizer, context,
-                               settings.default_max_tokens, settings.max_prompt_tokens)
+        parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
+            parse_request, body, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
+            settings.max_prompt_tokens))
         job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
                   asyncio.get_running_loop(), ids=parsed.ids, text=parsed.text)
         if not await admit(job, request, scheduler, settings, metrics):
