@@ -103,8 +103,11 @@ def run(args) -> int:
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                            timeout_graceful_shutdown=5))
     http = threading.Thread(target=server.run, name="anyspec-http", daemon=True)
+    def stop(*_):  # the worker then ends every request with a 503 / an error event, and returns
+        server.should_exit = app.state.scheduler.stopping = True
+
     for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn handles signals only in the main thread
-        signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+        signal.signal(sig, stop)
     http.start()
     print(f"anyspec serve: '{settings.model_name}' on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:

@@ -54,7 +54,7 @@ from anyspec.server.protocol import (
     response_head,
     stream_chunks,
 )
-from anyspec.server.scheduler import Job, QueueFull, Scheduler
+from anyspec.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
@@ -107,6 +107,8 @@ async def admit(job: Job, request, scheduler: Scheduler, settings: Settings, met
     retry = str(min(60, math.ceil(metrics.mean_generation_seconds() * (scheduler.depth + 1))))
     try:
         scheduler.submit(job)
+    except ShuttingDown as exc:
+        raise as_api_error(exc) from None
     except QueueFull:
         raise ApiError(429, f"The server is busy: {settings.queue_size} requests are already waiting. "
                             "Retry later.", None, "queue_full", {"Retry-After": retry}) from None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from anyspec.config import SamplingParams, seed_fits, utf8_problem
 from anyspec.engine import encode_prompt
 from anyspec.errors import ConfigError
-from anyspec.server.scheduler import Outcome
+from anyspec.server.scheduler import Outcome, ShuttingDown
 
 UNSUPPORTED = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (None, 0),
                "best_of": (None, 1), "tools": (None, []), "tool_choice": (None, "none", "auto"),
@@ -265,6 +265,9 @@ def anyspec_stats(outcome: Outcome) -> dict:
 
 
 def as_api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ShuttingDown):
+        return ApiError(503, "The server is shutting down; this request was not finished. Retry it later or "
+                             "on another server.", None, "server_shutting_down")
     if isinstance(exc, ConfigError):
         return ApiError(400, str(exc), None, "invalid_value")
     return ApiError(500, f"The generation failed: {type(exc).__name__}: {exc}", None, "generation_failed")
