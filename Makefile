@@ -4,14 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
+# Every other package at the version the suite passed with (`make lock` refreshes it).
+LOCK := constraints.txt
 
-.PHONY: setup demo test test-fast lint bench clean llama-cpp
+.PHONY: setup demo test test-fast lint bench clean llama-cpp lock
 
-$(BIN)/anyspec: pyproject.toml
+$(BIN)/anyspec: pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,server,bench]'
+	$(BIN)/pip install -q -c $(LOCK) $(TORCH)
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,server,bench]'
 	touch $@
 
 setup: $(BIN)/anyspec
@@ -35,8 +37,20 @@ bench: setup
 llama-cpp: setup
 	PY=$(BIN)/python bash benchmarks/build_llama_cpp.sh "$$($(BIN)/python -c 'from anyspec.paths import cache_dir; print(cache_dir())')/llama.cpp"
 
+# The newest releases pyproject.toml allows, in a scratch venv, written to $(LOCK); then run
+# `make clean test` and commit $(LOCK) if it passes.
+lock:
+	rm -rf .venv-lock
+	$(PY) -m venv .venv-lock
+	.venv-lock/bin/pip install -q --upgrade pip
+	.venv-lock/bin/pip install -q $(TORCH) '.[dev,server,bench]'
+	{ sed -n '/^#/p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable | grep -iv '^anyspec' \
+		| sed 's/+cpu$$//'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf .venv-lock
+
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-lock build *.egg-info

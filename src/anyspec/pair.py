@@ -46,6 +46,9 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
         raise ConfigError(f"--threads must be at most this machine's {cpus} CPUs, got {threads}")
     resolved = backend.resolve_dtype(dtype, spec=target)
     draft_resolved = backend.resolve_dtype(draft_dtype, draft=True, spec=draft) if draft else None
+    for role, spec in (("--target", target), ("--draft", draft)):
+        if spec is not None and not spec.strip():
+            raise ConfigError(f"{role} is empty; give a model folder, a .gguf file or a built-in name")
     for spec in [target] + ([draft] if draft else []):
         backend.check_model_path(spec, allow_download)
     return PairPlan(target, draft, resolved, draft_resolved, threads, allow_download, trust_remote_code)

@@ -7,6 +7,8 @@ these two calls.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -52,6 +54,9 @@ class TransformersModel:
         self._new_cache = lambda: DynamicCache(config=model.config)
         self.cache = self._new_cache()
         self.cached_ids: list[int] = []
+        # transformers 5.24 renamed the forward's past_key_values to cache (the old name goes in 5.40)
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     row_invariant = False  # transformers' forward: rows may round differently in different batches
 
@@ -68,9 +73,9 @@ class TransformersModel:
         """Append ``ids`` to the cache; return float32 logits ``[len(ids), V]`` (or the ``last`` rows)."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         keep = len(ids) if last is None else last
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=keep)
-        self.cache = out.past_key_values
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
+                         **{self._cache_arg: self.cache})
+        self.cache = getattr(out, self._cache_arg)
         self.cached_ids.extend(ids)
         return out.logits[0].float().cpu()  # the algorithms run on the CPU, whatever the device
 

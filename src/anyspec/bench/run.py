@@ -199,10 +199,26 @@ def context(s: BenchSettings, plan, target, draft) -> BenchContext:
                         llama_cpp_gguf=target_gguf(s.target), vllm_python=s.vllm_python)
 
 
+def failure(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message, cut at 200 characters."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    text = text if len(text) <= 200 else text[:199] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def drop_failed(method: str, where: str, exc: Exception, methods: list[str], notes: dict, log) -> None:
+    """A method that raised leaves the rotation with a note; the rows it and the others wrote stay."""
+    notes[method] = f"failed on {where}: {failure(exc)}; skipped"
+    methods.remove(method)
+    log(f"  {method} {notes[method]}")
+
+
 def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: dict, log) -> list[dict]:
     """Warm every method up, then every prompt through every method in an order that rotates from
     one prompt to the next (a prompt listed again, for ``--repeat``, gets its next rotation). A
-    vLLM method that cannot run (or whose subprocess dies) is dropped with a note."""
+    vLLM method that cannot run (or whose subprocess dies), or any method that raises, is dropped
+    with a note."""
     methods = list(methods)
     max_new_tokens, ctx.max_new_tokens = ctx.max_new_tokens, 4
     for m in list(methods):
@@ -212,6 +228,8 @@ def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: 
             notes[m] = str(exc)
             methods.remove(m)
             log(f"  {m}: {exc}")
+        except Exception as exc:
+            drop_failed(m, "the warm-up", exc, methods, notes, log)
     ctx.max_new_tokens = max_new_tokens
 
     runs = []
@@ -226,6 +244,9 @@ def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: 
                 notes[m] = str(exc)
                 methods.remove(m)
                 log(f"  {m}: {exc}")
+                continue
+            except Exception as exc:
+                drop_failed(m, f"{p['set']}/{p['id']}", exc, methods, notes, log)
                 continue
             r.update(method=m, prompt=p["id"], set=p["set"], order=order.index(m),
                      repeat=sum(q["id"] == p["id"] for q in prompts[:i]))

@@ -21,16 +21,31 @@ def add_parser(sub) -> None:
     parser.set_defaults(func=run)
 
 
+MAX_TEXT = 64 << 20  # bytes of --text: a sample's coverage needs far less
+
+
+def read_sample(path: Path) -> str:
+    """``--text``: at most ``MAX_TEXT`` bytes of UTF-8, read without trusting the file's size."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_TEXT + 1)
+        if len(data) > MAX_TEXT:
+            raise ConfigError(f"--text {path} is larger than {MAX_TEXT >> 20} MiB; give a shorter sample")
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --text {path} ({type(exc).__name__}); "
+                          "give a UTF-8 text file") from None
+
+
 def run(args) -> int:
     from anyspec.vocab.analyze import analyze_pair, default_sample, format_report, resolve_tokenizer
 
+    for option, spec in (("--target", args.target), ("--draft", args.draft)):
+        if not spec.strip():
+            raise ConfigError(f"{option} is empty; give a tokenizer folder or file, or a built-in model name")
     if args.text:
         path = Path(args.text).expanduser()
-        try:
-            text, name = path.read_text(encoding="utf-8"), str(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read --text {path} ({type(exc).__name__}); "
-                              "give a UTF-8 text file") from None
+        text, name = read_sample(path), str(path)
     else:
         text, name = default_sample(), "the built-in sample (code + prose)"
     report = analyze_pair(resolve_tokenizer(args.target), resolve_tokenizer(args.draft), text, name,

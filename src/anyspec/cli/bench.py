@@ -70,12 +70,12 @@ def run(args) -> int:
     table = markdown(result)
     print(table)
     if args.json:
-        with write_atomically(args.json) as tmp:
+        with write_atomically(args.json, "--json") as tmp:
             tmp.write_text(json.dumps(result, indent=1) + "\n")
     if args.markdown:
-        with write_atomically(args.markdown) as tmp:
+        with write_atomically(args.markdown, "--markdown") as tmp:
             tmp.write_text(table)
     if args.plot:
-        with write_atomically(args.plot) as tmp:
+        with write_atomically(args.plot, "--plot") as tmp:
             plot(result, tmp)
     return 0

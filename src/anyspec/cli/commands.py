@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 
 from anyspec.cli import analyze, bench, demo, generate, models, serve
-from anyspec.cli.options import check_cache_dir
+from anyspec.cli.options import check_cache_dir, check_switches
 from anyspec.errors import AnyspecError
 
 
@@ -19,15 +20,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class OutputError(AnyspecError):
+    """stdout took no more (a full disk, an I/O error)."""
+
+
+class Stdout:
+    """``sys.stdout`` whose failed writes, but a reader gone away, are an ``OutputError``."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _guard(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(f"cannot write to stdout ({exc.strerror or exc})") from None
+
+    def write(self, text: str) -> int:
+        return self._guard(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._guard(self.stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)
+    shown, warnings.showwarning = warnings.showwarning, _one_line_warning
     try:
+        check_switches()
         check_cache_dir()
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()
+        return code
+    except KeyboardInterrupt:
+        print(f"anyspec {args.command}: interrupted", file=sys.stderr)
+        return 130
     except AnyspecError as exc:
         print(f"anyspec {args.command}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, OutputError):
+            _drop_stdout(stdout)
         return 2
     except BrokenPipeError:  # the reader of stdout went away (``| head``): stop quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so that the exit's flush does not fail again
+        _drop_stdout(stdout)
         return 1
+    finally:
+        sys.stdout, warnings.showwarning = stdout, shown
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line of what it says, not Python's source path and line."""
+    print(f"anyspec: warning: {message}", file=file or sys.stderr)
+
+
+def _drop_stdout(stream) -> None:
+    """Point stdout at /dev/null, so that the exit's flush of what is left does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError):  # a stream with no file descriptor (a test's capture)
+        pass
+    finally:
+        os.close(devnull)

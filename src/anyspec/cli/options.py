@@ -100,22 +100,31 @@ def check_prompt_text(text: str) -> None:
     check_prompt(text)
 
 
+def output_path(path: Path, option: str) -> Path:
+    """The file ``path`` names, through any symlinks: a regular file, or none yet."""
+    real = path.expanduser().resolve()
+    if real.is_dir():
+        raise ConfigError(f"{option} {path} is a folder; give a file name")
+    if real.exists() and not real.is_file():
+        raise ConfigError(f"{option} {path} is not a regular file; give a file name")
+    return real
+
+
 def check_output(path: Path | None, option: str) -> None:
     """A file the command will write at the end (``write_atomically``): its folder must exist and
-    take a new file now, and the file, if it exists, must open for writing. Nothing is changed."""
+    take a new file now, and the file, if it exists, must be a regular file that opens for writing.
+    Nothing is changed."""
     if path is None:
         return
-    path = path.expanduser()
-    folder = path.parent
-    if path.is_dir():
-        raise ConfigError(f"{option} {path} is a folder; give a file name")
+    real = output_path(path, option)
+    folder = real.parent
     if not folder.is_dir():
         raise ConfigError(f"{option} {path}: the folder {folder} does not exist; create it first")
     try:
-        if path.exists():
-            with open(path, "a"):  # appends nothing: the file stays as it is
+        if real.exists():
+            with open(real, "a"):  # appends nothing: the file stays as it is
                 pass
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".tmp"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{real.name}.", suffix=".tmp"):
             pass
     except OSError as exc:
         raise ConfigError(f"{option} {path} cannot be written ({exc.strerror or exc}); "
@@ -123,14 +132,16 @@ def check_output(path: Path | None, option: str) -> None:
 
 
 @contextlib.contextmanager
-def write_atomically(path: Path):
-    """Yields a temporary path beside ``path`` (same suffix) to write; it replaces ``path`` at once
-    when the block ends without an error, so a reader never sees half a file."""
-    path = path.expanduser()
+def write_atomically(path: Path, option: str = "output"):
+    """Yields a temporary path beside the file ``path`` names (through symlinks; same suffix) to
+    write; it replaces that file at once when the block ends without an error, so a reader never
+    sees half a file. Anything there but a regular file is refused."""
+    path = output_path(path, option)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
     os.close(fd)
     try:
         yield Path(tmp)
+        path = output_path(path, option)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~umask)
@@ -151,3 +162,14 @@ def check_cache_dir() -> None:
     except OSError as exc:
         raise ConfigError(f"cannot use {where} as anyspec's cache ({exc.strerror or exc}); "
                           "set ANYSPEC_CACHE_DIR to a writable folder") from None
+
+
+SWITCHES = ("ANYSPEC_KERNELS", "ANYSPEC_LEAN", "ANYSPEC_ONEDNN")  # 0 turns each off
+
+
+def check_switches() -> None:
+    """The environment's on/off switches hold 0 or 1: ``off`` or ``false`` would leave them on."""
+    for name in SWITCHES:
+        value = os.environ.get(name)
+        if value is not None and value.strip() not in ("0", "1"):
+            raise ConfigError(f"{name} must be 0 (off) or 1 (on), got {value!r}")

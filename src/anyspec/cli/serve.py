@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
     p.add_argument("--queue-timeout", type=float, default=60.0, help="seconds a request may wait; then 503")
     p.add_argument("--generation-timeout", type=float, default=300.0, help="seconds a generation may run")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request's body may take to arrive; then 408 (slow or stalled clients)")
     p.add_argument("--default-max-tokens", type=int, default=256, help="when a request sets no max_tokens")
     p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
                    help="refuse (400) a request whose prompt has more than N tokens (default: the context)")
@@ -68,7 +70,8 @@ def check_args(args):
 
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
     settings = Settings(name, args.queue_size, args.queue_timeout, args.generation_timeout,  # checks them
-                        args.max_body_bytes, args.default_max_tokens, args.max_batch, args.max_prompt_tokens)
+                        args.max_body_bytes, args.default_max_tokens, args.max_batch, args.max_prompt_tokens,
+                        body_timeout=args.body_timeout)
     with socket.socket() as probe:
         try:
             probe.bind((args.host, args.port))
@@ -100,8 +103,11 @@ def run(args) -> int:
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                            timeout_graceful_shutdown=5))
     http = threading.Thread(target=server.run, name="anyspec-http", daemon=True)
+    def stop(*_):  # the worker then ends every request with a 503 / an error event, and returns
+        server.should_exit = app.state.scheduler.stopping = True
+
     for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn handles signals only in the main thread
-        signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+        signal.signal(sig, stop)
     http.start()
     print(f"anyspec serve: '{settings.model_name}' on http://{args.host}:{args.port}/v1", file=sys.stderr)
     try:

@@ -23,16 +23,19 @@ a control token written in them (``<|im_end|>``) is text, not a turn boundary.
 Bad input answers ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed or invalid
 fields, an oversized body (``--max-body-bytes``; 400 ``request_too_large`` rather than 413) and a
 prompt or ``max_tokens`` beyond the target's context; 404 ``model_not_found`` for an unknown model,
-as OpenAI answers. ``max_tokens`` defaults to ``--default-max-tokens``, capped by the context;
-``--max-prompt-tokens`` caps a request's prompt (400 ``prompt_too_long``). A long prompt is
-prefilled in passes of at most 256 tokens, so a disconnect or shutdown stops it between passes.
+as OpenAI answers; 408 ``request_timeout`` for a body not in within ``--body-timeout``.
+``max_tokens`` defaults to ``--default-max-tokens``, capped by the context; ``--max-prompt-tokens``
+caps a request's prompt (400 ``prompt_too_long``). A long prompt is prefilled in passes of at most
+256 tokens, so a disconnect or shutdown stops it between passes.
 """
 
 import asyncio
 import contextlib
 import copy
+import functools
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from anyspec.config import MAX_BATCH
@@ -51,7 +54,7 @@ from anyspec.server.protocol import (
     response_head,
     stream_chunks,
 )
-from anyspec.server.scheduler import Job, QueueFull, Scheduler
+from anyspec.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
@@ -68,6 +71,7 @@ class Settings:
     max_batch: int = MAX_BATCH
     max_prompt_tokens: int | None = None  # None: up to the target's context
     worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
+    body_timeout: float = 30.0  # seconds for a request's body to arrive in full; then 408
 
     def __post_init__(self):
         for name in ("queue_size", "max_body_bytes", "default_max_tokens", "max_batch", "max_prompt_tokens"):
@@ -76,7 +80,7 @@ class Settings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
-        for name in ("queue_timeout", "generation_timeout"):
+        for name in ("queue_timeout", "generation_timeout", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
@@ -103,6 +107,8 @@ async def admit(job: Job, request, scheduler: Scheduler, settings: Settings, met
     retry = str(min(60, math.ceil(metrics.mean_generation_seconds() * (scheduler.depth + 1))))
     try:
         scheduler.submit(job)
+    except ShuttingDown as exc:
+        raise as_api_error(exc) from None
     except QueueFull:
         raise ApiError(429, f"The server is busy: {settings.queue_size} requests are already waiting. "
                             "Retry later.", None, "queue_full", {"Retry-After": retry}) from None
@@ -211,12 +217,15 @@ def create_app(engine: Engine, settings: Settings):
     context = context_length(engine.target)
     metrics.queue_state = lambda: (scheduler.depth, len(scheduler.running))
 
+    tokenizing = ThreadPoolExecutor(1, "anyspec-tokenize")  # off the event loop: /health stays quick
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if settings.worker_thread:
             scheduler.start()
         yield
         scheduler.stop()
+        tokenizing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="anyspec", lifespan=lifespan)
     app.state.scheduler, app.state.metrics = scheduler, metrics
@@ -225,8 +234,13 @@ def create_app(engine: Engine, settings: Settings):
     add_error_handlers(app)
 
     async def generate(request: Request, chat: bool):
-        parsed = parse_request(await read_json(request, settings.max_body_bytes), chat, settings.model_name,
-                               tokenizer, context, settings.default_max_tokens, settings.max_prompt_tokens)
+        try:
+            body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+        except ClientGone:  # hung up before the body ended
+            return Response(status_code=499)
+        parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
+            parse_request, body, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
+            settings.max_prompt_tokens))
         job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
                   asyncio.get_running_loop(), ids=parsed.ids, text=parsed.text)
         if not await admit(job, request, scheduler, settings, metrics):

@@ -6,7 +6,9 @@ Every problem in a request is an ``ApiError`` naming the field (``param``), answ
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -14,12 +16,13 @@ from dataclasses import dataclass
 from anyspec.config import SamplingParams, seed_fits, utf8_problem
 from anyspec.engine import encode_prompt
 from anyspec.errors import ConfigError
-from anyspec.server.scheduler import Outcome
+from anyspec.server.scheduler import Outcome, ShuttingDown
 
 UNSUPPORTED = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (None, 0),
                "best_of": (None, 1), "tools": (None, []), "tool_choice": (None, "none", "auto"),
                "functions": (None, []), "function_call": (None, "none", "auto"),
-               "response_format": (None, {"type": "text"})}
+               "response_format": (None, {"type": "text"}), "logit_bias": (None, {}),
+               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "suffix": (None, "")}
 ROLES = ("system", "user", "assistant")
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
@@ -64,6 +67,12 @@ def _field(body: dict, name: str, kinds: tuple, default=None):
         raise ApiError(400, f"Invalid type for '{name}': expected {want}, but got {got} instead.", name,
                        "invalid_type")
     return value
+
+
+def _number(value: int | float) -> str:
+    """A number for a message: a huge integer as its digit count, not its digits."""
+    digits = len(str(abs(value))) if isinstance(value, int) and abs(value) > 10**15 else 0
+    return f"an integer of {digits} digits" if digits else str(value)
 
 
 def _text(value: str, param: str) -> str:
@@ -144,9 +153,12 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     prompt = _messages(body) if chat else _prompt(body)
     temperature = _field(body, "temperature", (int, float), 1.0)
     if not 0 <= temperature <= 2:
-        raise ApiError(400, f"'temperature' must be between 0 and 2, got {temperature}.", "temperature",
-                       "invalid_value")
+        raise ApiError(400, f"'temperature' must be between 0 and 2, got {_number(temperature)}.",
+                       "temperature", "invalid_value")
     top_p = _field(body, "top_p", (int, float), 1.0)
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"'top_p' must be above 0 and at most 1, got {_number(top_p)}.", "top_p",
+                       "invalid_value")
     top_k = _field(body, "top_k", (int,), 0)
     if top_k < -1:
         raise ApiError(400, f"'top_k' must be >= 0 (0 or -1 = off), got {top_k}.", "top_k", "invalid_value")
@@ -200,23 +212,36 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text)
 
 
-async def read_json(request, limit: int):
+async def read_json(request, limit: int, timeout: float | None = None):
+    """The request's JSON body: at most ``limit`` bytes, in full within ``timeout`` seconds (408)."""
     too_large = ApiError(400, f"The request body is larger than this server's limit of {limit} bytes.", None,
                          "request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
+    from starlette.requests import ClientDisconnect
+
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+    except ClientDisconnect:
+        raise ClientGone from None
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive in full within {timeout:g} s.", None,
+                       "request_timeout") from None
     try:
         return json.loads(body)
     except RecursionError:
         raise ApiError(400, "The JSON body of your request is nested too deeply.", None,
                        "invalid_json") from None
-    except ValueError:
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise ApiError(400, f"A number in the JSON body of your request has more than "
+                                f"{sys.get_int_max_str_digits()} digits.", None, "invalid_json") from None
         raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
                        "invalid_json") from None
 
@@ -242,6 +267,9 @@ def anyspec_stats(outcome: Outcome) -> dict:
 
 
 def as_api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ShuttingDown):
+        return ApiError(503, "The server is shutting down; this request was not finished. Retry it later or "
+                             "on another server.", None, "server_shutting_down")
     if isinstance(exc, ConfigError):
         return ApiError(400, str(exc), None, "invalid_value")
     return ApiError(500, f"The generation failed: {type(exc).__name__}: {exc}", None, "generation_failed")

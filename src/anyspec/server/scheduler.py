@@ -40,6 +40,11 @@ class QueueFull(Exception):
 
 log = logging.getLogger("anyspec.server")
 
+
+class ShuttingDown(Exception):
+    """The server stops: what is queued or running ends with this error, and nothing new starts."""
+
+
 SHARED = 16  # prompt tokens a joining job must be able to copy from another one to wait a pass for them
 
 
@@ -120,6 +125,8 @@ class Scheduler:
 
     def submit(self, job: Job) -> None:
         with self.cond:
+            if self.stopping:
+                raise ShuttingDown
             if len(self.pending) >= self.max_queue:
                 raise QueueFull
             self.pending.append(job)
@@ -165,6 +172,7 @@ class Scheduler:
                 while not self.pending and not self.running and not self.stopping and alive():
                     self.cond.wait(timeout=0.5)
                 if self.stopping or not alive():
+                    self._end_all()
                     return
                 joining, later = [], []  # later: jobs that wait a pass for a prefix a joining job computes
                 while self.pending and len(self.running) + len(joining) + len(later) < self.max_batch:
@@ -183,6 +191,16 @@ class Scheduler:
                 for job in list(self.running):
                     self.batch.remove(job)
                     self._on_error(job, exc)
+
+    def _end_all(self) -> None:
+        """Every queued and running job ends with ``ShuttingDown`` (its stream ends with an error)."""
+        self.stopping = True
+        for job in [*self.pending, *self.running]:
+            if job in self.running:
+                self.batch.remove(job)
+            self._on_error(job, ShuttingDown())
+            job.cancelled.set()
+        self.pending.clear()
 
     def _start(self, job: Job) -> None:
         engine = self.engines[job.speculative]
@@ -231,7 +249,7 @@ class Scheduler:
         if job in self.running:
             drop_slot(self.running.pop(job).slot)
             self.slots -= self.batched
-        if not isinstance(exc, ConfigError):  # a request's own bad data answers 400 and is no failure
+        if not isinstance(exc, ConfigError | ShuttingDown):  # bad request data (400), or a stop: no failure
             log.error("a generation failed", exc_info=exc)
         self.metrics.add_generation("error", 0, 0.0, None)
         job.emit("error", exc)

@@ -118,14 +118,17 @@ def _cached_conversion(p: Path, convert) -> Any:
     out = root / f"{p.stem[:40]}-{key[:16]}"
     if (out / "tokenizer.json").is_file():
         try:
-            return AutoTokenizer.from_pretrained(out, trust_remote_code=False)
+            if _intact(out):
+                return AutoTokenizer.from_pretrained(out, trust_remote_code=False)
         except Exception:
-            shutil.rmtree(out, ignore_errors=True)
+            pass
+        shutil.rmtree(out, ignore_errors=True)  # damaged: converted again
     tok = _quiet(lambda: convert(p), p)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".partial-"))
     try:
         tok.save_pretrained(tmp)
+        (tmp / _MANIFEST).write_text(json.dumps(_hashes(tmp)))
         if out.exists():
             shutil.rmtree(out, ignore_errors=True)
         os.replace(tmp, out)
@@ -134,6 +137,22 @@ def _cached_conversion(p: Path, convert) -> Any:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return tok
+
+
+_MANIFEST = "anyspec-files.json"  # every saved file's sha256, written with the conversion
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(folder.iterdir()) if f.name != _MANIFEST}
+
+
+def _intact(folder: Path) -> bool:
+    """True when the cached conversion's files are exactly those its manifest lists."""
+    try:
+        return json.loads((folder / _MANIFEST).read_bytes()) == _hashes(folder)
+    except (OSError, ValueError):
+        return False
 
 
 def _from_gguf(p: Path) -> Any:
@@ -304,22 +323,30 @@ def read_gguf_metadata(path: Path) -> dict[str, Any]:
     ``gguf.GGUFReader`` builds a numpy view per array element and takes about a minute on a
     256k-token vocabulary; reading the few keys a tokenizer needs directly takes well under a second.
     """
+    if path.stat().st_size == 0:
+        raise ValueError("the file is empty")
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":
-            raise ValueError("no GGUF magic number")
-        version, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is too old")
-        pos, out = 24, {}
-        for _ in range(n_kv):
-            key, pos = _gguf_string(buf, pos)
-            (kind,), pos = struct.unpack_from("<I", buf, pos), pos + 4
-            out[key], pos = _gguf_value(buf, pos, kind)
+            raise ValueError("it does not start with GGUF's magic number")
+        try:
+            version, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
+            if version < 2:
+                raise ValueError(f"GGUF version {version} is too old")
+            pos, out = 24, {}
+            for _ in range(n_kv):
+                key, pos = _gguf_string(buf, pos)
+                (kind,), pos = struct.unpack_from("<I", buf, pos), pos + 4
+                out[key], pos = _gguf_value(buf, pos, kind)
+        except struct.error:
+            raise ValueError(f"it ends after {len(buf):,} bytes, inside its metadata: the file is cut "
+                             "short (an interrupted download or copy?)") from None
         return out
 
 
 def _gguf_string(buf, pos: int) -> tuple[str, int]:
     (n,) = struct.unpack_from("<Q", buf, pos)
+    if pos + 8 + n > len(buf):
+        raise struct.error("a string past the end of the file")
     raw = buf[pos + 8:pos + 8 + n]
     try:
         return raw.decode("utf-8"), pos + 8 + n
@@ -339,6 +366,8 @@ def _gguf_value(buf, pos: int, kind: int) -> tuple[Any, int]:
     pos += 12
     if item in _GGUF_ARRAYS:
         dtype = np.dtype(_GGUF_ARRAYS[item])
+        if pos + dtype.itemsize * count > len(buf):
+            raise struct.error("an array past the end of the file")
         values = np.frombuffer(buf, dtype=dtype, count=count, offset=pos).tolist()
         return values, pos + dtype.itemsize * count
     values = []

