@@ -4,7 +4,8 @@ On the same loaded models, dtype and prompts it runs, per prompt and in an order
 prompt to prompt (so slow drift of the machine falls on every method alike):
 
 - ``target``: the target alone, on anyspec's own loop (k = 0), greedy: the reference output;
-- ``anyspec-greedy`` / ``anyspec-sampled``: TLI speculative decoding, greedy and sampled;
+- ``anyspec-greedy`` / ``anyspec-sampled``: TLI greedy, and sampled (``auto``: SLEM) against
+  ``target-sampled``, the target alone with the same seed;
 - ``anyspec-slem``: SLEM (string-level exact match), greedy;
 - ``llama.cpp``: llama.cpp's ``llama-server`` on the target's GGUF file alone (``llama.py``);
 - ``hf-target`` / ``hf-uag``: transformers ``generate`` alone and with ``assistant_model=`` +

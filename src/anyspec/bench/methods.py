@@ -1,11 +1,12 @@
 """The bench's methods by name, and what each one's speedup is measured against."""
 
-METHODS = ("target", "target-ngram", "anyspec-greedy", "anyspec-slem", "anyspec-slem-ngram",
+METHODS = ("target", "target-sampled", "target-ngram", "anyspec-greedy", "anyspec-slem", "anyspec-slem-ngram",
            "anyspec-slem-chain", "anyspec-sampled", "llama.cpp", "hf-target", "hf-uag", "vllm-target", "vllm")
 # opt-in: a second vLLM instance (memory), the prompt-lookup variants and SLEM without branches
 DEFAULT_METHODS = [m for m in METHODS if m not in ("vllm-target", "target-ngram", "anyspec-slem-ngram",
                                                    "anyspec-slem-chain")]
-BASELINE = {"anyspec-greedy": "target", "anyspec-slem": "target", "anyspec-sampled": "target",
+BASELINE = {"anyspec-greedy": "target", "anyspec-slem": "target", "anyspec-sampled": "target-sampled",
+            "target-sampled": "target",
             "anyspec-slem-chain": "target",
             "target-ngram": "target", "anyspec-slem-ngram": "target",
             "hf-uag": "hf-target", "hf-target": "target", "vllm-target": "target", "vllm": "target",

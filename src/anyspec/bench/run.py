@@ -68,7 +68,9 @@ RUNNERS = {
     "anyspec-greedy": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft_dtype=d),
     "anyspec-slem": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
                                                        draft_dtype=d),
-    "anyspec-sampled": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=True, draft_dtype=d),
+    "target-sampled": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=True, draft=False),
+    "anyspec-sampled": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=True, algorithm="auto",
+                                                          draft_dtype=d),
     "hf-target": lambda ctx, p: run_hf(ctx, p, assisted=False),
     "hf-uag": lambda ctx, p: run_hf(ctx, p, assisted=True),
     "vllm-target": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx.target.tokenizer, p), draft=False),
@@ -253,10 +255,12 @@ def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: 
             runs.append(r)
             log(f"  {p['set']}/{p['id']:<18} {m:<16} {len(r['ids']):>4} tok {r['seconds']:7.2f}s "
                 f"{len(r['ids']) / r['seconds']:6.2f} tok/s")
-        ref = next((r for r in runs if r["prompt"] == p["id"] and r["method"] == "target"), None)
+        refs = {m: next((r for r in runs if r["prompt"] == p["id"] and r["method"] == m), None)
+                for m in ("target", "target-sampled")}
         for r in runs:
-            if r["prompt"] != p["id"] or r["method"] == "target" or base(r["method"]) == "anyspec-sampled" \
-                    or ref is None:
+            # a sampled answer is the target alone's for the same seed (algorithms/gumbel.py)
+            ref = refs["target-sampled" if base(r["method"]) == "anyspec-sampled" else "target"]
+            if r["prompt"] != p["id"] or r["method"] in refs or ref is None:
                 continue
             pos = first_difference(ref["ids"], r["ids"])
             r["identical"] = pos is None

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     add_k_option(p)
     add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
-    p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled")
+    p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled and target-sampled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
                    help="HF assisted generation: its adaptive default, or the same fixed k as anyspec")
