@@ -82,6 +82,12 @@ def test_the_server_answers_a_seed_alike_with_and_without_speculation(pair, refe
             assert spec.model_extra["anyspec"]["seed"] == params.seed
             assert spec.model_extra["anyspec"]["speculative"]
             assert not alone.model_extra["anyspec"]["speculative"]
+        messages, params = asked[0]
+        spec, alone = (client.chat.completions.create(
+            model="tiny-qwen2", messages=messages, max_tokens=12, temperature=1.0, seed=5, logprobs=True,
+            top_logprobs=3, extra_body=extra) for extra in ({}, {"speculative": False}))
+        assert spec.choices[0].logprobs.content == alone.choices[0].logprobs.content
+        assert len(spec.choices[0].logprobs.content) == spec.usage.completion_tokens
         unseeded = ask(asked[0][0], SamplingParams(temperature=1.0, max_new_tokens=12))
         seed = unseeded.model_extra["anyspec"]["seed"]
         again = ask(asked[0][0], SamplingParams(temperature=1.0, max_new_tokens=12, seed=seed),

@@ -168,12 +168,48 @@ def test_top_k_below_minus_one(post):
 
 
 @pytest.mark.parametrize(("path", "field", "value"), [
-    ("/v1/completions", "echo", True), ("/v1/completions", "logprobs", 3), ("/v1/completions", "best_of", 2),
-    ("/v1/chat/completions", "logprobs", True), ("/v1/chat/completions", "top_logprobs", 2),
+    ("/v1/completions", "echo", True), ("/v1/completions", "best_of", 2),
 ])
 def test_unsupported_parameter(post, path, field, value):
     body = (OK if path == "/v1/completions" else CHAT_OK) | {field: value}
     assert_error(post(path, json=body), 400, field, "unsupported_parameter", "not supported")
+
+
+@pytest.mark.parametrize(("path", "extra", "field", "says"), [
+    ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs", "needs 'logprobs': true"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "from 0 to 20"),
+    ("/v1/chat/completions", {"logprobs": 1}, "logprobs", "boolean"),
+    ("/v1/completions", {"logprobs": -1}, "logprobs", "from 0 to 20"),
+    ("/v1/completions", {"logprobs": True}, "logprobs", "integer"),
+    ("/v1/completions", {"top_logprobs": 2}, "top_logprobs", "chat field"),
+    ("/v1/completions", {"logprobs": 2, "stream": True}, "logprobs", "without 'stream'"),
+])
+def test_bad_logprobs_are_a_400_naming_the_field(post, path, extra, field, says):
+    body = (OK if path == "/v1/completions" else CHAT_OK) | extra
+    response = post(path, json=body)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == field and says in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_logprobs_come_with_each_token(post, path):
+    chat = path == "/v1/chat/completions"
+    body = (CHAT_OK | {"logprobs": True, "top_logprobs": 2}) if chat else (OK | {"logprobs": 2})
+    r = post(path, json=body | {"max_tokens": 5, "temperature": 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    if chat:
+        tokens = choice["logprobs"]["content"]
+        spelled = b"".join(bytes(t["bytes"]) for t in tokens)
+        assert spelled.decode("utf-8", errors="replace") == choice["message"]["content"]
+        assert all(len(t["top_logprobs"]) == 2 for t in tokens)
+        assert all(t["top_logprobs"][0]["logprob"] >= t["logprob"] for t in tokens)
+    else:
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == r.json()["usage"]["completion_tokens"]
+        tops = zip(lp["top_logprobs"], lp["token_logprobs"], strict=True)
+        assert all(max(top.values()) >= x for top, x in tops)
+        assert lp["text_offset"][0] == 0
 
 
 def test_chat_template_refusing_messages_is_a_400():

@@ -13,13 +13,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from anyspec.config import SamplingParams, seed_fits, utf8_problem
+from anyspec.config import MAX_LOGPROBS, SamplingParams, seed_fits, utf8_problem
 from anyspec.engine import encode_prompt
 from anyspec.errors import ConfigError
 from anyspec.server.scheduler import Outcome, ShuttingDown
 
-UNSUPPORTED = {"echo": (None, False), "logprobs": (None, False), "top_logprobs": (None, 0),
-               "best_of": (None, 1), "tools": (None, []), "tool_choice": (None, "none", "auto"),
+UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1), "tools": (None, []),
+               "tool_choice": (None, "none", "auto"),
                "functions": (None, []), "function_call": (None, "none", "auto"),
                "response_format": (None, {"type": "text"}), "logit_bias": (None, {}),
                "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "suffix": (None, "")}
@@ -176,6 +176,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     stream = _field(body, "stream", (bool,), False)
     include_usage = _field(_field(body, "stream_options", (dict,), {}), "include_usage", (bool,), False)
     speculative = _field(body, "speculative", (bool,), True)
+    logprobs = _logprobs(body, chat, stream)
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"'max_tokens' must be at least 1, got {max_tokens}.", "max_tokens",
                        "invalid_value")
@@ -205,7 +206,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                        "max_tokens", "context_length_exceeded")
     try:
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
-                                max_new_tokens=max_tokens, seed=seed, stop=stop)
+                                max_new_tokens=max_tokens, seed=seed, stop=stop, logprobs=logprobs)
     except ConfigError as exc:
         param = next((f for f in ("temperature", "top_p", "top_k", "stop") if str(exc).startswith(f)), None)
         raise ApiError(400, str(exc), param, "invalid_value") from None
@@ -319,13 +320,62 @@ async def stream_chunks(next_event, head: dict, chat: bool, include_usage: bool)
     yield "data: [DONE]\n\n"
 
 
+def _logprobs(body: dict, chat: bool, stream: bool) -> int | None:
+    """How many likeliest tokens to report beside each token's logprob; None: no logprobs. Chat:
+    ``logprobs`` (a boolean) and ``top_logprobs``; completions: ``logprobs`` (a count)."""
+    if chat:
+        wanted = _field(body, "logprobs", (bool,), False)
+        top = _field(body, "top_logprobs", (int,))
+        if top is not None and not wanted:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true.", "top_logprobs", "invalid_value")
+        name, count = "top_logprobs", (top or 0) if wanted else None
+    else:
+        if body.get("top_logprobs") is not None:
+            raise ApiError(400, "'top_logprobs' is a chat field; completions take 'logprobs': a count.",
+                           "top_logprobs", "unsupported_parameter")
+        name = "logprobs"
+        count = _field(body, "logprobs", (int,))
+    if count is not None and not 0 <= count <= MAX_LOGPROBS:
+        raise ApiError(400, f"'{name}' must be from 0 to {MAX_LOGPROBS}, got {count}.", name, "invalid_value")
+    if count is not None and stream:
+        raise ApiError(400, "'logprobs' are answered only without 'stream'.", "logprobs",
+                       "unsupported_parameter")
+    return count
+
+
+def _token(spelled: bytes) -> str:
+    return spelled.decode("utf-8", errors="replace")
+
+
+def logprobs_field(chat: bool, outcome: Outcome) -> dict | None:
+    """OpenAI's ``logprobs`` of a choice: chat's ``content`` list, or completions' four lists."""
+    if outcome.logprobs is None:
+        return None
+    if chat:
+        def entry(b: bytes, lp: float) -> dict:
+            return {"token": _token(b), "logprob": lp, "bytes": list(b)}
+
+        return {"content": [entry(b, lp) | {"top_logprobs": [entry(t, x) for t, x in top]}
+                            for b, lp, top in outcome.logprobs]}
+    offsets, at = [], 0
+    for b, _, _ in outcome.logprobs:
+        offsets.append(at)
+        at += len(_token(b))
+    return {"tokens": [_token(b) for b, _, _ in outcome.logprobs],
+            "token_logprobs": [lp for _, lp, _ in outcome.logprobs],
+            "top_logprobs": [{_token(t): x for t, x in top} for _, _, top in outcome.logprobs],
+            "text_offset": offsets}
+
+
 def full_response(head: dict, chat: bool, outcome: Outcome) -> dict:
     """The answer of a request that does not stream."""
+    logprobs = logprobs_field(chat, outcome)
     if chat:
-        result = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": None,
+        result = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": logprobs,
                   "finish_reason": outcome.finish_reason}
     else:
-        result = {"index": 0, "text": outcome.text, "logprobs": None, "finish_reason": outcome.finish_reason}
+        result = {"index": 0, "text": outcome.text, "logprobs": logprobs,
+                  "finish_reason": outcome.finish_reason}
     return head | {"object": "chat.completion" if chat else "text_completion", "choices": [result],
                    "usage": usage(outcome), "anyspec": anyspec_stats(outcome)}
 

@@ -57,6 +57,8 @@ class Outcome:
     stats: Stats | None  # None when the generation was cut by the time limit
     speculative: bool
     timed_out: bool = False
+    # with logprobs asked for: per token (its bytes, logprob, [(bytes, logprob) of the likeliest])
+    logprobs: list[tuple[bytes, float, list[tuple[bytes, float]]]] | None = None
 
 
 @dataclass(eq=False)  # a job is itself: it keys the batch
@@ -242,8 +244,13 @@ class Scheduler:
         run = self._finish(job)
         stats = result.stats
         self.metrics.add_generation("completed", len(result.token_ids), stats.total_seconds, stats)
+        logprobs = None
+        if result.logprobs is not None:
+            spell = run.engine.target_bytes
+            logprobs = [(spell[e.token], e.logprob, [(spell[t], lp) for t, lp in e.top])
+                        for e in result.logprobs]
         job.emit("done", Outcome(result.text, result.finish_reason, len(result.token_ids),
-                                 stats.prompt_tokens, stats, run.engine.draft is not None))
+                                 stats.prompt_tokens, stats, run.engine.draft is not None, logprobs=logprobs))
 
     def _on_error(self, job: Job, exc: Exception) -> None:
         if job in self.running:
