@@ -73,7 +73,8 @@ class Noises:
 
 
 def choose(filtered: torch.Tensor, noises: list[torch.Tensor]) -> list[int]:
-    """Each row's token: ``argmax(filtered[r] + noises[r])``; ``filtered [R, V]`` are logits / T with
-    -inf where top-k / top-p (or a mask) leave a token out."""
-    scores = filtered.double() + torch.stack(noises)[:, : filtered.shape[-1]]
-    return [int(i) for i in scores.argmax(dim=-1)]
+    """Each row's token: ``argmax(filtered[r] + noises[r])`` in float64; ``filtered [R, V]`` are
+    logits / T with -inf where top-k / top-p (or a mask) leave a token out. Row by row on numpy,
+    whose argmax is vectorised (``sampling.argmax``)."""
+    rows = filtered.detach().to(torch.float32).numpy().astype(np.float64)  # numpy widens faster
+    return [int(np.argmax(row + noise.numpy()[: len(row)])) for row, noise in zip(rows, noises, strict=True)]
