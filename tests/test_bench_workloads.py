@@ -139,3 +139,11 @@ def test_summary_and_table_carry_the_timing_columns():
     assert "| chat | target | 20 | 5.00 | - | 250 | 200.0 | 9.00 | 4.00 |" in table
     assert "| chat | hf-target | 20 | 5.00 | 1.00x (target) | - | - | - | 4.00 |" in table
     assert "| chat | target | 400 | 100 | 0.25 |" in table
+
+
+def test_a_conversations_longest_request_counts_every_turn_and_answer(monkeypatch):
+    monkeypatch.setattr(bench_prompts, "prompt_ids", lambda tok, messages: [0] * (10 * len(messages)))
+    chat = {"id": "c", "set": "chat", "turns": ["a", "b", "c"], "prompt": [{"role": "user", "content": "a"}]}
+    assert bench_prompts.longest_request(None, chat, 100) == 30 + 2 * 108
+    single = {"id": "s", "set": "code", "prompt": [{"role": "user", "content": "hi"}]}
+    assert bench_prompts.longest_request(None, single, 100) == 10

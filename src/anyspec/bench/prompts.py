@@ -115,3 +115,13 @@ def conversation(p: dict, answer) -> Iterator[tuple[str, list[dict], object]]:
 def prompt_ids(tok, prompt) -> list[int]:
     """The target's prompt tokens exactly as the engine builds them."""
     return encode_prompt(tok, prompt)[0]
+
+
+def longest_request(tok, p: dict, max_new_tokens: int) -> int:
+    """The target tokens of the bench row ``p``'s longest prompt: a conversation's last turn holds
+    every earlier turn and answer, each answer counted as ``max_new_tokens`` and a few for its
+    template."""
+    if "turns" not in p:
+        return len(prompt_ids(tok, p["prompt"]))
+    every = p["prompt"][:-1] + [{"role": "user", "content": turn} for turn in p["turns"]]
+    return len(prompt_ids(tok, every)) + (len(p["turns"]) - 1) * (max_new_tokens + 8)

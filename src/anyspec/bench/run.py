@@ -18,7 +18,7 @@ from anyspec.bench.llama import (
     target_gguf,
 )
 from anyspec.bench.methods import DRAFT_METHODS, VLLM_METHODS, base
-from anyspec.bench.prompts import conversation, load_prompts, prompt_ids
+from anyspec.bench.prompts import conversation, load_prompts, longest_request, prompt_ids
 from anyspec.bench.report import summarize
 from anyspec.bench.timing import engine_timings
 from anyspec.bench.vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
@@ -166,7 +166,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         log(f"loaded {s.draft} again ({d}) in {time.perf_counter() - t:.1f}s")
     if any(m in VLLM_METHODS for m in methods):
         ctx.vllm_max_model_len = vllm_max_model_len(
-            [len(prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], s.max_new_tokens, s.k)
+            [longest_request(tgt.tokenizer, p, s.max_new_tokens) for p in prompts], s.max_new_tokens, s.k)
     try:
         runs = _run_all(ctx, prompts * s.repeat, methods, notes, log)
     finally:
