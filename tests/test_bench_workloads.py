@@ -147,3 +147,11 @@ def test_a_conversations_longest_request_counts_every_turn_and_answer(monkeypatc
     assert bench_prompts.longest_request(None, chat, 100) == 30 + 2 * 108
     single = {"id": "s", "set": "code", "prompt": [{"role": "user", "content": "hi"}]}
     assert bench_prompts.longest_request(None, single, 100) == 10
+
+
+def test_prompts_name_a_shipped_set_unless_a_file_has_that_name(tmp_path, monkeypatch):
+    assert bench_prompts.prompt_file("edit") == bench_prompts.PROMPTS_DIR / "edit.jsonl"
+    assert str(bench_prompts.prompt_file("mine.jsonl")) == "mine.jsonl"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chat").write_text("")
+    assert str(bench_prompts.prompt_file("chat")) == "chat"

@@ -24,6 +24,13 @@ SETS = ("code", "prose", "edit", "doc", "long", "chat")  # shipped in PROMPTS_DI
 ROLES = ("system", "user", "assistant")
 
 
+def prompt_file(name: str | Path) -> Path:
+    """A ``--prompts`` argument: a JSONL file, or the name of a set shipped with anyspec (``SETS``)
+    where no such file exists."""
+    path = Path(name)
+    return PROMPTS_DIR / f"{name}.jsonl" if str(name) in SETS and not path.exists() else path
+
+
 def load_prompts(path: Path) -> list[dict]:
     """JSONL: one ``{"id": ..., "messages": [{"role": "user", "content": ...}]}`` (or ``"prompt"``) a line.
 
