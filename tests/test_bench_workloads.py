@@ -10,6 +10,7 @@ import pytest
 from anyspec.bench import prompts as bench_prompts
 from anyspec.bench import report
 from anyspec.bench import run as bench_run
+from anyspec.bench.context import BenchSettings
 from anyspec.bench.timing import engine_timings, llama_timings
 from anyspec.engine.loop import Stats
 from anyspec.errors import ConfigError
@@ -155,3 +156,31 @@ def test_prompts_name_a_shipped_set_unless_a_file_has_that_name(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     (tmp_path / "chat").write_text("")
     assert str(bench_prompts.prompt_file("chat")) == "chat"
+
+
+def test_a_conversation_set_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_smollm2):
+    from test_bench import tiny_pair
+
+    target, draft, _ = tiny_pair(tmp_path, tok_qwen2, tok_smollm2, ["unused"])
+    chat = tmp_path / "chat.jsonl"
+    turns = ["Hello.", "Again.", "Once more."]
+    chat.write_text(json.dumps({"id": "c", "system": "Be brief.", "turns": turns}) + "\n")
+    settings = BenchSettings(str(target), str(draft), [chat], ["target", "anyspec-greedy", "hf-target"],
+                             max_new_tokens=4, dtype="fp32")
+    result = bench_run.run_bench(settings, log=lambda s: None)
+    rows = {(r["method"], r["prompt"]): r for r in result["runs"]}
+    assert set(rows) == {(m, f"c/{n}") for m in ("target", "anyspec-greedy", "hf-target") for n in (1, 2, 3)}
+    for n in (1, 2, 3):
+        r = rows["anyspec-greedy", f"c/{n}"]
+        assert r["turn"] == n and r["conversation"] == "c" and "identical" in r
+        assert 0 < r["ttft"] <= r["seconds"] and 0 < r["prefill_seconds"] <= r["ttft"]
+        assert r["prefill_tokens"] == r["prompt_tokens"] - r["prompt_cached"] - 1
+        assert 0 <= r["decode_tokens"] <= len(r["ids"]) - 1  # the first commit's tokens are not decode's
+        assert "ttft" not in rows["hf-target", f"c/{n}"]  # transformers' generate reports no such times
+    # each turn holds the earlier ones and their answers
+    assert rows["target", "c/1"]["prompt_tokens"] < rows["target", "c/2"]["prompt_tokens"] < \
+        rows["target", "c/3"]["prompt_tokens"]
+    summary = {(r["set"], r["method"]): r for r in result["summary"]}
+    assert summary["chat", "anyspec-greedy"]["ttft_ms_first_turn"] > 0
+    assert summary["chat", "hf-target"]["ttft_ms"] is None
+    assert "| chat | anyspec-greedy |" in report.markdown(result)
