@@ -63,7 +63,8 @@ def test_summary_speedups_acceptance_and_exactness():
                                         "max_new_tokens": 8, "threads": 2, "temperature": 0.7},
                              "notes": {"vllm": "not installed"}, "runs": runs,
                              "summary": report.summarize(runs)})
-    assert "| code | anyspec-greedy | 20 | 10.00 | 2.00x (target) | 0.5 | 5.0 | 1/2 | b @3 (0.01) |" in table
+    assert ("| code | anyspec-greedy | 20 | 10.00 | 2.00x (target) | - | - | - | 2.00 | 0.5 | 5.0 | 1/2 "
+            "| b @3 (0.01) |") in table
     assert "- vllm: not installed" in table
 
 
@@ -309,7 +310,8 @@ def test_vllm_speedups_in_summary():
                                         "max_new_tokens": 8, "threads": 2, "temperature": 0.7,
                                         "vllm": {"vllm": info}},
                              "notes": {}, "runs": runs, "summary": report.summarize(runs)})
-    assert "| all | vllm | 10 | 2.50 | 0.50x (target), 0.25x (vllm-target) | 0.25 | - | 1/1 | - |" in table
+    assert ("| all | vllm | 10 | 2.50 | 0.50x (target), 0.25x (vllm-target) | - | - | - | 4.00 | 0.25 | - "
+            "| 1/1 | - |") in table
     assert ("- vllm: vLLM 0.32.0 (/v/bin/python, target and draft in float32, eager, cores 1, "
             "vocab mapping: anyspec plugin)") in table
 

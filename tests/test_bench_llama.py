@@ -117,6 +117,14 @@ def test_complete_posts_the_body_and_reads_tokens_and_timings():
     assert res["text"] == " hi" and res["seconds"] > 0
     assert (res["drafted"], res["accepted"], res["stop"]) == (0, 0, "eos")
     assert (res["prompt_n"], res["prompt_ms"], res["predicted_n"], res["predicted_ms"]) == (3, 1.5, 3, 4.0)
+    # the bench's columns from llama-server's own timings: the first token ends the prompt's time
+    assert (res["ttft"], res["prefill_tokens"], res["prefill_seconds"]) == (0.0015, 3, 0.0015)
+    assert (res["decode_tokens"], res["decode_seconds"]) == (2, 0.004)
+
+
+def test_a_later_turn_asks_llama_server_to_keep_its_prefix():
+    assert bl.completion_body([1, 2], 4, cache_prompt=True)["cache_prompt"] is True
+    assert bl.completion_body([1, 2], 4)["cache_prompt"] is False
 
 
 def test_a_server_that_dies_at_start_is_one_line_with_its_last_words(nowhere, monkeypatch):

@@ -66,8 +66,8 @@ def test_a_device_node_is_refused_before_loading(no_loading, capsys, tmp_path):
 # ---- bench prompt files: every line checked before any model loads -----------------------------------
 
 BAD_LINES = [
-    (b"5\n", "p.jsonl:1: expected a JSON object with 'messages' or 'prompt', got int"),
-    (b'["prompt"]\n', "p.jsonl:1: expected a JSON object with 'messages' or 'prompt', got list"),
+    (b"5\n", "p.jsonl:1: expected a JSON object with 'messages', 'prompt' or 'turns', got int"),
+    (b'["prompt"]\n', "p.jsonl:1: expected a JSON object with 'messages', 'prompt' or 'turns', got list"),
     (b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n', "p.jsonl:2 is not valid UTF-8"),
     (b'{"prompt": "fine"}\n{"prompt": ""}\n', "p.jsonl:2: the prompt is empty"),
     (b'{"prompt": 7}\n', "p.jsonl:1: 'prompt' must be a text"),

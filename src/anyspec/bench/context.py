@@ -76,6 +76,7 @@ class BenchContext:
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
     vllm_max_model_len: int | None = None
     drafts: dict = field(default_factory=dict)  # dtype -> the draft again in that dtype (METHOD@DTYPE)
+    prefix_cache: bool = False  # a conversation's later turn: keep the prefix the earlier turns cached
     # started on first use, kept for the run
     engines: dict = field(default_factory=dict)  # (draft, sampled, algorithm) -> Engine
     hf_target: object | None = None

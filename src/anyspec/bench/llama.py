@@ -27,8 +27,10 @@ import urllib.request
 from pathlib import Path
 
 from anyspec.bench.context import BenchContext
+from anyspec.bench.timing import llama_timings
 
 PROGRAMS = ("llama-server", "llama-bench")
+TIMINGS = ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")  # llama-server's own, per request
 FIX = "run `make llama-cpp` to build it (minutes), or set ANYSPEC_LLAMA_CPP to its bin folder"
 
 
@@ -145,24 +147,26 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def completion_body(ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> dict:
-    """The ``/completion`` request for a prompt given as token ids: greedy, no prompt cache."""
+def completion_body(ids: list[int], max_new_tokens: int, ignore_eos: bool = False,
+                    cache_prompt: bool = False) -> dict:
+    """The ``/completion`` request for a prompt given as token ids: greedy, by default with no prompt
+    cache (``cache_prompt``: the slot keeps what its previous request's prompt shares with this one)."""
     if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         raise ValueError("the prompt must be a non-empty list of token ids")
-    return {"prompt": [int(t) for t in ids], "n_predict": int(max_new_tokens), "cache_prompt": False,
-            "temperature": 0.0, "top_k": 1, "samplers": ["top_k"], "return_tokens": True,
-            "ignore_eos": bool(ignore_eos), "stream": False}
+    return {"prompt": [int(t) for t in ids], "n_predict": int(max_new_tokens),
+            "cache_prompt": bool(cache_prompt), "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],
+            "return_tokens": True, "ignore_eos": bool(ignore_eos), "stream": False}
 
 
 def complete(url: str, ids: list[int], max_new_tokens: int, ignore_eos: bool = False,
-             eos: set[int] | None = None, timeout: float = 3600.0) -> dict:
+             eos: set[int] | None = None, timeout: float = 3600.0, cache_prompt: bool = False) -> dict:
     """One greedy generation from token ids: ``{"ids", "text", "seconds", "drafted": 0, "accepted": 0}``
     plus llama.cpp's own timings (``prompt_ms``, ``predicted_ms``, ``prompt_n``, ``predicted_n``).
 
     ``seconds`` is the request's wall time (prefill and every token). As in anyspec, the ids end
     before the end-of-generation token: llama.cpp's own, or the first of ``eos`` (anyspec's set,
     which can be larger), unless ``ignore_eos``."""
-    body = completion_body(ids, max_new_tokens, ignore_eos)
+    body = completion_body(ids, max_new_tokens, ignore_eos, cache_prompt)
     t = time.perf_counter()
     try:
         res = _request(url + "/completion", body, timeout=timeout)
@@ -172,7 +176,8 @@ def complete(url: str, ids: list[int], max_new_tokens: int, ignore_eos: bool = F
     except (urllib.error.URLError, OSError) as exc:
         raise LlamaCppUnavailable(f"llama-server failed a request ({exc}); skipped") from None
     dt = time.perf_counter() - t
-    timings, out = res.get("timings", {}), list(res.get("tokens", []))
+    out = list(res.get("tokens", []))
+    timings = {k: res.get("timings", {}).get(k) for k in TIMINGS}
     if not ignore_eos:
         if res.get("stop_type") == "eos" and out:
             out = out[:-1]
@@ -180,18 +185,19 @@ def complete(url: str, ids: list[int], max_new_tokens: int, ignore_eos: bool = F
         out = out if cut is None else out[:cut]
     return {"ids": out, "text": res.get("content", ""), "seconds": dt,
             "drafted": 0, "accepted": 0, "stop": res.get("stop_type"),
-            **{k: timings.get(k) for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")}}
+            **timings, **llama_timings(timings)}
 
 
 def run_llama_cpp(ctx: BenchContext, ids: list[int]) -> dict:
     """The bench's ``llama.cpp`` method: ``ctx.llama_cpp_gguf`` (the target's GGUF) alone in a
     ``llama-server`` (``ctx.threads``, a context of ``ctx.llama_cpp_ctx`` tokens) started on first use
-    and kept in ``ctx`` until :func:`close_llama_cpp`; stops at ``ctx.eos``."""
+    and kept in ``ctx`` until :func:`close_llama_cpp`; stops at ``ctx.eos``. A conversation's later
+    turn (``ctx.prefix_cache``) asks the server to keep its slot's cached prefix."""
     if ctx.llama_cpp_url is None:
         ctx.llama_cpp_stack = contextlib.ExitStack()
         ctx.llama_cpp_url = ctx.llama_cpp_stack.enter_context(
             llama_server(ctx.llama_cpp_gguf, ctx.threads, ctx.llama_cpp_ctx))
-    return complete(ctx.llama_cpp_url, ids, ctx.max_new_tokens, eos=ctx.eos)
+    return complete(ctx.llama_cpp_url, ids, ctx.max_new_tokens, eos=ctx.eos, cache_prompt=ctx.prefix_cache)
 
 
 def close_llama_cpp(ctx: BenchContext) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from anyspec.bench.methods import BASELINE, METHODS, SECOND_BASELINE, base
+from anyspec.bench.timing import timing_summary
 from anyspec.errors import ConfigError
 
 
@@ -22,7 +23,7 @@ def summarize(runs: list[dict]) -> list[dict]:
             compared = [r for r in mine if "identical" in r]
             rows.append({
                 "set": s, "method": m, "prompts": len(mine), "tokens": tokens, "seconds": round(seconds, 3),
-                "tokens_per_second": round(tps[m], 3),
+                "tokens_per_second": round(tps[m], 3), **timing_summary(mine),
                 "acceptance": round(sum(r["accepted"] or 0 for r in mine) / drafted, 3) if drafted else None,
                 "draft_ms_per_token": round(1000 * sum(timed) / drafted, 2) if drafted and timed else None,
                 **round_causes(mine),
@@ -83,6 +84,31 @@ def causes_markdown(summary: list[dict]) -> list[str]:
     return lines
 
 
+TIME_COLUMNS = (("ttft_ms", ".0f"), ("prefill_tokens_per_second", ".1f"), ("decode_tokens_per_second", ".2f"),
+                ("seconds", ".2f"))
+
+
+def dash(value, spec: str = "") -> str:
+    """A table cell: the value, or a dash where the method could not measure it."""
+    return "-" if value is None else format(value, spec)
+
+
+def turns_markdown(summary: list[dict]) -> list[str]:
+    """For conversations: the first turns' time to the first token beside the later turns'."""
+    rows = [r for r in summary if r["set"] != "all" and "ttft_ms_first_turn" in r]
+    if not rows:
+        return []
+    lines = ["", "Conversations: time to the first token (ms), first turns and later turns (the prefix "
+             "cache's share):", "", "| set | method | first turns | later turns | later ÷ first |",
+             "|---|---|---:|---:|---:|"]
+    for r in rows:
+        first, later = r["ttft_ms_first_turn"], r["ttft_ms_later_turns"]
+        ratio = f"{later / first:.2f}" if first and later is not None else "-"
+        lines.append(f"| {r['set']} | {r['method']} | {dash(first, '.0f')} | {dash(later, '.0f')} "
+                     f"| {ratio} |")
+    return lines
+
+
 def sampled_at(result: dict) -> str:
     """The header's word on sampling: its temperature when a sampled method ran, else greedy."""
     ran = {base(r["method"]) for r in result["summary"]}
@@ -98,9 +124,10 @@ def markdown(result: dict) -> str:
              f"{str(c['repeat']) + ' runs of each, ' if c.get('repeat', 1) > 1 else ''}"
              f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, "
              f"{sampled_at(result)}",
-             "", "| set | method | tokens | tok/s | speedup (vs) | acceptance | draft ms/token "
+             "", "| set | method | tokens | tok/s | speedup (vs) | time to first token (ms) | prefill tok/s "
+             "| decode tok/s | total s | acceptance | draft ms/token "
              "| identical to target | first differences (prompt, pos, top1-top2 logit) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["summary"]:
         vs = f"{r['speedup']:.2f}x ({BASELINE[base(r['method'])]})" if r.get("speedup") is not None else "-"
         second = SECOND_BASELINE.get(base(r["method"]))
@@ -108,11 +135,12 @@ def markdown(result: dict) -> str:
             vs += f", {r[f'speedup_vs_{second}']:.2f}x ({second})"
         diffs = "; ".join(f"{p} @{pos} ({m})" for p, pos, m in r["diffs"][:4]) or "-"
         lines.append(f"| {r['set']} | {r['method']} | {r['tokens']} | {r['tokens_per_second']:.2f} | {vs} | "
+                     + " | ".join(dash(r.get(k), f) for k, f in TIME_COLUMNS) + " | "
                      f"{r['acceptance'] if r['acceptance'] is not None else '-'} | "
                      f"{r['draft_ms_per_token'] if r.get('draft_ms_per_token') is not None else '-'} | "
                      f"{r['identical'] or '-'} | "
                      f"{diffs} |")
-    lines += causes_markdown(result["summary"])
+    lines += causes_markdown(result["summary"]) + turns_markdown(result["summary"])
     for m, info in c.get("vllm", {}).items():
         models = "target and draft" if info.get("speculative") else "target"
         lines.append(f"- {m}: vLLM {info.get('vllm')} ({info.get('python')}"

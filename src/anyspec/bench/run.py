@@ -18,8 +18,9 @@ from anyspec.bench.llama import (
     target_gguf,
 )
 from anyspec.bench.methods import DRAFT_METHODS, VLLM_METHODS, base
-from anyspec.bench.prompts import load_prompts, prompt_ids
+from anyspec.bench.prompts import conversation, load_prompts, longest_request, prompt_ids
 from anyspec.bench.report import summarize
+from anyspec.bench.timing import engine_timings
 from anyspec.bench.vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
 from anyspec.config import SpeculativeConfig
 from anyspec.engine.prompt import end_ids
@@ -32,15 +33,16 @@ UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli",
                 draft_dtype: str | None = None, ngram: bool = False, chain: bool = False) -> dict:
     """``draft_dtype``: one of ``ctx.drafts``, the draft loaded again in that dtype (else the pair's);
-    ``ngram``: with prompt lookup (``ctx.ngram``); ``chain``: no branches beside the chain (tree=0)."""
+    ``ngram``: with prompt lookup (``ctx.ngram``); ``chain``: no branches beside the chain (tree=0).
+    The prefix cache is on only where ``ctx.prefix_cache`` says (a conversation's later turns)."""
     from anyspec.engine import Engine, SamplingParams
 
-    key = (draft, sampled, algorithm, draft_dtype, ngram, chain)
+    key = (draft, sampled, algorithm, draft_dtype, ngram, chain, ctx.prefix_cache)
     if key not in ctx.engines:
         options = ctx.engine_options | ({"tree": 0} if chain else {})
         config = SpeculativeConfig(num_speculative_tokens=ctx.k, algorithm=algorithm,
                                    draft_sample_method="sample" if sampled else "greedy",
-                                   prefix_cache=False,  # every run prefills its whole prompt, as HF's does
+                                   prefix_cache=ctx.prefix_cache,  # else the whole prompt, as HF's
                                    ngram=ctx.ngram if ngram else 0, **options)
         model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
@@ -53,7 +55,7 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
             "drafted": res.stats.drafted if draft else None,
             "accepted": res.stats.accepted if draft else None,
             "draft_seconds": res.stats.draft_seconds if draft else None,
-            **{key: getattr(res.stats, key) for key in ROUND_STATS}}
+            **{key: getattr(res.stats, key) for key in ROUND_STATS}, **engine_timings(res.stats)}
 
 
 ROUND_STATS = ("rounds", "ended_by", "rejected_at", "ngram_proposed", "ngram_accepted", "branch_rows",
@@ -164,7 +166,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         log(f"loaded {s.draft} again ({d}) in {time.perf_counter() - t:.1f}s")
     if any(m in VLLM_METHODS for m in methods):
         ctx.vllm_max_model_len = vllm_max_model_len(
-            [len(prompt_ids(tgt.tokenizer, p["prompt"])) for p in prompts], s.max_new_tokens, s.k)
+            [longest_request(tgt.tokenizer, p, s.max_new_tokens) for p in prompts], s.max_new_tokens, s.k)
     try:
         runs = _run_all(ctx, prompts * s.repeat, methods, notes, log)
     finally:
@@ -218,9 +220,9 @@ def drop_failed(method: str, where: str, exc: Exception, methods: list[str], not
 
 def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: dict, log) -> list[dict]:
     """Warm every method up, then every prompt through every method in an order that rotates from
-    one prompt to the next (a prompt listed again, for ``--repeat``, gets its next rotation). A
-    vLLM method that cannot run (or whose subprocess dies), or any method that raises, is dropped
-    with a note."""
+    one prompt to the next (a prompt listed again, for ``--repeat``, gets its next rotation); a
+    conversation's turns run one after another in each method. A vLLM method that cannot run (or
+    whose subprocess dies), or any method that raises, is dropped with a note."""
     methods = list(methods)
     max_new_tokens, ctx.max_new_tokens = ctx.max_new_tokens, 4
     for m in list(methods):
@@ -234,38 +236,53 @@ def _run_all(ctx: BenchContext, prompts: list[dict], methods: list[str], notes: 
             drop_failed(m, "the warm-up", exc, methods, notes, log)
     ctx.max_new_tokens = max_new_tokens
 
-    runs = []
+    runs, asked = [], {}  # asked: (method, request id) -> its messages
     for i, p in enumerate(prompts):
         if not methods:
             break
         order = methods[i % len(methods):] + methods[:i % len(methods)]
         for m in order:
             try:
-                r = run_method(ctx, m, p["prompt"])
+                for rid, prompt, r in conversation(p, lambda q, m=m, p=p: run_turn(ctx, m, q, p)):
+                    asked[m, rid] = prompt
+                    r.update(method=m, prompt=rid, set=p["set"], order=order.index(m),
+                             repeat=sum(q["id"] == p["id"] for q in prompts[:i]))
+                    if "turns" in p:
+                        r.update(conversation=p["id"], turn=int(rid.rpartition("/")[2]))
+                    runs.append(r)
+                    log(f"  {p['set']}/{rid:<18} {m:<16} {len(r['ids']):>4} tok {r['seconds']:7.2f}s "
+                        f"{len(r['ids']) / r['seconds']:6.2f} tok/s")
             except UNAVAILABLE as exc:
                 notes[m] = str(exc)
                 methods.remove(m)
                 log(f"  {m}: {exc}")
-                continue
             except Exception as exc:
                 drop_failed(m, f"{p['set']}/{p['id']}", exc, methods, notes, log)
-                continue
-            r.update(method=m, prompt=p["id"], set=p["set"], order=order.index(m),
-                     repeat=sum(q["id"] == p["id"] for q in prompts[:i]))
-            runs.append(r)
-            log(f"  {p['set']}/{p['id']:<18} {m:<16} {len(r['ids']):>4} tok {r['seconds']:7.2f}s "
-                f"{len(r['ids']) / r['seconds']:6.2f} tok/s")
-        refs = {m: next((r for r in runs if r["prompt"] == p["id"] and r["method"] == m), None)
-                for m in ("target", "target-sampled")}
-        for r in runs:
-            # a sampled answer is the target alone's for the same seed (algorithms/gumbel.py)
-            ref = refs["target-sampled" if base(r["method"]) == "anyspec-sampled" else "target"]
-            if r["prompt"] != p["id"] or r["method"] in refs or ref is None:
-                continue
-            pos = first_difference(ref["ids"], r["ids"])
-            r["identical"] = pos is None
-            if pos is not None:
-                r["diff_pos"] = pos
-                r["diff_margin"] = (logit_margin(ctx.target, p["prompt"], ref["ids"], pos)
-                                    if pos < len(ref["ids"]) else None)
+            finally:
+                ctx.prefix_cache = False
+        compare(ctx, [r for r in runs if r["prompt"] == p["id"] or r.get("conversation") == p["id"]], asked)
     return runs
+
+
+def run_turn(ctx: BenchContext, method: str, prompt, p: dict) -> dict:
+    """One request of the bench row ``p``: a conversation's first turn starts on an empty cache,
+    its later ones keep the prefix the earlier turns left (``ctx.prefix_cache``)."""
+    ctx.prefix_cache = "turns" in p and len(prompt) > len(p["prompt"])
+    return run_method(ctx, method, prompt)
+
+
+def compare(ctx: BenchContext, runs: list[dict], asked: dict) -> None:
+    """Mark each run ``identical`` to its reference (the target alone, or sampled alone with the same
+    seed) on the same request, else where they part and the target's logit margin there."""
+    for r in runs:
+        # a sampled answer is the target alone's for the same seed (algorithms/gumbel.py)
+        ref_method = "target-sampled" if base(r["method"]) == "anyspec-sampled" else "target"
+        ref = next((x for x in runs if x["prompt"] == r["prompt"] and x["method"] == ref_method), None)
+        if r["method"] in ("target", "target-sampled") or ref is None:
+            continue
+        pos = first_difference(ref["ids"], r["ids"])
+        r["identical"] = pos is None
+        if pos is not None:
+            r["diff_pos"] = pos
+            r["diff_margin"] = (logit_margin(ctx.target, asked[ref_method, ref["prompt"]], ref["ids"], pos)
+                                if pos < len(ref["ids"]) else None)

@@ -22,8 +22,9 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines")
     add_model_options(p, no_draft=False)
-    p.add_argument("--prompts", nargs="+", type=Path, default=None,
-                   help="JSONL prompt files (default: the code and prose sets shipped with anyspec)")
+    p.add_argument("--prompts", nargs="+", default=None, metavar="SET_OR_FILE",
+                   help="JSONL prompt files, or sets shipped with anyspec by name: code, prose, edit, doc, "
+                        "long, chat (default: code prose)")
     p.add_argument("--limit", type=int, default=None, help="at most N prompts from each file")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole rotation N times (tok/s then pools every run; a noisy machine)")
@@ -50,7 +51,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from anyspec.bench.context import BenchSettings
-    from anyspec.bench.prompts import DEFAULT_PROMPTS
+    from anyspec.bench.prompts import DEFAULT_PROMPTS, prompt_file
     from anyspec.bench.report import markdown, plot, pyplot
     from anyspec.bench.run import run_bench
 
@@ -58,7 +59,8 @@ def run(args) -> int:
         check_output(path, option)
     if args.plot:
         pyplot()
-    settings = BenchSettings(args.target, args.draft, args.prompts or DEFAULT_PROMPTS, args.methods,
+    files = [prompt_file(p) for p in args.prompts] if args.prompts else DEFAULT_PROMPTS
+    settings = BenchSettings(args.target, args.draft, files, args.methods,
                              max_new_tokens=args.max_new_tokens, k=args.num_speculative_tokens,
                              dtype=args.dtype, draft_dtype=args.draft_dtype,
                              also_draft_dtypes=args.also_draft_dtype, temperature=args.temperature,

@@ -51,6 +51,9 @@ class Stats:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     total_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # the prompt into the target's cache (a kept or copied prefix included)
+    first_token_seconds: float = 0.0  # from the start to the first committed token (0: none)
+    first_tokens: int = 0  # the tokens committed with it (a round can commit several)
     draft_fallbacks: int = 0
     # why each round's accepted run ended (proposers.round_end); n-gram rounds as "ngram:<cause>"
     ended_by: dict[str, int] = field(default_factory=dict)
@@ -254,6 +257,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
+        if not stats.first_tokens and output.ids:
+            stats.first_token_seconds, stats.first_tokens = time.perf_counter() - t_start, len(output.ids)
         if logprobs is not None:
             logprobs += token_logprobs(rows[:len(committed)], committed, params.logprobs)
         stats.generated = len(output.ids)
@@ -319,11 +324,13 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
     check_room(len(ids), params.max_new_tokens, context_length(engine.target))
     stats.prompt_tokens = len(ids)
     reuse = engine.config.prefix_cache
+    t_prefill = time.perf_counter()
     stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
     t0 = time.perf_counter()
     if len(ids) - 1 > stats.prompt_cached:
         yield from chunked(target, ids[stats.prompt_cached:-1], 1)
     stats.target_seconds += time.perf_counter() - t0
+    stats.prefill_seconds = time.perf_counter() - t_prefill
     if draft is None:
         return ids[-1], None, ids
     if not reusable(draft, reuse):
