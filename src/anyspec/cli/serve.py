@@ -11,25 +11,18 @@ from pathlib import Path
 
 from anyspec.cli.options import (
     add_engine_options,
-    add_k_option,
     add_model_options,
     pair_plan,
     speculative_config,
 )
-from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, MAX_BATCH
+from anyspec.config import MAX_BATCH
 from anyspec.errors import ConfigError
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions and chat, streaming)")
     add_model_options(p)
-    add_k_option(p)
     add_engine_options(p)
-    p.add_argument("--draft-sample-method", default="sample", choices=DRAFT_SAMPLE_METHODS)
-    p.add_argument("--draft-context", default="retokenize", choices=DRAFT_CONTEXTS)
-    p.add_argument("--no-prefix-cache", action="store_true",
-                   help="prefill every prompt in full (default: a request starts from the KV cache of the "
-                        "prefix it shares with the one before or with another slot, on row-invariant models)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
@@ -53,9 +46,7 @@ def check_args(args):
     ``(settings, config, plan)``."""
     from anyspec.models import MODELS
 
-    config = speculative_config(args, num_speculative_tokens=args.num_speculative_tokens,
-                                draft_sample_method=args.draft_sample_method,
-                                draft_context=args.draft_context, prefix_cache=not args.no_prefix_cache)
+    config = speculative_config(args)
     plan = pair_plan(args)
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"--port must be from 1 to 65535, got {args.port}")
