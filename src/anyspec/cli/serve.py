@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import signal
 import socket
@@ -60,9 +61,8 @@ def check_args(args):
     from anyspec.server.app import Settings
 
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
-    settings = Settings(name, args.queue_size, args.queue_timeout, args.generation_timeout,  # checks them
-                        args.max_body_bytes, args.default_max_tokens, args.max_batch, args.max_prompt_tokens,
-                        body_timeout=args.body_timeout)
+    settings = Settings(model_name=name, **{f.name: getattr(args, f.name)  # checks them
+                                            for f in dataclasses.fields(Settings) if hasattr(args, f.name)})
     with socket.socket() as probe:
         try:
             probe.bind((args.host, args.port))
