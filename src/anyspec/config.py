@@ -137,27 +137,29 @@ class SamplingParams:
             self.stop = [self.stop]
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), "
-                              f"got {self.temperature}")
+                              f"got {self.temperature}", "temperature")
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
-                              f"got {self.temperature}")
+                              f"got {self.temperature}", "temperature")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_p < MIN_TOP_P:
             raise ConfigError(f"top_p must be at least {MIN_TOP_P:g} (smaller keeps only the top token "
-                              f"anyway), got {self.top_p}")
+                              f"anyway), got {self.top_p}", "top_p")
         if not _is_int(self.top_k) or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}",
+                              "max_new_tokens")
         if self.seed is not None and not seed_fits(self.seed):
-            raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
+            raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}", "seed")
         if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ConfigError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}")
+            raise ConfigError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}",
+                              "logprobs")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ConfigError("stop strings must be non-empty strings")
+            raise ConfigError("stop strings must be non-empty strings", "stop")
         for s in self.stop:
-            check_text(s, "a stop string")
+            check_text(s, "a stop string", "stop")
 
 
 def seed_fits(seed) -> bool:
@@ -175,10 +177,10 @@ def utf8_problem(text: str) -> int | None:
     return None
 
 
-def check_text(text: str, what: str) -> None:
+def check_text(text: str, what: str, field: str | None = None) -> None:
     """Text must be valid Unicode."""
     if (at := utf8_problem(text)) is not None:
-        raise ConfigError(f"{what} is not valid UTF-8 text (character {at}); pass UTF-8")
+        raise ConfigError(f"{what} is not valid UTF-8 text (character {at}); pass UTF-8", field)
 
 
 def check_prompt(prompt: str | list[dict]) -> None:
