@@ -137,15 +137,16 @@ class Engine:
         return alone(speculative_generate(self, prompt, params or SamplingParams()))
 
     def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft,
-              batch: Batch | None = None, key=None, encoded: tuple[list[int], str] | None = None) -> Steps:
+              batch: Batch | None = None, key=None, encoded: tuple[list[int], str] | None = None,
+              speculative: bool = True) -> Steps:
         """The generation on the given sequences of the target and the draft, to run in ``batch``
         under ``key``: its k per round follows the batch (``adaptive_k.batch_ks``) unless
         ``batch_k`` is off. ``encoded``: the prompt's target ids and text (``encode_prompt``), when
-        the caller has them already."""
+        the caller has them already; ``speculative=False``: the target alone, the draft left as it is."""
         schedule = None
-        if batch is not None and self.draft is not None and self.config.batch_k:
+        if batch is not None and self.draft is not None and speculative and self.config.batch_k:
             schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft)
-        return speculative_generate(self, prompt, params, target, draft, schedule, encoded)
+        return speculative_generate(self, prompt, params, target, draft, schedule, encoded, speculative)
 
     @property
     def batchable(self) -> bool:
@@ -197,13 +198,14 @@ class Engine:
 
 
 def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams,
-                         target=None, draft=None, schedule=None, encoded: tuple[list[int], str] | None = None
-                         ) -> Steps:
+                         target=None, draft=None, schedule=None, encoded: tuple[list[int], str] | None = None,
+                         speculative: bool = True) -> Steps:
     """``target`` and ``draft``: the sequences it runs on (the engine's models by default);
-    ``schedule``: what chooses k each round (``AdaptiveK``'s interface; default: the config's)."""
+    ``schedule``: what chooses k each round (``AdaptiveK``'s interface; default: the config's);
+    ``speculative=False``: the target alone (prompt lookup still proposes, with ``ngram``)."""
     target = target if target is not None else engine.target
-    draft = draft if draft is not None else engine.draft
-    proposer = engine.proposer_for(params)
+    draft = (draft if draft is not None else engine.draft) if speculative else None
+    proposer = engine.proposer_for(params) if draft is not None else None
     lookup = engine.config.ngram
     k = engine.config.num_speculative_tokens if proposer is not None or lookup else 0
     seed = request_seed(params)

@@ -210,8 +210,7 @@ def create_app(engine: Engine, settings: Settings):
     from fastapi.responses import Response, StreamingResponse
 
     metrics = Metrics()
-    target_only = Engine(engine.target, None, engine.config) if engine.draft is not None else None
-    scheduler = Scheduler(engine, target_only, settings.queue_size, settings.generation_timeout, metrics,
+    scheduler = Scheduler(engine, settings.queue_size, settings.generation_timeout, metrics,
                           settings.max_batch)
     tokenizer = copy.deepcopy(engine.target.tokenizer)  # the worker uses the original
     context = context_length(engine.target)
