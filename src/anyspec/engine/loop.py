@@ -20,9 +20,9 @@ from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, drop_slot, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
-from anyspec.engine.model import MultiSequence, PrefixSharing, row_invariant
+from anyspec.engine.model import MultiSequence, PrefixSharing
 from anyspec.engine.output import Output
-from anyspec.engine.prompt import check_room, context_length, encode_prompt, end_ids
+from anyspec.engine.prompt import check_room, encode_prompt, end_ids
 from anyspec.engine.proposers import (
     SLEM,
     TLI,
@@ -98,7 +98,7 @@ class Engine:
             self.config = replace(self.config, draft_confidence=tuned_confidence(target))
         if self.config.tree is None:
             self.config = replace(self.config, tree=tuned_tree(target))
-        elif self.config.tree and not getattr(target, "tree_attention", False):
+        elif self.config.tree and not target.tree_attention:
             raise ConfigError(f"tree={self.config.tree} needs a target whose forward takes a tree of rows "
                               "(a GGUF model on anyspec's kernels); use tree=0 (--tree 0)")
         self.proposers: dict[str, Proposer] = {}
@@ -318,7 +318,7 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
     cached), the draft's context and the prompt's target ids; a prefix the sequence's previous
     request left may be kept."""
     ids, text = encoded if encoded is not None else encode_prompt(engine.target.tokenizer, prompt)[:2]
-    check_room(len(ids), params.max_new_tokens, context_length(engine.target))
+    check_room(len(ids), params.max_new_tokens, engine.target.context_length)
     stats.prompt_tokens = len(ids)
     reuse = engine.config.prefix_cache
     stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
@@ -389,4 +389,4 @@ def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
 
 
 def reusable(model, enabled: bool) -> bool:
-    return enabled and row_invariant(model)
+    return enabled and model.row_invariant
