@@ -16,7 +16,7 @@ from anyspec.cli.options import (
     write_atomically,
 )
 
-FIXED = ("algorithm", "draft_sample_method", "draft_context", "prefix_cache")  # each method's own
+FIXED = ("algorithm", "draft_sample_method", "draft_context", "prefix_cache")  # the methods set these
 
 
 def add_parser(sub) -> None:
