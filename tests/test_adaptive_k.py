@@ -232,7 +232,7 @@ def test_the_default_confidence_stop_follows_the_kernels_level(tok_qwen2):
     from anyspec.engine.proposers import tuned_confidence
 
     assert SpeculativeConfig().draft_confidence is None
-    assert tuned_confidence(SimpleNamespace(row_invariant=False)) == DRAFT_CONFIDENCE
+    assert tuned_confidence(SimpleNamespace(row_invariant=False, kernel_level=None)) == DRAFT_CONFIDENCE
     target = tiny("qwen2", tok_qwen2, seed=0)
     assert Engine(target, None, SpeculativeConfig(draft_confidence=0.25)).config.draft_confidence == 0.25
     if not rowwise_available():
@@ -243,7 +243,7 @@ def test_the_default_confidence_stop_follows_the_kernels_level(tok_qwen2):
         want = {0: DRAFT_CONFIDENCE_AVX2, 1: DRAFT_CONFIDENCE_AVX2, 2: DRAFT_CONFIDENCE, 3: DRAFT_CONFIDENCE}
         for lvl in range(lib.best_isa() + 1):
             lib.set_isa(lvl)
-            assert tuned_confidence(SimpleNamespace(row_invariant=True)) == want[lvl]
+            assert tuned_confidence(SimpleNamespace(row_invariant=True, kernel_level=lib.isa())) == want[lvl]
         lib.set_isa(1)
         resolved = Engine(target, None).config.draft_confidence
         assert resolved == (DRAFT_CONFIDENCE_AVX2 if target.row_invariant else DRAFT_CONFIDENCE)
@@ -271,7 +271,8 @@ def test_branches_default_on_where_the_target_takes_a_tree_and_rows_are_cheap(to
         Engine(target, None, SpeculativeConfig(tree=2))
     with pytest.raises(ConfigError, match="tree must be an integer from 0"):
         SpeculativeConfig(tree=-1)
-    assert tuned_tree(SimpleNamespace(row_invariant=False, tree_attention=True)) == TREE_BRANCHES
+    not_on_kernels = SimpleNamespace(row_invariant=False, tree_attention=True, kernel_level=None)
+    assert tuned_tree(not_on_kernels) == TREE_BRANCHES
     if not rowwise_available():
         pytest.skip("anyspec's kernel could not be built here")
     lib = rowwise_kernel()
@@ -279,8 +280,9 @@ def test_branches_default_on_where_the_target_takes_a_tree_and_rows_are_cheap(to
     try:
         for lvl in range(lib.best_isa() + 1):
             lib.set_isa(lvl)
-            assert tuned_tree(SimpleNamespace(row_invariant=True, tree_attention=True)) == (
+            kernels = SimpleNamespace(row_invariant=True, kernel_level=lib.isa())
+            assert tuned_tree(SimpleNamespace(**vars(kernels), tree_attention=True)) == (
                 TREE_BRANCHES if lvl >= 2 else 0)
-            assert tuned_tree(SimpleNamespace(row_invariant=True)) == 0
+            assert tuned_tree(SimpleNamespace(**vars(kernels), tree_attention=False)) == 0
     finally:
         lib.set_isa(level)

@@ -9,6 +9,7 @@ from anyspec.bench import report
 from anyspec.bench import run as bench_run
 from anyspec.bench import vllm as bench_vllm
 from anyspec.bench.context import BenchSettings
+from anyspec.config import SpeculativeConfig
 from anyspec.errors import ConfigError
 
 
@@ -330,7 +331,8 @@ def test_run_bench_with_vllm(where, tmp_path, tok_qwen2, tok_smollm2, fake_vllm,
                                  for i, c in enumerate(["Write code.", "Say hello."])) + "\n")
     methods = ["target", "vllm-target", "vllm"]
     try:
-        settings = BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=5, k=3,
+        settings = BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=5,
+                                 speculative=SpeculativeConfig(num_speculative_tokens=3),
                                  dtype="fp32", vllm_python=sys.executable if where == "subprocess" else None)
         result = bench_run.run_bench(settings, log=lambda s: None)
     finally:
@@ -430,7 +432,8 @@ def test_rounds_by_cause_and_the_ngram_methods_reach_the_summary(tmp_path, tok_q
     target, draft, prompts = tiny_pair(tmp_path, tok_qwen2, tok_smollm2, ["a b a b a b a"])
     methods = ["target", "target-ngram", "anyspec-slem", "anyspec-slem-ngram"]
     result = bench_run.run_bench(BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=12,
-                                               dtype="fp32", ngram=1), log=lambda s: None)
+                                               dtype="fp32", speculative=SpeculativeConfig(ngram=1)),
+                                 log=lambda s: None)
     assert result["config"]["ngram"] == 1
     rows = {r["method"]: r for r in result["summary"] if r["set"] == "all"}
     for m in methods[1:]:

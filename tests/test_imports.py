@@ -115,3 +115,11 @@ def test_the_cache_folder_is_a_bottom_layer():
     assert graph["anyspec.paths"] == {"anyspec.errors"} and graph["anyspec.errors"] == set()
     users = {m for m, targets in graph.items() if "anyspec.paths" in targets}
     assert {"anyspec.fetch", "anyspec.models", "anyspec.vocab.cache", "anyspec.vocab.loading"} <= users
+
+
+def test_the_vocabulary_sits_below_the_models():
+    """``vocab`` reads tokenizers and the cache folder only: finding a built-in model's tokenizer is
+    the command line's (``cli/analyze.py``)."""
+    graph = import_graph(SRC)
+    used = set().union(*(targets for m, targets in graph.items() if m.startswith("anyspec.vocab")))
+    assert {m for m in used if not m.startswith("anyspec.vocab")} <= {"anyspec.errors", "anyspec.paths"}

@@ -181,7 +181,7 @@ def test_jobs_that_arrive_together_compute_a_shared_system_prompt_once(gguf_engi
     for seq in gguf_engine.target.sequences:  # no sequence may hold the system prompt before the test
         seq.reset()
     loop = asyncio.new_event_loop()
-    scheduler = Scheduler(gguf_engine, None, 8, generation_timeout=600, metrics=Metrics(), max_batch=3)
+    scheduler = Scheduler(gguf_engine, 8, generation_timeout=600, metrics=Metrics(), max_batch=3)
     jobs = [Job(chat, params, True, len(i), loop) for chat, i in zip(chats, ids, strict=True)]
     for job in jobs:
         scheduler.submit(job)

@@ -176,7 +176,7 @@ def test_a_request_cancelled_during_a_long_prefill_stops_after_that_chunk(engine
         return original(ids, last)
 
     monkeypatch.setattr(target, "extend", extend)
-    scheduler = Scheduler(engine, None, 4, 300.0, Metrics())
+    scheduler = Scheduler(engine, 4, 300.0, Metrics())
     scheduler.submit(job)
     scheduler.start()
     try:

@@ -70,6 +70,8 @@ class TokenListCache:
     """The cache half of the backend interface for models without a network: just the ids."""
 
     cached_ids: list[int]
+    row_invariant = tree_attention = False
+    context_length = kernel_level = None
 
     @property
     def num_cached(self) -> int:

@@ -45,25 +45,50 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _flag(default, help: str, *flags: str, **argparse_options):
+    """A ``SpeculativeConfig`` field and its command-line flag: the flag's spelling (default
+    ``--field-name``; a switch for a bool, inverting one that defaults to True), help and any argparse
+    options (``type`` where the default is None, ``choices``, ``metavar``, a hidden ``alias``)."""
+    return field(default=default, metadata={"help": help, "flags": flags, **argparse_options})
+
+
 @dataclass
 class SpeculativeConfig:
-    method: str = "draft_model"
-    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS
-    use_heterogeneous_vocab: bool = True
-    draft_sample_method: str = "sample"
-    algorithm: str = "auto"
-    draft_context: str = "retokenize"
-    adaptive_k: bool = False  # per round, k in 0..num_speculative_tokens from measured speed
-    draft_confidence: float | None = None  # end a round's draft after a token the draft gives less
-    #   probability (0 = off; None: DRAFT_CONFIDENCE, or DRAFT_CONFIDENCE_AVX2 for the kernels' AVX2 level)
-    prefix_cache: bool = True  # start from the KV cache of the prompt prefix a request shares with
-    #                            the one before or another slot (row-invariant models only: reuse_prefix)
-    batch_k: bool = True  # in a batch: each generation's k per round from pass costs and its acceptance
-    ngram: int = 0  # propose a continuation found earlier in the context when its last n >= ngram
-    #                 tokens occurred before, instead of drafting (0 = off; algorithms/ngram.py)
-    tree: int | None = None  # the most branches an exact-match round adds beside its chain, each at a
-    #   token the draft doubts, where they pay for their rows (0 = the chain alone; None: TREE_BRANCHES
-    #   where the target's forward takes a tree, but 0 on the kernels' AVX2 level; algorithms/tree.py)
+    """The pair's settings. Each field's metadata is its command-line flag (``cli/options.py``)."""
+
+    method: str = _flag("draft_model", f"speculative method ({', '.join(METHODS)})")
+    num_speculative_tokens: int = _flag(
+        NUM_SPECULATIVE_TOKENS, f"draft tokens per round, at most (1 to {MAX_SPECULATIVE_TOKENS}; "
+        "default %(default)s)", "-k", "--num-speculative-tokens", metavar="K", alias="--k")
+    use_heterogeneous_vocab: bool = _flag(
+        True, "the draft shares the target's vocabulary (use_heterogeneous_vocab off)", "--same-vocab")
+    draft_sample_method: str = _flag("sample", " | ".join(DRAFT_SAMPLE_METHODS))
+    algorithm: str = _flag(
+        "auto", "auto (default): slem when greedy, tli when sampling | tli: the draft keeps to the shared "
+        "tokens | slem: the draft writes freely, its text is re-encoded", choices=ALGORITHMS)
+    draft_context: str = _flag(
+        "retokenize", f"{' | '.join(DRAFT_CONTEXTS)}: the draft reads its own tokenization, or the "
+        "target's tokens mapped one by one (vLLM's)")
+    adaptive_k: bool = _flag(
+        False, "choose k (0 = target alone) each round from measured acceptance and speed")
+    draft_confidence: float | None = _flag(
+        None, "end a round's draft after a token the draft gives probability below P (0 = always draft "
+        f"k; default: {DRAFT_CONFIDENCE}, or {DRAFT_CONFIDENCE_AVX2} where anyspec's kernels run below "
+        "their AVX-512 level)", type=float, metavar="P")
+    prefix_cache: bool = _flag(
+        True, "prefill every prompt in full (default: a request starts from the KV cache of the prefix it "
+        "shares with the one before or with another slot, on row-invariant models)", "--no-prefix-cache")
+    batch_k: bool = _flag(
+        True, "in a batch, draft each generation's configured k every round (default: its k per round "
+        "from the batch's pass costs and its acceptance)", "--no-batch-k")
+    ngram: int = _flag(
+        0, "prompt lookup: where the last N or more tokens occurred earlier in the context, propose what "
+        "followed them instead of drafting; with --no-draft too (0 = off; algorithms/ngram.py)", metavar="N")
+    tree: int | None = _flag(
+        None, "greedy (and slem sampled) rounds: up to N branches beside the draft's chain, at its second "
+        f"choices where they pay for their rows (0 = the chain alone; default: {TREE_BRANCHES} where the "
+        "target is a GGUF model on anyspec's kernels at their AVX-512 level, else 0; algorithms/tree.py)",
+        type=int, metavar="N")
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -112,27 +137,29 @@ class SamplingParams:
             self.stop = [self.stop]
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), "
-                              f"got {self.temperature}")
+                              f"got {self.temperature}", "temperature")
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
-                              f"got {self.temperature}")
+                              f"got {self.temperature}", "temperature")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_p < MIN_TOP_P:
             raise ConfigError(f"top_p must be at least {MIN_TOP_P:g} (smaller keeps only the top token "
-                              f"anyway), got {self.top_p}")
+                              f"anyway), got {self.top_p}", "top_p")
         if not _is_int(self.top_k) or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}",
+                              "max_new_tokens")
         if self.seed is not None and not seed_fits(self.seed):
-            raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}")
+            raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}", "seed")
         if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ConfigError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}")
+            raise ConfigError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}",
+                              "logprobs")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ConfigError("stop strings must be non-empty strings")
+            raise ConfigError("stop strings must be non-empty strings", "stop")
         for s in self.stop:
-            check_text(s, "a stop string")
+            check_text(s, "a stop string", "stop")
 
 
 def seed_fits(seed) -> bool:
@@ -150,10 +177,10 @@ def utf8_problem(text: str) -> int | None:
     return None
 
 
-def check_text(text: str, what: str) -> None:
+def check_text(text: str, what: str, field: str | None = None) -> None:
     """Text must be valid Unicode."""
     if (at := utf8_problem(text)) is not None:
-        raise ConfigError(f"{what} is not valid UTF-8 text (character {at}); pass UTF-8")
+        raise ConfigError(f"{what} is not valid UTF-8 text (character {at}); pass UTF-8", field)
 
 
 def check_prompt(prompt: str | list[dict]) -> None:

@@ -6,4 +6,9 @@ class AnyspecError(Exception):
 
 
 class ConfigError(AnyspecError, ValueError):
-    """A setting, path, model or request that cannot work. Raised before any heavy work starts."""
+    """A setting, path, model or request that cannot work. Raised before any heavy work starts.
+    ``field``: the setting it is about, where it is one (the server's ``param``)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from anyspec.bench import prompts, report, run
 from anyspec.bench.context import BenchSettings
+from anyspec.config import SpeculativeConfig
 from anyspec.models import fetch_model
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "vllm"
@@ -22,7 +23,8 @@ def test_bench_runs_vllm_in_its_venv(vllm_python):
     target = fetch_model("qwen2.5-coder-0.5b", progress=False)
     draft = fetch_model("smollm2-135m", progress=False)
     files = [prompts.PROMPTS_DIR / "code.jsonl", prompts.PROMPTS_DIR / "prose.jsonl"]
-    settings = BenchSettings(str(target), str(draft), files, ["target", "vllm"], max_new_tokens=32, k=4,
+    settings = BenchSettings(str(target), str(draft), files, ["target", "vllm"], max_new_tokens=32,
+                             speculative=SpeculativeConfig(num_speculative_tokens=4),
                              dtype="fp32", threads=1, limit=1, vllm_python=str(vllm_python))
     result = run.run_bench(settings)
     RESULTS.mkdir(parents=True, exist_ok=True)

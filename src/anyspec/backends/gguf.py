@@ -117,6 +117,7 @@ class GGUFModel:
 
     row_invariant = True  # every product and the attention compute each row alone (tested)
     tree_attention = True  # forward takes a tree of rows, each attending to its own ancestors
+    context_length: int  # the file's
 
     def __init__(self, path: str | os.PathLike, name: str = "model", reader=None, kernel=None):
         from anyspec.vocab import load_tokenizer
@@ -168,6 +169,10 @@ class GGUFModel:
         seq = Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim))
         self.sequences.add(seq)
         return seq
+
+    @property
+    def kernel_level(self) -> int:
+        return self.kernel.isa()
 
     @property
     def cached_ids(self) -> list[int]:

@@ -173,6 +173,10 @@ class LeanModel(TransformersModel):
         """Each token's numbers independent of the tokens computed with it (the C++ stack, tested)."""
         return self.native is not None
 
+    @property
+    def kernel_level(self) -> int | None:
+        return rowwise_kernel().isa() if self.native is not None else None
+
     def reset(self) -> None:
         self.cached_ids = []
 

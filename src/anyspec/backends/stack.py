@@ -69,7 +69,15 @@ class Sequence:
 
     @property
     def tree_attention(self) -> bool:
-        return getattr(self.model, "tree_attention", False)
+        return self.model.tree_attention
+
+    @property
+    def context_length(self) -> int | None:
+        return self.model.context_length
+
+    @property
+    def kernel_level(self) -> int | None:
+        return self.model.kernel_level
 
     def reset(self) -> None:
         self.cached_ids = []

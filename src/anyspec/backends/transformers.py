@@ -50,6 +50,7 @@ class TransformersModel:
         self.name = name
         self.dtype = dtype or dtype_name(next(model.parameters()).dtype)
         self.vocab_size = int(model.config.get_text_config().vocab_size)
+        self.context_length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self.device = next(model.parameters()).device
         self._new_cache = lambda: DynamicCache(config=model.config)
         self.cache = self._new_cache()
@@ -59,6 +60,8 @@ class TransformersModel:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     row_invariant = False  # transformers' forward: rows may round differently in different batches
+    tree_attention = False
+    kernel_level = None  # torch's products, not anyspec's kernels
 
     @property
     def num_cached(self) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from anyspec.bench.methods import METHODS
-from anyspec.config import NUM_SPECULATIVE_TOKENS, SamplingParams, SpeculativeConfig
+from anyspec.config import SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
 
 
@@ -20,7 +20,9 @@ class BenchSettings:
     prompt_files: list[Path]
     methods: list[str]
     max_new_tokens: int = 64
-    k: int = NUM_SPECULATIVE_TOKENS
+    speculative: SpeculativeConfig = field(default_factory=lambda: SpeculativeConfig(ngram=2))  # every
+    #   anyspec method's engine starts from it; its ngram is the *-ngram methods' (the others: 0), a
+    #   draft_confidence or tree of None the engine's default (proposers.tuned_confidence, tuned_tree)
     dtype: str | None = None
     draft_dtype: str | None = None
     also_draft_dtypes: list[str] = field(default_factory=list)  # each draft method again, as METHOD@DTYPE
@@ -30,14 +32,9 @@ class BenchSettings:
     limit: int | None = None  # at most this many prompts from each file
     repeat: int = 1  # the whole rotation this many times
     hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k" (the same fixed k)
-    adaptive_k: bool = False
-    draft_confidence: float | None = None  # None: the engine's default (proposers.tuned_confidence)
-    ngram: int = 2  # the *-ngram methods' shortest context match (SpeculativeConfig.ngram)
-    tree: int | None = None  # None: the engine's default (proposers.tuned_tree); anyspec-slem-chain: 0
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
 
     def __post_init__(self):
-        SpeculativeConfig(num_speculative_tokens=self.k, ngram=self.ngram, **self.engine_options)
         SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed)
         for name, value in (("--repeat", self.repeat), ("--limit", 1 if self.limit is None else self.limit)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -46,17 +43,12 @@ class BenchSettings:
         if unknown:
             raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
 
-    @property
-    def engine_options(self) -> dict:
-        """The SpeculativeConfig settings every anyspec method's engine shares."""
-        return {"adaptive_k": self.adaptive_k, "draft_confidence": self.draft_confidence, "tree": self.tree}
-
 
 @dataclass
 class BenchContext:
     target: object  # the loaded target and draft (anyspec models)
     draft: object
-    k: int
+    speculative: SpeculativeConfig  # BenchSettings.speculative
     temperature: float  # for anyspec-sampled
     seed: int
     max_new_tokens: int
@@ -64,8 +56,6 @@ class BenchContext:
     dtype_name: str  # canonical dtype names (gguf, bf16, fp16, fp32, int8)
     draft_dtype: str | None
     threads: int
-    engine_options: dict = field(default_factory=dict)  # SpeculativeConfig settings of every engine
-    ngram: int = 2  # the *-ngram methods' SpeculativeConfig.ngram
     hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k"
     target_spec: str = ""  # as given: a built-in name, a folder or a GGUF file
     draft_spec: str = ""
@@ -85,3 +75,7 @@ class BenchContext:
     vllm_info: dict = field(default_factory=dict)  # method -> what ran (version, python, dtype)
     llama_cpp_url: str | None = None
     llama_cpp_stack: contextlib.ExitStack | None = None
+
+    @property
+    def k(self) -> int:
+        return self.speculative.num_speculative_tokens

@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from anyspec.bench.context import BenchContext, BenchSettings
@@ -22,7 +23,6 @@ from anyspec.bench.prompts import conversation, load_prompts, longest_request, p
 from anyspec.bench.report import summarize
 from anyspec.bench.timing import engine_timings
 from anyspec.bench.vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
-from anyspec.config import SpeculativeConfig
 from anyspec.engine.prompt import end_ids
 
 UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
@@ -33,17 +33,18 @@ UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli",
                 draft_dtype: str | None = None, ngram: bool = False, chain: bool = False) -> dict:
     """``draft_dtype``: one of ``ctx.drafts``, the draft loaded again in that dtype (else the pair's);
-    ``ngram``: with prompt lookup (``ctx.ngram``); ``chain``: no branches beside the chain (tree=0).
-    The prefix cache is on only where ``ctx.prefix_cache`` says (a conversation's later turns)."""
+    ``ngram``: with prompt lookup (``ctx.speculative.ngram``); ``chain``: no branches beside the
+    chain (tree=0). The prefix cache is on only where ``ctx.prefix_cache`` says (a conversation's
+    later turns)."""
     from anyspec.engine import Engine, SamplingParams
 
     key = (draft, sampled, algorithm, draft_dtype, ngram, chain, ctx.prefix_cache)
     if key not in ctx.engines:
-        options = ctx.engine_options | ({"tree": 0} if chain else {})
-        config = SpeculativeConfig(num_speculative_tokens=ctx.k, algorithm=algorithm,
-                                   draft_sample_method="sample" if sampled else "greedy",
-                                   prefix_cache=ctx.prefix_cache,  # else the whole prompt, as HF's
-                                   ngram=ctx.ngram if ngram else 0, **options)
+        chained = {"tree": 0} if chain else {}
+        config = replace(ctx.speculative, algorithm=algorithm,
+                         draft_sample_method="sample" if sampled else "greedy",
+                         prefix_cache=ctx.prefix_cache,  # else the whole prompt, as HF's
+                         ngram=ctx.speculative.ngram if ngram else 0, **chained)
         model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
@@ -148,6 +149,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
     from anyspec.pair import check_pair, load_pair
 
     s = settings
+    spec, k = s.speculative, s.speculative.num_speculative_tokens
     prompts = [p for f in s.prompt_files for p in load_prompts(f)[:s.limit]]
     plan = check_pair(s.target, s.draft, s.dtype, s.draft_dtype, s.threads)
     also = [check_pair(s.target, s.draft, s.dtype, d, s.threads).draft_dtype for d in s.also_draft_dtypes]
@@ -158,30 +160,30 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
     log(f"loaded {s.target} ({plan.dtype}) + {s.draft} ({plan.draft_dtype}) in "
         f"{time.perf_counter() - t:.1f}s; {torch.get_num_threads()} threads")
     ctx = context(s, plan, tgt, drf)
-    confidence = tuned_confidence(tgt) if s.draft_confidence is None else s.draft_confidence
-    branches = tuned_tree(tgt) if s.tree is None else s.tree
+    confidence = tuned_confidence(tgt) if spec.draft_confidence is None else spec.draft_confidence
+    branches = tuned_tree(tgt) if spec.tree is None else spec.tree
     for d in also:
         t = time.perf_counter()
         ctx.drafts[d] = load_model(s.draft, dtype=d, name=f"draft ({d})")
         log(f"loaded {s.draft} again ({d}) in {time.perf_counter() - t:.1f}s")
     if any(m in VLLM_METHODS for m in methods):
         ctx.vllm_max_model_len = vllm_max_model_len(
-            [longest_request(tgt.tokenizer, p, s.max_new_tokens) for p in prompts], s.max_new_tokens, s.k)
+            [longest_request(tgt.tokenizer, p, s.max_new_tokens) for p in prompts], s.max_new_tokens, k)
     try:
         runs = _run_all(ctx, prompts * s.repeat, methods, notes, log)
     finally:
         close_all(ctx)
         close_llama_cpp(ctx)
     return {"config": {"target": s.target, "draft": s.draft, "dtype": plan.dtype,
-                       "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": s.k, "ngram": s.ngram,
-                       **s.engine_options, "draft_confidence": confidence, "tree": branches,
-                       "repeat": s.repeat,
+                       "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": k,
+                       "ngram": spec.ngram, "adaptive_k": spec.adaptive_k, "draft_confidence": confidence,
+                       "tree": branches, "repeat": s.repeat,
                        "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                        "torch": torch.__version__, "python": sys.version.split()[0],
                        "hf_uag": "transformers generate() defaults (adaptive number of assistant tokens)"
-                       if s.hf_assistant == "default" else f"fixed {s.k} assistant tokens",
+                       if s.hf_assistant == "default" else f"fixed {k} assistant tokens",
                        **({"vllm": ctx.vllm_info} if ctx.vllm_info else {})},
             "notes": notes, "runs": runs, "summary": summarize(runs)}
 
@@ -192,12 +194,11 @@ def context(s: BenchSettings, plan, target, draft) -> BenchContext:
 
     from anyspec.models import MODELS, resolve_model
 
-    return BenchContext(target=target, draft=draft, k=s.k, temperature=s.temperature, seed=s.seed,
-                        max_new_tokens=s.max_new_tokens, eos=end_ids(target), dtype_name=plan.dtype,
-                        draft_dtype=plan.draft_dtype, threads=s.threads or torch.get_num_threads(),
-                        engine_options=s.engine_options, ngram=s.ngram, hf_assistant=s.hf_assistant,
-                        target_spec=s.target,
-                        draft_spec=s.draft,
+    return BenchContext(target=target, draft=draft, speculative=s.speculative, temperature=s.temperature,
+                        seed=s.seed, max_new_tokens=s.max_new_tokens, eos=end_ids(target),
+                        dtype_name=plan.dtype, draft_dtype=plan.draft_dtype,
+                        threads=s.threads or torch.get_num_threads(), hf_assistant=s.hf_assistant,
+                        target_spec=s.target, draft_spec=s.draft,
                         target_path=resolve_model(s.target) if s.target in MODELS else s.target,
                         draft_path=resolve_model(s.draft) if s.draft in MODELS else s.draft,
                         llama_cpp_gguf=target_gguf(s.target), vllm_python=s.vllm_python)

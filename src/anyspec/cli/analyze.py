@@ -37,8 +37,24 @@ def read_sample(path: Path) -> str:
                           "give a UTF-8 text file") from None
 
 
+def resolve_tokenizer(spec: str):
+    """A tokenizer from a path (folder, .gguf, tokenizer file) or a built-in model name.
+
+    For a built-in model only its tokenizer is needed: the converted folder is used when it is
+    already there, else the pinned GGUF (fetched and checked) without converting the weights.
+    """
+    from anyspec import models
+    from anyspec.vocab.loading import load_tokenizer
+
+    if Path(spec).expanduser().exists():
+        return load_tokenizer(spec)
+    if spec in models.MODELS and models.is_cached(spec):
+        return load_tokenizer(models.model_dir(spec))
+    return load_tokenizer(models.resolve_model(spec))  # a built-in name: its GGUF file
+
+
 def run(args) -> int:
-    from anyspec.vocab.analyze import analyze_pair, default_sample, format_report, resolve_tokenizer
+    from anyspec.vocab.analyze import analyze_pair, default_sample, format_report
 
     for option, spec in (("--target", args.target), ("--draft", args.draft)):
         if not spec.strip():

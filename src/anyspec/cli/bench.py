@@ -10,11 +10,13 @@ from pathlib import Path
 
 from anyspec.cli.options import (
     add_engine_options,
-    add_k_option,
     add_model_options,
     check_output,
+    speculative_config,
     write_atomically,
 )
+
+FIXED = ("algorithm", "draft_sample_method", "draft_context", "prefix_cache")  # the methods set these
 
 
 def add_parser(sub) -> None:
@@ -34,8 +36,7 @@ def add_parser(sub) -> None:
                    help="run each anyspec method with a draft again with the draft in DTYPE (named "
                         "METHOD@DTYPE), in the same alternating rotation: e.g. gguf against bf16")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    add_k_option(p)
-    add_engine_options(p, algorithm=False)  # the anyspec-* methods fix their own algorithm
+    add_engine_options(p, fixed=FIXED)
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled and target-sampled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
@@ -61,13 +62,11 @@ def run(args) -> int:
         pyplot()
     files = [prompt_file(p) for p in args.prompts] if args.prompts else DEFAULT_PROMPTS
     settings = BenchSettings(args.target, args.draft, files, args.methods,
-                             max_new_tokens=args.max_new_tokens, k=args.num_speculative_tokens,
+                             max_new_tokens=args.max_new_tokens, speculative=speculative_config(args),
                              dtype=args.dtype, draft_dtype=args.draft_dtype,
                              also_draft_dtypes=args.also_draft_dtype, temperature=args.temperature,
                              seed=args.seed, threads=args.threads, limit=args.limit, repeat=args.repeat,
-                             hf_assistant=args.hf_assistant, adaptive_k=args.adaptive_k,
-                             draft_confidence=args.draft_confidence, ngram=args.ngram, tree=args.tree,
-                             vllm_python=args.vllm_python)
+                             hf_assistant=args.hf_assistant, vllm_python=args.vllm_python)
     result = run_bench(settings, log=lambda s: print(s, file=sys.stderr, flush=True))
     table = markdown(result)
     print(table)

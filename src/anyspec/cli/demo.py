@@ -12,7 +12,6 @@ import time
 
 from anyspec.cli.options import (
     add_engine_options,
-    add_k_option,
     add_model_options,
     check_prompt_text,
     pair_plan,
@@ -26,13 +25,14 @@ PROMPTS = [
     "Explain in two sentences what a hash table is.",
 ]
 
+FIXED = ("algorithm", "draft_sample_method", "prefix_cache")  # run sets them: greedy, no prefix cache
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="speculative vs target-only on a few prompts, side by side")
     add_model_options(p, no_draft=False)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    add_k_option(p)
-    add_engine_options(p, algorithm=False)
+    add_engine_options(p, fixed=FIXED)
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)
 
@@ -41,8 +41,7 @@ def run(args) -> int:
     from anyspec.engine import Engine
     from anyspec.pair import load_pair
 
-    config = speculative_config(args, num_speculative_tokens=args.num_speculative_tokens,
-                                draft_sample_method="greedy",
+    config = speculative_config(args, draft_sample_method="greedy",
                                 prefix_cache=False)  # both sides prefill each prompt in full: a fair race
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     prompts = args.prompt or PROMPTS

@@ -12,13 +12,12 @@ import sys
 
 from anyspec.cli.options import (
     add_engine_options,
-    add_k_option,
     add_model_options,
     check_prompt_text,
     pair_plan,
     speculative_config,
 )
-from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, SamplingParams
+from anyspec.config import SamplingParams
 from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -40,14 +39,6 @@ def add_parser(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="with --json: each token's logprob and its N likeliest alternatives (0-20)")
-    add_k_option(p)
-    p.add_argument("--method", default="draft_model")
-    p.add_argument("--draft-sample-method", default="sample", help=" | ".join(DRAFT_SAMPLE_METHODS))
-    p.add_argument("--draft-context", default="retokenize",
-                   help=f"{' | '.join(DRAFT_CONTEXTS)}: the draft reads its own tokenization, or the "
-                        "target's tokens mapped one by one (vLLM's)")
-    p.add_argument("--same-vocab", action="store_true",
-                   help="the draft shares the target's vocabulary (use_heterogeneous_vocab off)")
     add_engine_options(p)
     p.add_argument("--allow-download", action="store_true", help="let transformers fetch hub ids")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -59,10 +50,7 @@ def run(args) -> int:
     from anyspec.engine import Engine
     from anyspec.pair import load_pair
 
-    config = speculative_config(args, method=args.method, num_speculative_tokens=args.num_speculative_tokens,
-                                use_heterogeneous_vocab=not args.same_vocab,
-                                draft_sample_method=args.draft_sample_method,
-                                draft_context=args.draft_context)
+    config = speculative_config(args)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_new_tokens=args.max_new_tokens, seed=args.seed, stop=args.stop,
                             logprobs=args.logprobs)

@@ -7,20 +7,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
 
-from anyspec.config import (
-    ALGORITHMS,
-    DRAFT_CONFIDENCE,
-    DRAFT_CONFIDENCE_AVX2,
-    MAX_SPECULATIVE_TOKENS,
-    NUM_SPECULATIVE_TOKENS,
-    TREE_BRANCHES,
-    SpeculativeConfig,
-    check_prompt,
-)
+from anyspec.config import SpeculativeConfig, check_prompt
 from anyspec.errors import ConfigError
 from anyspec.pair import PairPlan, check_pair
 
@@ -36,35 +28,28 @@ def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True) -> None
         p.add_argument("--no-draft", action="store_true", help="decode with the target alone (the baseline)")
 
 
-def add_k_option(p: argparse.ArgumentParser) -> None:
-    """``-k/--num-speculative-tokens``, the same in every command (``--k`` still works)."""
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=NUM_SPECULATIVE_TOKENS, metavar="K",
-                   help=f"draft tokens per round, at most (1 to {MAX_SPECULATIVE_TOKENS}; "
-                        "default %(default)s)")
-    p.add_argument("--k", type=int, dest="num_speculative_tokens", default=argparse.SUPPRESS,
-                   help=argparse.SUPPRESS)
+def add_speculative_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) -> None:
+    """A flag for each ``SpeculativeConfig`` field but the command's ``fixed`` ones, spelled, typed and
+    explained by the field's metadata (``config._flag``)."""
+    for f in dataclasses.fields(SpeculativeConfig):
+        if f.name in fixed:
+            continue
+        options = dict(f.metadata)
+        flags = options.pop("flags") or (f"--{f.name.replace('_', '-')}",)
+        alias = options.pop("alias", None)
+        if isinstance(f.default, bool):
+            options["action"] = "store_false" if f.default else "store_true"
+        else:
+            options.setdefault("type", type(f.default))
+        p.add_argument(*flags, dest=f.name, default=f.default, **options)
+        if alias:
+            p.add_argument(alias, dest=f.name, type=options["type"], default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
 
 
-def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> None:
-    """Dtypes, threads, adaptive k, the confidence stop and (optionally) the algorithm."""
-    if algorithm:
-        p.add_argument("--algorithm", default="auto", choices=ALGORITHMS,
-                       help="auto (default): slem when greedy, tli when sampling | tli: the draft keeps to "
-                            "the shared tokens | slem: the draft writes freely, its text is re-encoded")
-    p.add_argument("--adaptive-k", action="store_true",
-                   help="choose k (0 = target alone) each round from measured acceptance and speed")
-    p.add_argument("--draft-confidence", type=float, default=None, metavar="P",
-                   help="end a round's draft after a token the draft gives probability below P "
-                        f"(0 = always draft k; default: {DRAFT_CONFIDENCE}, or {DRAFT_CONFIDENCE_AVX2} "
-                        "where anyspec's kernels run below their AVX-512 level)")
-    p.add_argument("--ngram", type=int, default=0, metavar="N",
-                   help="prompt lookup: where the last N or more tokens occurred earlier in the context, "
-                        "propose what followed them instead of drafting; with --no-draft too (0 = off)")
-    p.add_argument("--tree", type=int, default=None, metavar="N",
-                   help="greedy (and slem sampled) rounds: up to N branches beside the draft's chain, at "
-                        "its second choices where they pay for their rows (0 = the chain alone; default: "
-                        f"{TREE_BRANCHES} where the target is a GGUF model on anyspec's kernels at their "
-                        "AVX-512 level, else 0)")
+def add_engine_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) -> None:
+    """The ``SpeculativeConfig`` flags (``add_speculative_options``), the dtypes and threads."""
+    add_speculative_options(p, fixed)
     p.add_argument("--dtype", default="auto",
                    help="target: auto (a GGUF model: gguf where anyspec's kernels run its blocks, else "
                         "de-quantized; a folder: bf16, or fp32 on a CPU without AVX2) | gguf (the file's "
@@ -77,12 +62,11 @@ def add_engine_options(p: argparse.ArgumentParser, algorithm: bool = True) -> No
                         "physical core)")
 
 
-def speculative_config(args, **settings) -> SpeculativeConfig:
-    """The config from ``add_engine_options``' flags and the command's own ``settings``."""
-    if getattr(args, "algorithm", None) is not None:
-        settings.setdefault("algorithm", args.algorithm)
-    return SpeculativeConfig(adaptive_k=args.adaptive_k, draft_confidence=args.draft_confidence,
-                             ngram=args.ngram, tree=args.tree, **settings)
+def speculative_config(args, **fixed) -> SpeculativeConfig:
+    """The config from ``add_speculative_options``' flags and the command's ``fixed`` settings."""
+    flagged = {f.name: getattr(args, f.name) for f in dataclasses.fields(SpeculativeConfig)
+               if hasattr(args, f.name)}
+    return SpeculativeConfig(**(flagged | fixed))
 
 
 def pair_plan(args, draft: bool = True) -> PairPlan:

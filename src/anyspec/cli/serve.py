@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import signal
 import socket
@@ -11,25 +12,18 @@ from pathlib import Path
 
 from anyspec.cli.options import (
     add_engine_options,
-    add_k_option,
     add_model_options,
     pair_plan,
     speculative_config,
 )
-from anyspec.config import DRAFT_CONTEXTS, DRAFT_SAMPLE_METHODS, MAX_BATCH
+from anyspec.config import MAX_BATCH
 from anyspec.errors import ConfigError
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions and chat, streaming)")
     add_model_options(p)
-    add_k_option(p)
     add_engine_options(p)
-    p.add_argument("--draft-sample-method", default="sample", choices=DRAFT_SAMPLE_METHODS)
-    p.add_argument("--draft-context", default="retokenize", choices=DRAFT_CONTEXTS)
-    p.add_argument("--no-prefix-cache", action="store_true",
-                   help="prefill every prompt in full (default: a request starts from the KV cache of the "
-                        "prefix it shares with the one before or with another slot, on row-invariant models)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None,
@@ -53,9 +47,7 @@ def check_args(args):
     ``(settings, config, plan)``."""
     from anyspec.models import MODELS
 
-    config = speculative_config(args, num_speculative_tokens=args.num_speculative_tokens,
-                                draft_sample_method=args.draft_sample_method,
-                                draft_context=args.draft_context, prefix_cache=not args.no_prefix_cache)
+    config = speculative_config(args)
     plan = pair_plan(args)
     if not 1 <= args.port <= 65535:
         raise ConfigError(f"--port must be from 1 to 65535, got {args.port}")
@@ -69,9 +61,8 @@ def check_args(args):
     from anyspec.server.app import Settings
 
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
-    settings = Settings(name, args.queue_size, args.queue_timeout, args.generation_timeout,  # checks them
-                        args.max_body_bytes, args.default_max_tokens, args.max_batch, args.max_prompt_tokens,
-                        body_timeout=args.body_timeout)
+    settings = Settings(model_name=name, **{f.name: getattr(args, f.name)  # checks them
+                                            for f in dataclasses.fields(Settings) if hasattr(args, f.name)})
     with socket.socket() as probe:
         try:
             probe.bind((args.host, args.port))

@@ -181,7 +181,10 @@ class Batch:
                 self.on_text(key, step)
         except StopIteration as done:
             self._leave(key)
-            self.on_done(key, done.value)
+            try:
+                self.on_done(key, done.value)
+            except Exception as exc:  # the caller's own handling failed: the generation still ends
+                self.on_error(key, exc)
         except Exception as exc:  # reported for this generation; the others go on
             self._leave(key)
             self.on_error(key, exc)

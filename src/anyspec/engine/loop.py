@@ -20,9 +20,9 @@ from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, drop_slot, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
-from anyspec.engine.model import MultiSequence, PrefixSharing, row_invariant
+from anyspec.engine.model import MultiSequence, PrefixSharing
 from anyspec.engine.output import Output
-from anyspec.engine.prompt import check_room, context_length, encode_prompt, end_ids
+from anyspec.engine.prompt import check_room, encode_prompt, end_ids
 from anyspec.engine.proposers import (
     SLEM,
     TLI,
@@ -101,7 +101,7 @@ class Engine:
             self.config = replace(self.config, draft_confidence=tuned_confidence(target))
         if self.config.tree is None:
             self.config = replace(self.config, tree=tuned_tree(target))
-        elif self.config.tree and not getattr(target, "tree_attention", False):
+        elif self.config.tree and not target.tree_attention:
             raise ConfigError(f"tree={self.config.tree} needs a target whose forward takes a tree of rows "
                               "(a GGUF model on anyspec's kernels); use tree=0 (--tree 0)")
         self.proposers: dict[str, Proposer] = {}
@@ -140,15 +140,16 @@ class Engine:
         return alone(speculative_generate(self, prompt, params or SamplingParams()))
 
     def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft,
-              batch: Batch | None = None, key=None, encoded: tuple[list[int], str] | None = None) -> Steps:
+              batch: Batch | None = None, key=None, encoded: tuple[list[int], str] | None = None,
+              speculative: bool = True) -> Steps:
         """The generation on the given sequences of the target and the draft, to run in ``batch``
         under ``key``: its k per round follows the batch (``adaptive_k.batch_ks``) unless
         ``batch_k`` is off. ``encoded``: the prompt's target ids and text (``encode_prompt``), when
-        the caller has them already."""
+        the caller has them already; ``speculative=False``: the target alone, the draft left as it is."""
         schedule = None
-        if batch is not None and self.draft is not None and self.config.batch_k:
+        if batch is not None and self.draft is not None and speculative and self.config.batch_k:
             schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft)
-        return speculative_generate(self, prompt, params, target, draft, schedule, encoded)
+        return speculative_generate(self, prompt, params, target, draft, schedule, encoded, speculative)
 
     @property
     def batchable(self) -> bool:
@@ -200,13 +201,14 @@ class Engine:
 
 
 def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams,
-                         target=None, draft=None, schedule=None, encoded: tuple[list[int], str] | None = None
-                         ) -> Steps:
+                         target=None, draft=None, schedule=None, encoded: tuple[list[int], str] | None = None,
+                         speculative: bool = True) -> Steps:
     """``target`` and ``draft``: the sequences it runs on (the engine's models by default);
-    ``schedule``: what chooses k each round (``AdaptiveK``'s interface; default: the config's)."""
+    ``schedule``: what chooses k each round (``AdaptiveK``'s interface; default: the config's);
+    ``speculative=False``: the target alone (prompt lookup still proposes, with ``ngram``)."""
     target = target if target is not None else engine.target
-    draft = draft if draft is not None else engine.draft
-    proposer = engine.proposer_for(params)
+    draft = (draft if draft is not None else engine.draft) if speculative else None
+    proposer = engine.proposer_for(params) if draft is not None else None
     lookup = engine.config.ngram
     k = engine.config.num_speculative_tokens if proposer is not None or lookup else 0
     seed = request_seed(params)
@@ -321,7 +323,7 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
     cached), the draft's context and the prompt's target ids; a prefix the sequence's previous
     request left may be kept."""
     ids, text = encoded if encoded is not None else encode_prompt(engine.target.tokenizer, prompt)[:2]
-    check_room(len(ids), params.max_new_tokens, context_length(engine.target))
+    check_room(len(ids), params.max_new_tokens, engine.target.context_length)
     stats.prompt_tokens = len(ids)
     reuse = engine.config.prefix_cache
     t_prefill = time.perf_counter()
@@ -394,4 +396,4 @@ def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
 
 
 def reusable(model, enabled: bool) -> bool:
-    return enabled and row_invariant(model)
+    return enabled and model.row_invariant

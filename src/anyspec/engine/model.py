@@ -2,7 +2,8 @@
 scheduler check these instead of probing for attributes one by one.
 
 - ``Model``: one KV cache the engine extends, crops and resets (every backend, and each
-  ``stack.Sequence`` of a model that holds several);
+  ``stack.Sequence`` of a model that holds several), and what the model can do, declared by each
+  backend: ``row_invariant``, ``tree_attention``, ``context_length`` and ``kernel_level``;
 - ``PrefixSharing``: a cache whose prefix can be copied from another sequence of the same model
   (``donors``, ``adopt``), on a row-invariant model;
 - ``RestrictedHead``: a model that can compute the logits of some vocabulary rows only
@@ -19,6 +20,10 @@ from typing import Protocol, runtime_checkable
 @runtime_checkable
 class Model(Protocol):
     row_invariant: bool  # a row's numbers do not depend on the rows computed with it
+    tree_attention: bool  # forward takes a tree of rows, each attending to its own ancestors
+    context_length: int | None  # the most tokens it reads (None: not known)
+    kernel_level: int | None  # where its rows run on anyspec's kernels, their instruction level
+    #                           (``isa()``: 0 plain, 1 AVX2, 2 AVX-512, 3 AMX); else None
 
     @property
     def num_cached(self) -> int: ...
@@ -49,8 +54,3 @@ class MultiSequence(Protocol):
     def new_sequence(self): ...
 
     def forward(self, batch: list[tuple], head=None) -> list: ...  # head: RestrictedHead's, or all rows
-
-
-def row_invariant(model) -> bool:
-    """Whether ``model`` computes each row alone (False for a model that does not say)."""
-    return bool(getattr(model, "row_invariant", False))

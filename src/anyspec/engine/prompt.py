@@ -77,17 +77,6 @@ def end_ids(model) -> set[int]:
     return set(model.eos_ids()) | set(eos_ids(model.tokenizer))
 
 
-def context_length(model) -> int | None:
-    """The most tokens the model reads (its ``max_position_embeddings``); None when unknown."""
-    known = getattr(model, "context_length", None)
-    if isinstance(known, int):
-        return known
-    config = getattr(getattr(model, "model", None), "config", None)
-    if config is None or not hasattr(config, "get_text_config"):
-        return None
-    return getattr(config.get_text_config(), "max_position_embeddings", None)
-
-
 def check_room(prompt_tokens: int, max_new_tokens: int, context: int | None) -> None:
     if context is not None and prompt_tokens + max_new_tokens > context:
         raise ConfigError(f"the prompt has {prompt_tokens} tokens and up to {max_new_tokens} more are asked "

@@ -33,7 +33,7 @@ from anyspec.config import (
 from anyspec.engine.batch import Forward, Steps, chunked
 from anyspec.engine.bridge import Bridge
 from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
-from anyspec.engine.model import RestrictedHead, row_invariant
+from anyspec.engine.model import RestrictedHead
 from anyspec.engine.sampler import Sampler
 
 
@@ -116,17 +116,12 @@ def tuned_tree(target) -> int:
     """The default number of branches for ``target``: ``TREE_BRANCHES`` where its forward takes a tree
     of rows, but none where a verified row costs 10-12 ms (below the kernels' AVX-512 level), where
     the branches that pay for their rows win about as much as they cost (docs/benchmarks.md)."""
-    trees = bool(getattr(target, "tree_attention", False))
-    return TREE_BRANCHES if trees and not costly_rows(target) else 0
+    return TREE_BRANCHES if target.tree_attention and not costly_rows(target) else 0
 
 
 def costly_rows(target) -> bool:
     """Whether ``target`` runs on anyspec's kernels below their AVX-512 level."""
-    if not row_invariant(target):
-        return False
-    from anyspec.backends.linear import rowwise_kernel
-
-    return rowwise_kernel().isa() < 2
+    return target.kernel_level is not None and target.kernel_level < 2
 
 
 def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:

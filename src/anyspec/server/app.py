@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 from anyspec.config import MAX_BATCH
 from anyspec.engine import Engine
-from anyspec.engine.prompt import context_length
 from anyspec.errors import ConfigError
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import (
@@ -210,11 +209,10 @@ def create_app(engine: Engine, settings: Settings):
     from fastapi.responses import Response, StreamingResponse
 
     metrics = Metrics()
-    target_only = Engine(engine.target, None, engine.config) if engine.draft is not None else None
-    scheduler = Scheduler(engine, target_only, settings.queue_size, settings.generation_timeout, metrics,
+    scheduler = Scheduler(engine, settings.queue_size, settings.generation_timeout, metrics,
                           settings.max_batch)
     tokenizer = copy.deepcopy(engine.target.tokenizer)  # the worker uses the original
-    context = context_length(engine.target)
+    context = engine.target.context_length
     metrics.queue_state = lambda: (scheduler.depth, len(scheduler.running))
 
     tokenizing = ThreadPoolExecutor(1, "anyspec-tokenize")  # off the event loop: /health stays quick

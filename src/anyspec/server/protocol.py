@@ -208,8 +208,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
                                 max_new_tokens=max_tokens, seed=seed, stop=stop, logprobs=logprobs)
     except ConfigError as exc:
-        param = next((f for f in ("temperature", "top_p", "top_k", "stop") if str(exc).startswith(f)), None)
-        raise ApiError(400, str(exc), param, "invalid_value") from None
+        raise ApiError(400, str(exc), exc.field, "invalid_value") from None
     return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text)
 
 

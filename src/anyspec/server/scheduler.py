@@ -84,16 +84,16 @@ class Job:
 
 @dataclass
 class Running:
-    engine: Engine
+    speculative: bool  # with the draft
     slot: tuple
     started: float = field(default_factory=time.monotonic)
     pieces: list[str] = field(default_factory=list)
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, target_only: Engine | None, max_queue: int, generation_timeout: float,
-                 metrics: Metrics, max_batch: int = MAX_BATCH):
-        self.engines = {True: engine, False: target_only or engine}
+    def __init__(self, engine: Engine, max_queue: int, generation_timeout: float, metrics: Metrics,
+                 max_batch: int = MAX_BATCH):
+        self.engine = engine
         self.batched = engine.batchable
         self.max_batch = max_batch if self.batched else 1
         self.max_queue = max_queue
@@ -144,7 +144,7 @@ class Scheduler:
 
     def _ids(self, job: Job) -> list[int]:
         if job.ids is None or job.text is None:
-            job.ids, job.text, _ = encode_prompt(self.engines[True].target.tokenizer, job.prompt)
+            job.ids, job.text, _ = encode_prompt(self.engine.target.tokenizer, job.prompt)
         return job.ids
 
     def _waits_for_prefix(self, job: Job, joining: list[Job]) -> bool:
@@ -152,19 +152,19 @@ class Scheduler:
         to run, computes at least ``SHARED`` tokens of its prompt that no sequence holds yet, which
         it can then copy instead (prefix cache on)."""
         others = [*joining, *self.running]
-        if not (others and self.batched and self.engines[True].config.prefix_cache):
+        if not (others and self.batched and self.engine.config.prefix_cache):
             return False
         ids = self._ids(job)[:-1]
         coming = max(common_prefix(self._ids(other), ids) for other in others)
         if coming < SHARED:
             return False
-        target = self.engines[True].target
+        target = self.engine.target
         held = longest_prefix(target.sequences if isinstance(target, MultiSequence) else (), ids)[1]
         return coming - held >= SHARED
 
     def _new_slot(self) -> tuple:
         self.slots += 1
-        engine = self.engines[True]
+        engine = self.engine
         return engine.new_slot() if self.batched else (engine.target, engine.draft)
 
     def run(self, alive=lambda: True) -> None:
@@ -205,14 +205,11 @@ class Scheduler:
         self.pending.clear()
 
     def _start(self, job: Job) -> None:
-        engine = self.engines[job.speculative]
         slot = take_slot(self.free, self._ids(job), self._new_slot)
-        self.running[job] = Running(engine, slot)
+        self.running[job] = Running(job.speculative and self.engine.draft is not None, slot)
         job.emit("start")
-        draft = slot[1] if engine.draft is not None else None
-        self._ids(job)
-        self.batch.add(job, engine.steps(job.prompt, job.params, slot[0], draft, self.batch, job,
-                                         encoded=(job.ids, job.text)))
+        self.batch.add(job, self.engine.steps(job.prompt, job.params, *slot, self.batch, job,
+                                              encoded=(job.ids, job.text), speculative=job.speculative))
 
     def _finish(self, job: Job) -> Running:
         run = self.running.pop(job)
@@ -230,11 +227,11 @@ class Scheduler:
                 self.batch.remove(job)
                 self._finish(job)
                 text = "".join(run.pieces)
-                tokenizer = run.engine.target.tokenizer
+                tokenizer = self.engine.target.tokenizer
                 n = len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
                 self.metrics.add_generation("timed_out", n, elapsed, None)
                 job.emit("done", Outcome(text, "length", n, job.prompt_tokens, None,
-                                         job.speculative and run.engine.draft is not None, timed_out=True))
+                                         run.speculative, timed_out=True))
 
     def _on_text(self, job: Job, piece: str) -> None:
         self.running[job].pieces.append(piece)
@@ -246,11 +243,11 @@ class Scheduler:
         self.metrics.add_generation("completed", len(result.token_ids), stats.total_seconds, stats)
         logprobs = None
         if result.logprobs is not None:
-            spell = run.engine.target_bytes
+            spell = self.engine.target_bytes
             logprobs = [(spell[e.token], e.logprob, [(spell[t], lp) for t, lp in e.top])
                         for e in result.logprobs]
         job.emit("done", Outcome(result.text, result.finish_reason, len(result.token_ids),
-                                 stats.prompt_tokens, stats, run.engine.draft is not None, logprobs=logprobs))
+                                 stats.prompt_tokens, stats, run.speculative, logprobs=logprobs))
 
     def _on_error(self, job: Job, exc: Exception) -> None:
         if job in self.running:

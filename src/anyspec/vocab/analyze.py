@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 import warnings
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,28 +17,10 @@ import numpy as np
 from anyspec.errors import ConfigError
 from anyspec.vocab.bytes import TokenTable, token_strings
 from anyspec.vocab.family import detect_family, detect_space_prefix
-from anyspec.vocab.loading import load_tokenizer
 from anyspec.vocab.mapping import VocabMapping
 
 GOOD_COVERAGE = 0.90
 FAIR_COVERAGE = 0.70
-
-
-def resolve_tokenizer(spec: str) -> Any:
-    """A tokenizer from a path (folder, .gguf, tokenizer file) or a built-in model name.
-
-    For a built-in model only its tokenizer is needed: the converted folder is used when it is
-    already there, else the pinned GGUF (fetched and checked) without converting the weights.
-    """
-    if Path(spec).expanduser().exists():
-        return load_tokenizer(spec)
-    try:
-        from anyspec import models
-    except ImportError:
-        raise ConfigError(f"{spec} does not exist; give a tokenizer folder or file") from None
-    if spec in getattr(models, "MODELS", {}) and models.is_cached(spec):
-        return load_tokenizer(models.model_dir(spec))
-    return load_tokenizer(models.resolve_model(spec))  # a built-in name: its GGUF file
 
 
 def string_match(target_tokenizer: Any, draft_tokenizer: Any, target: TokenTable, draft: TokenTable,
