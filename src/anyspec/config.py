@@ -31,7 +31,7 @@ MIN_TEMPERATURE = 1e-4
 MIN_TOP_P = 1e-6
 
 METHODS = ("draft_model",)
-ALGORITHMS = ("auto", "tli", "slem")  # auto: SLEM for greedy requests, TLI for sampled ones
+ALGORITHMS = ("auto", "tli", "slem")  # auto: SLEM, but TLI where the draft reads the token map
 DRAFT_SAMPLE_METHODS = ("greedy", "sample")
 DRAFT_CONTEXTS = ("retokenize", "token-map")
 SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes

@@ -19,8 +19,9 @@ target gives that branch alone. Verification is exact match, walking from the ro
   is accepted and the walk goes on there, else x is the token the target adds. Each committed
   token is a draw from p given exactly the committed text, so it is distributed as the target
   alone samples it, for any tree the draft built independently of these draws (SLEM's argument,
-  ``slem.py``, over several candidates). TLI's sampled rounds keep the chain: their
-  min(1, p/q') rule over siblings (recursive rejection, as in SpecInfer) is not implemented.
+  ``slem.py``, over several candidates). The engine draws x by Gumbel-max with noise fixed by
+  the seed and the row's depth (``verify_exact`` over ``gumbel.choose``), so x is the token the
+  target alone would draw there, for TLI and SLEM alike.
 
 ``gain`` scores a candidate branch by the draft's own probabilities: the chance that the target
 gets to its position (the product of the draft's probabilities for the chain's tokens before it)
