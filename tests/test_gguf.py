@@ -555,9 +555,10 @@ def test_sampling_with_gguf_models_draws_from_the_targets_distribution(smollm2, 
 
 @pytest.mark.slow
 def test_slem_sampling_over_branches_draws_from_the_targets_distribution(smollm2, monkeypatch):
-    """SLEM sampling with a branch at every draft token (the draft SmolLM2 itself, a second copy):
-    the first two tokens' joint frequencies match the target's own distribution (chi-square), and
-    rounds do accept a branch's token."""
+    """SLEM sampling with a branch at every draft token (the draft SmolLM2 itself, a second copy,
+    proposing its argmax: coupled to the target's noise it would always pick the target's token, and
+    no branch would be taken): the first two tokens' joint frequencies match the target's own
+    distribution (chi-square), and rounds do accept a branch's token."""
     from anyspec.algorithms.adaptive_k import PassCosts
     from anyspec.backends.gguf import GGUFModel
     from anyspec.config import SpeculativeConfig
@@ -566,7 +567,7 @@ def test_slem_sampling_over_branches_draws_from_the_targets_distribution(smollm2
     monkeypatch.setattr(loop, "branch_worth", lambda start, output: (lambda *_: True, PassCosts()))
     draft = GGUFModel(smollm2.path, name="draft")
     engine = Engine(smollm2, draft, SpeculativeConfig(num_speculative_tokens=2, algorithm="slem", tree=2,
-                                                      draft_confidence=0))
+                                                      draft_confidence=0, draft_sample_method="greedy"))
     pvalue, stats = _first_two_tokens_pvalue(smollm2, engine)
     assert sum(s.branch_rounds for s in stats) > 100
     assert pvalue > 1e-3
