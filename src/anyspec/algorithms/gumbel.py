@@ -21,6 +21,8 @@ position is computed without the others, the same on every machine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -57,18 +59,18 @@ def noise(seed: int, position: int, size: int, stream: int = 0) -> torch.Tensor:
 
 
 class Noises:
-    """One generation's noise, position by position, kept while its positions may be verified again
-    (a rejected row's position comes back in the next round)."""
+    """One generation's noise, position by position (``make(position)``), kept while its positions
+    may be verified again (a rejected row's position comes back in the next round)."""
 
-    def __init__(self, seed: int, size: int, stream: int = 0, keep: int = 64):
-        self.seed, self.size, self.stream, self.keep = seed, size, stream, keep
+    def __init__(self, make: Callable[[int], torch.Tensor], keep: int = 64):
+        self.make, self.keep = make, keep
         self.cache: dict[int, torch.Tensor] = {}
 
     def at(self, position: int) -> torch.Tensor:
         if position not in self.cache:
             if len(self.cache) >= self.keep:
                 del self.cache[min(self.cache)]
-            self.cache[position] = noise(self.seed, position, self.size, self.stream)
+            self.cache[position] = self.make(position)
         return self.cache[position]
 
 

@@ -28,10 +28,9 @@ def request_seed(params: SamplingParams) -> int:
 class Sampler:
     def __init__(self, params: SamplingParams, seed: int, vocab_size: int, bridge=None):
         self.params = params
-        self.seed = seed
-        self.target = gumbel.Noises(seed, vocab_size)
-        self.bridge = bridge
-        self.draft_noise: dict[int, torch.Tensor] = {}
+        self.seed, self.bridge = seed, bridge
+        self.target = gumbel.Noises(lambda position: gumbel.noise(seed, position, vocab_size))
+        self.draft = gumbel.Noises(self._coupled) if bridge is not None else None
 
     def filtered(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         p = self.params
@@ -46,15 +45,12 @@ class Sampler:
         """The draft's token from its ``logits [Vd]`` (confined to ``mask``) at ``position``, and its
         distribution there (the softmax of what it chose from)."""
         filtered = self.filtered(logits, mask)
-        token = gumbel.choose(filtered[None], [self._draft_noise(position, filtered.shape[-1])])[0]
+        token = gumbel.choose(filtered[None], [self.draft.at(position)])[0]
         return token, torch.softmax(filtered, dim=-1)
 
-    def _draft_noise(self, position: int, size: int) -> torch.Tensor:
-        if position not in self.draft_noise:
-            if len(self.draft_noise) >= self.target.keep:
-                del self.draft_noise[min(self.draft_noise)]
-            noise = gumbel.noise(self.seed, position, size, stream=1)
-            b = self.bridge
-            noise[b.inter_draft_ids] = self.target.at(position)[b.inter_target_ids]
-            self.draft_noise[position] = noise
-        return self.draft_noise[position]
+    def _coupled(self, position: int) -> torch.Tensor:
+        """The draft's noise at ``position``: its own stream, with each shared token's target twin's."""
+        b = self.bridge
+        noise = gumbel.noise(self.seed, position, len(b.draft_to_target), stream=1)
+        noise[b.inter_draft_ids] = self.target.at(position)[b.inter_target_ids]
+        return noise
