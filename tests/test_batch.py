@@ -204,7 +204,7 @@ def test_a_forward_is_what_a_generation_yields(engine):
 def test_sampling_inside_a_batch_draws_from_the_targets_distribution(engine):
     """TLI sampling, eight requests per batch beside two greedy requests of other prompts: the first
     two tokens' joint frequencies over 960 seeds match the target's own distribution (chi-square)."""
-    from test_tli_sampling import chi_square_pvalue
+    from test_sampling import chi_square_pvalue
 
     from anyspec.algorithms.sampling import logits_to_probs
     from anyspec.engine.prompt import encode_prompt

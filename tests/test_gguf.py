@@ -507,7 +507,7 @@ def test_real_model_matches_its_dequantized_weights_in_transformers(smollm2):
 def _first_two_tokens_pvalue(model, engine, runs: int = 1200) -> tuple[float, list]:
     """The chi-square p-value of the first two tokens ``engine`` samples (T=1, top-k 4) against
     ``model``'s own joint distribution of them, and each generation's stats."""
-    from test_tli_sampling import chi_square_pvalue
+    from test_sampling import chi_square_pvalue
 
     from anyspec.algorithms.sampling import logits_to_probs
     from anyspec.config import SamplingParams

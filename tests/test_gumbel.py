@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
+from test_sampling import chi_square_pvalue
 from test_slem import DRAFT_AS_TARGET, DRAFT_TOKENS, TARGET_TOKENS, TableModel
-from test_tli_sampling import chi_square_pvalue
 from tiny_models import one_thread  # noqa: F401  (autouse fixture)
 
 from anyspec.algorithms import gumbel, tli

@@ -4,10 +4,10 @@ sampled, and why each round ended (proposers.round_end)."""
 import pytest
 import torch
 from test_engine import PROMPTS, greedy, llama_draft, qwen_target  # noqa: F401  (fixtures)
-from test_tli_sampling import VT, chi_square_pvalue, tables
+from test_sampling import VT, chi_square_pvalue, gumbel_draws, tables
 from tiny_models import one_thread  # noqa: F401  (autouse fixture)
 
-from anyspec.algorithms import ngram, slem, tli
+from anyspec.algorithms import ngram, tli
 from anyspec.algorithms.sampling import logits_to_probs
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 from anyspec.engine.proposers import Proposal, round_end
@@ -52,15 +52,16 @@ def test_sampling_ngram_proposals_draws_from_the_targets_distribution():
     for prev, nxt in ((1, 2), (2, 3), (3, 1)):  # the prompt's cycle is likely, not certain
         target_tab[prev, nxt] += 2.0
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    generator = torch.Generator().manual_seed(5)
     p = lambda prev: logits_to_probs(target_tab[prev], 1.0)  # noqa: E731
     counts, accepted, n = torch.zeros(VT ** 3), 0, 20_000
-    for _ in range(n):
+    for seed in range(n):
         history = list(prompt)
         while len(history) < len(prompt) + 3:
             proposed = ngram.lookup(history, 3, min_n=1)
             probs = p(torch.tensor(history[-1:] + proposed))
-            got, token = tli.verify_sample(probs, slem.one_hot(proposed, VT), proposed, generator)
+            at = len(history) - len(prompt)  # the generated position of the first row
+            choices = gumbel_draws(probs, list(range(at, at + len(probs))), seed)
+            got, token = tli.verify_exact(choices, proposed)
             accepted += got
             history += proposed[:got] + [token]
         a, b, c = history[len(prompt):len(prompt) + 3]

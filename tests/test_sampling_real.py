@@ -11,8 +11,9 @@ import pytest
 import torch
 from live_server import live_server
 from test_long_context import pair  # noqa: F401  (the module's models)
-from test_tli_sampling import chi_square_pvalue
+from test_sampling import chi_square_pvalue
 
+from anyspec.algorithms import gumbel, tli, tree
 from anyspec.algorithms.sampling import logits_to_probs
 from anyspec.bench.prompts import PROMPTS_DIR
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
@@ -95,11 +96,10 @@ def test_the_server_answers_a_seed_alike_with_and_without_speculation(pair, refe
     assert again.choices[0].message.content == unseeded.choices[0].message.content
 
 
-@pytest.mark.parametrize("temperature", [0.7, 1.0])
-def test_the_real_pair_samples_the_targets_distribution(pair, temperature):  # noqa: F811
-    """The first two committed tokens against the target's own joint distribution of them, top-p 0.9;
-    an end token ends the answer early, so pairs cut there count as one cell per first token."""
-    target, draft = pair
+def colour_pvalue(target, draft, temperature: float, seeds: range) -> float:
+    """The chi-square p-value of the first two committed tokens (SLEM with branches, top-p 0.9) over
+    ``seeds`` against the target's own joint distribution of them; an end token ends the answer
+    early, so pairs cut there count as one cell per first token."""
     messages = [{"role": "user", "content": "Name a colour."}]
     settings = dict(temperature=temperature, top_p=0.9)
     ids, ends = encode_prompt(target.tokenizer, messages)[0], end_ids(target)
@@ -118,12 +118,32 @@ def test_the_real_pair_samples_the_targets_distribution(pair, temperature):  # n
     target.reset()
     engine = Engine(target, draft, SpeculativeConfig(tree=2))
     cells, counts = list(joint), torch.zeros(len(joint))
-    for seed in range(1000, 2000):  # seeds 0-599 alone read p = 0.0004 at T 0.7; 600-2599: 0.42
+    for seed in seeds:
         params = SamplingParams(max_new_tokens=2, seed=seed, **settings)
         got = tuple(engine.generate(messages, params).token_ids)
         assert got in joint, "a pair the target gives probability 0"
         counts[cells.index(got)] += 1
-    assert chi_square_pvalue(counts, torch.tensor([joint[c] for c in cells])) > 1e-3
+    return chi_square_pvalue(counts, torch.tensor([joint[c] for c in cells]))
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_the_real_pair_samples_the_targets_distribution(pair, temperature):  # noqa: F811
+    assert colour_pvalue(*pair, temperature, range(1000, 2000)) > 1e-3
+
+
+def test_the_real_pair_check_catches_noise_reused_across_positions(pair, monkeypatch):  # noqa: F811
+    """Negative control: every position reads position 0's noise (the target's and the draft's)."""
+    monkeypatch.setattr(gumbel.Noises, "at", lambda self, position: self.make(0))
+    assert colour_pvalue(*pair, 1.0, range(1000, 1400)) < 1e-3
+
+
+def test_the_real_pair_check_catches_a_verify_that_lets_the_drafts_token_through(pair, monkeypatch):  # noqa: F811
+    """Negative control: the draft's first proposed token is accepted whatever the target chose, so
+    the draft's own distribution leaks into the committed tokens."""
+    monkeypatch.setattr(tli, "verify_exact", lambda choice, ids: (1, choice[1]) if ids else (0, choice[0]))
+    monkeypatch.setattr(tree, "verify_exact", lambda choice, tokens, parents: (
+        ([0], choice[1]) if tokens else ([], choice[0])))
+    assert colour_pvalue(*pair, 1.0, range(1000, 1400)) < 1e-3
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -15,7 +15,7 @@ import zlib
 import pytest
 import torch
 from test_engine import PROMPTS, greedy, noisy_copy, tiny
-from test_tli_sampling import chi_square_pvalue
+from test_sampling import chi_square_pvalue, gumbel_draws
 from tiny_models import one_thread, record_inputs  # noqa: F401  (one_thread: autouse fixture)
 
 from anyspec.algorithms import slem, tli
@@ -355,18 +355,21 @@ def arbitrary_proposal(rng: torch.Generator, k: int) -> list[int]:
     return torch.where(torch.rand(m, generator=rng) < 0.5, 5, ids).tolist()
 
 
-def sample_two(table, proposal_rng, generator, settings, buggy=False) -> list[int]:
-    """SLEM rounds from context (0, 1) until two tokens are committed, verified as the engine does."""
+def sample_two(table, proposal_rng, seed, settings, buggy=None) -> list[int]:
+    """SLEM rounds from context (0, 1) until two tokens are committed, verified as the engine does:
+    exact match against the target's Gumbel-max choices for ``seed`` (or, with ``buggy`` a
+    generator, by ``buggy_exact_match``)."""
     out, context = [], [0, 1]
     while len(out) < 2:
         proposed = arbitrary_proposal(proposal_rng, 4)
         seq = context + proposed
         logits = torch.stack([table[seq[i - 1], seq[i]] for i in range(len(context) - 1, len(seq))])
-        p = tli.target_probs(logits, settings["temperature"], settings["top_k"], settings["top_p"])
-        if buggy:
-            n, nxt = buggy_exact_match(p, proposed, generator)
+        p = logits_to_probs(logits, settings["temperature"], settings["top_k"], settings["top_p"])
+        if buggy is not None:
+            n, nxt = buggy_exact_match(p, proposed, buggy)
         else:
-            n, nxt = tli.verify_sample(p, slem.one_hot(proposed, VT), proposed, generator)
+            choices = gumbel_draws(p, list(range(len(out), len(out) + len(p))), seed)
+            n, nxt = tli.verify_exact(choices, proposed)
         out += proposed[:n] + [nxt]
         context = context + proposed[:n] + [nxt]
     return out[:2]
@@ -390,10 +393,10 @@ SETTINGS = {"plain": dict(temperature=1.0, top_k=0, top_p=1.0),
 def test_exact_match_verification_samples_the_target_for_any_proposal(name):
     settings = SETTINGS[name]
     table = second_order_table()
-    generator, proposals = torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)
+    proposals = torch.Generator().manual_seed(4)
     counts = torch.zeros(VT * VT)
-    for _ in range(15_000):
-        a, b = sample_two(table, proposals, generator, settings)
+    for seed in range(15_000):
+        a, b = sample_two(table, proposals, seed, settings)
         counts[a * VT + b] += 1
     assert chi_square_pvalue(counts, exact_joint_2(table, (0, 1), **settings)) > 1e-3
 
@@ -404,7 +407,7 @@ def test_chi_square_catches_resampling_from_p_after_a_miss():
     generator, proposals = torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)
     counts = torch.zeros(VT * VT)
     for _ in range(15_000):
-        a, b = sample_two(table, proposals, generator, SETTINGS["plain"], buggy=True)
+        a, b = sample_two(table, proposals, None, SETTINGS["plain"], buggy=generator)
         counts[a * VT + b] += 1
     assert chi_square_pvalue(counts, exact_joint_2(table, (0, 1))) < 1e-6
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import torch
-from test_tli_sampling import chi_square_pvalue
+from test_sampling import chi_square_pvalue, gumbel_draws
 
 from anyspec.algorithms import tli, tree
 
@@ -68,7 +68,6 @@ def test_sampling_over_a_tree_draws_the_first_two_tokens_from_the_targets_distri
     committed tokens' joint law is the target's own (chi-square), whatever the tree."""
     p, vocab = _target(), 4
     trees = [[[0, 1], [0, 2], [3]], [[2, 2], [1]], [[1, 3, 0], [1, 0], [2, 1]]]
-    g = torch.Generator().manual_seed(1)
     counts = torch.zeros(vocab * vocab)
     through_branch = 0
     for i in range(6000):
@@ -76,11 +75,12 @@ def test_sampling_over_a_tree_draws_the_first_two_tokens_from_the_targets_distri
         tokens, parents = tree.trie(branches)
         paths = [()] + [tuple(tokens[a] for a in _ancestry(j, parents)) for j in range(len(tokens))]
         probs = torch.stack([p[path[:2]] if len(path) <= 2 else p[path[-2:]] for path in paths])
-        path, token = tree.verify_sample(probs, tokens, parents, g)
+        positions = [len(path) for path in paths]  # the generated position each row chooses
+        path, token = tree.verify_exact(gumbel_draws(probs, positions, seed=i), tokens, parents)
         out = [tokens[j] for j in path] + [token]
         through_branch += out[:len(path)] != branches[0][:len(path)]
         while len(out) < 2:  # the next round: the target alone
-            out.append(int(torch.multinomial(p[tuple(out)], 1, generator=g)))
+            out += gumbel_draws(p[tuple(out)][None], [len(out)], seed=i)
         counts[out[0] * vocab + out[1]] += 1
     want = torch.stack([p[()][a] * p[(a,)][b] for a in range(vocab) for b in range(vocab)])
     assert through_branch > 500

@@ -64,8 +64,8 @@ class SpeculativeConfig:
         True, "the draft shares the target's vocabulary (use_heterogeneous_vocab off)", "--same-vocab")
     draft_sample_method: str = _flag("sample", " | ".join(DRAFT_SAMPLE_METHODS))
     algorithm: str = _flag(
-        "auto", "auto (default): slem when greedy, tli when sampling | tli: the draft keeps to the shared "
-        "tokens | slem: the draft writes freely, its text is re-encoded", choices=ALGORITHMS)
+        "auto", "auto (default): slem, or tli with --draft-context token-map | tli: the draft keeps to the "
+        "shared tokens | slem: the draft writes freely, its text is re-encoded", choices=ALGORITHMS)
     draft_context: str = _flag(
         "retokenize", f"{' | '.join(DRAFT_CONTEXTS)}: the draft reads its own tokenization, or the "
         "target's tokens mapped one by one (vLLM's)")
@@ -85,7 +85,7 @@ class SpeculativeConfig:
         0, "prompt lookup: where the last N or more tokens occurred earlier in the context, propose what "
         "followed them instead of drafting; with --no-draft too (0 = off; algorithms/ngram.py)", metavar="N")
     tree: int | None = _flag(
-        None, "greedy (and slem sampled) rounds: up to N branches beside the draft's chain, at its second "
+        None, "up to N branches beside the draft's chain, at its second "
         f"choices where they pay for their rows (0 = the chain alone; default: {TREE_BRANCHES} where the "
         "target is a GGUF model on anyspec's kernels at their AVX-512 level, else 0; algorithms/tree.py)",
         type=int, metavar="N")

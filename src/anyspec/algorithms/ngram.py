@@ -6,10 +6,8 @@ repeats names and lines, and answers quote their prompts. ``lookup`` takes the l
 occurrence of the longest such suffix, n from ``max_n`` down to ``min_n``, and proposes up to
 ``limit`` of the tokens after it.
 
-The guess depends only on the committed context, never on the target's scores, so verifying it is
-lossless like any proposal: greedy accepts while it equals the target's argmax, and sampling
-verifies it as exact match, a one-hot q (``slem.one_hot``; see ``slem``'s docstring for why that
-draws every committed token from the target's own distribution).
+The guess depends only on the committed context, never on the target's scores, and is verified by
+exact match like any proposal (``slem``'s docstring says why that is lossless, greedy or sampled).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Logits to a probability distribution: temperature, then top-k, then top-p (nucleus); and the
 largest entries of a vocabulary row.
 
-The draft and the target go through the same function, so the distribution the draft sampled
-from (q') and the one the target would sample from (p) are shaped by the same settings.
+The draft and the target go through the same filter (``filtered_logits``), so the draft chooses
+from a distribution shaped by the same settings as the target's (``engine/sampler.py``).
 
 ``argmax`` and ``top_ids`` run on numpy, whose argmax is vectorised: torch's CPU argmax and topk
 over a whole vocabulary are many times slower, and they run once per drafted token and once per
@@ -42,11 +42,6 @@ def filtered_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int =
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """One token id drawn from ``probs [V]``."""
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def argmax(logits: torch.Tensor) -> list[int]:

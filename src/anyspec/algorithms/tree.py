@@ -15,13 +15,12 @@ target gives that branch alone. Verification is exact match, walking from the ro
   the walk goes on there; else it is the token the target adds. The accepted path is exactly what
   the target alone writes greedily, whatever the branches were. With one branch (the chain) it is
   ``tli.verify_greedy``.
-* sampling (``verify_sample``): at each node a fresh draw x from the target's p; a child holding x
-  is accepted and the walk goes on there, else x is the token the target adds. Each committed
-  token is a draw from p given exactly the committed text, so it is distributed as the target
-  alone samples it, for any tree the draft built independently of these draws (SLEM's argument,
-  ``slem.py``, over several candidates). The engine draws x by Gumbel-max with noise fixed by
-  the seed and the row's depth (``verify_exact`` over ``gumbel.choose``), so x is the token the
-  target alone would draw there, for TLI and SLEM alike.
+* sampling: the same walk over the target's Gumbel-max choices, with noise fixed by the seed
+  and the row's generated position (``gumbel.py``), so each row's choice x is the token the
+  target alone would draw there. A child holding x is accepted and the walk goes on there, else
+  x is the token the target adds. Each committed token is a draw from p given exactly the
+  committed text, for any tree built independently of the noise the target uses (``slem.py``'s
+  argument, over several candidates), for TLI and SLEM alike.
 
 ``gain`` scores a candidate branch by the draft's own probabilities: the chance that the target
 gets to its position (the product of the draft's probabilities for the chain's tokens before it)
@@ -96,21 +95,6 @@ def verify_exact(choice: list[int], tokens: list[int], parents: list[int]) -> tu
         path.append(node)
         at = node
     return path, choice[at + 1]
-
-
-def verify_sample(p: torch.Tensor, tokens: list[int], parents: list[int],
-                  generator: torch.Generator | None = None) -> tuple[list[int], int]:
-    """``p [1 + nodes, Vt]``: the target's probabilities at the root's row, then each node's ->
-    ``(accepted path as node indices, the token the target adds)``; one draw per row visited."""
-    children = {(up, token): j for j, (up, token) in enumerate(zip(parents, tokens, strict=True))}
-    path, at = [], -1
-    while True:
-        x = int(torch.multinomial(p[at + 1], 1, generator=generator))
-        node = children.get((at, x))
-        if node is None:
-            return path, x
-        path.append(node)
-        at = node
 
 
 def depths(parents: list[int]) -> list[int]:

@@ -1,0 +1,112 @@
+"""Sampling's building blocks: the chi-square check the distribution tests share, the engine's
+draws as table tests make them, top-k / top-p, argmax and top ids, and the draft's choice confined to
+the intersection.
+
+Tiny fixed "models" (logit tables indexed by the previous token) over a draft vocabulary that
+differs from the target's: target tokens 2 and 4 lie outside the intersection, draft token 5 too,
+and draft tokens 1 and 7 stand for the same target token (as "▁" and <0x20> do in SentencePiece).
+"""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from anyspec.algorithms import gumbel, tli
+from anyspec.algorithms.sampling import argmax, logits_to_probs, top_ids
+from anyspec.config import SamplingParams
+from anyspec.engine.sampler import Sampler
+
+VT, VD = 8, 8
+DRAFT_TO_TARGET = torch.tensor([3, 0, 5, 1, 7, -1, 6, 0])  # draft 5 outside; 1 and 7 share target 0
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """P(X >= stat) for Pearson's chi-square, cells with expected < 5 pooled into one."""
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts[big].double(), counts[~big].double().sum().reshape(1)])
+    exp = torch.cat([expected[big].double(), expected[~big].double().sum().reshape(1)])
+    if exp[-1] == 0:
+        assert obs[-1] == 0, "a token with probability 0 was sampled"
+        obs, exp = obs[:-1], exp[:-1]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    dof = len(obs) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def tables(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    target = torch.randn(VT, VT, generator=g) * 1.5
+    target[:, 2] += 1.0  # a target-only token with real mass
+    draft = torch.randn(VT, VD, generator=g) * 1.5
+    return target, draft
+
+
+def gumbel_draws(probs: torch.Tensor, positions: list[int], seed: int) -> list[int]:
+    """Each row's token as the engine chooses it: Gumbel-max over ``log probs [R, V]``, row r with the
+    noise of ``(seed, positions[r])``."""
+    return gumbel.choose(torch.log(probs), [gumbel.noise(seed, i, probs.shape[-1]) for i in positions])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: thread hand-offs cost more than the work (10x on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_verify_greedy_counts_the_matching_prefix():
+    logits = torch.full((4, 5), -1.0)
+    for row, best in enumerate([2, 4, 1, 0]):
+        logits[row, best] = 1.0
+    assert tli.verify_greedy(logits, [2, 4, 3]) == (2, 1)
+    assert tli.verify_greedy(logits, [2, 4, 1]) == (3, 0)
+    assert tli.verify_greedy(logits, [0, 4, 1]) == (0, 2)
+    assert tli.verify_greedy(logits[:1], []) == (0, 2)
+
+
+def test_the_drafts_coupled_choice_stays_inside_the_intersection():
+    """TLI's draft picks among the shared tokens only, with its distribution zero outside them; the
+    same logits unconfined pick the draft's favourite, which has no target twin."""
+    mask = DRAFT_TO_TARGET >= 0
+    inter_d, inter_t = tli.intersection_ids(DRAFT_TO_TARGET, mask)
+    bridge = SimpleNamespace(draft_to_target=DRAFT_TO_TARGET, inter_draft_ids=inter_d,
+                             inter_target_ids=inter_t)
+    sampler = Sampler(SamplingParams(temperature=1.0), 0, VT, bridge)
+    logits = torch.zeros(VD)
+    logits[5] = 5.0  # the draft's favourite
+    chosen = [sampler.draft_choice(logits, position, mask) for position in range(50)]
+    assert all(d != 5 and q[5] == 0 and math.isclose(float(q.sum()), 1.0, rel_tol=1e-5) for d, q in chosen)
+    assert sum(sampler.draft_choice(logits, position)[0] == 5 for position in range(50)) > 25
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    probs = logits_to_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 1.0, 0, 0.8)
+    assert torch.allclose(probs, torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
+    probs = logits_to_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 1.0, 2, 1.0)
+    assert torch.allclose(probs, torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([-math.inf, -2.0, 0.0, 0.5, 3.0, math.inf, math.nan]), min_size=1,
+                max_size=40), st.integers(1, 3))
+def test_argmax_is_torch_argmax_with_ties_infinities_and_nans(values, rows):
+    logits = torch.tensor(values).repeat(rows, 1)
+    logits[-1] = logits[-1].flip(0)
+    assert argmax(logits) == torch.argmax(logits, dim=-1).tolist()
+    assert argmax(logits.to(torch.bfloat16)) == torch.argmax(logits.to(torch.bfloat16), dim=-1).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5]), min_size=1, max_size=30), st.integers(1, 6))
+def test_top_ids_are_the_largest_first_and_the_lowest_index_among_equals(values, n):
+    probs = torch.tensor(values)
+    want = sorted(range(len(values)), key=lambda i: (-values[i], i))[:n]
+    assert top_ids(probs, n) == want
