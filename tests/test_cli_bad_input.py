@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -180,10 +181,16 @@ def test_ctrl_c_is_one_line(tmp_path):
         except OSError:
             assert time.monotonic() < deadline and run.poll() is None
             time.sleep(0.05)
-    # To the main thread (tgkill): a signal sent to the process may land on a thread numpy's
-    # OpenBLAS started, and then the main thread's blocking read of the FIFO is not interrupted.
+    tasks = f"/proc/{run.pid}/task"
+    while not any(Path(tasks, tid, "syscall").read_text().startswith("0 ") for tid in os.listdir(tasks)):
+        assert time.monotonic() < deadline and run.poll() is None
+        time.sleep(0.05)  # until a thread is blocked reading the FIFO
+    # To a thread other than the main one (tgkill), as a terminal's Ctrl-C may land: OpenBLAS starts
+    # threads, and a main thread blocked reading the FIFO would not be interrupted by it.
     libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.syscall(234, run.pid, run.pid, signal.SIGINT) == 0  # SYS_tgkill on x86-64
+    others = sorted(int(tid) for tid in os.listdir(tasks) if int(tid) != run.pid)
+    assert others, "the command runs one thread only"
+    assert libc.syscall(234, run.pid, others[0], signal.SIGINT) == 0  # SYS_tgkill on x86-64
     out, err = run.communicate(timeout=60)
     os.close(writer)
     assert run.returncode == 130 and err == "anyspec analyze: interrupted\n", err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from anyspec.errors import ConfigError
@@ -25,10 +26,28 @@ MAX_TEXT = 64 << 20  # bytes of --text: a sample's coverage needs far less
 
 
 def read_sample(path: Path) -> str:
-    """``--text``: at most ``MAX_TEXT`` bytes of UTF-8, read without trusting the file's size."""
+    """``--text``: at most ``MAX_TEXT`` bytes of UTF-8, read without trusting the file's size.
+
+    The read runs on a thread of its own while the main thread waits in short steps: a FIFO or a
+    terminal can block it for ever, and a Ctrl-C that lands on another thread (OpenBLAS starts
+    some) then still reaches the main thread's handler."""
+    done: dict = {}
+
+    def read():
+        try:
+            with open(path, "rb") as fh:
+                done["data"] = fh.read(MAX_TEXT + 1)
+        except OSError as exc:
+            done["error"] = exc
+
+    reader = threading.Thread(target=read, name="read --text", daemon=True)
+    reader.start()
+    while reader.is_alive():
+        reader.join(0.1)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_TEXT + 1)
+        if "error" in done:
+            raise done["error"]
+        data = done["data"]
         if len(data) > MAX_TEXT:
             raise ConfigError(f"--text {path} is larger than {MAX_TEXT >> 20} MiB; give a shorter sample")
         return data.decode("utf-8")
