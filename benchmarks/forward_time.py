@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from anyspec.backends.transformers import cache_argument
 from anyspec.models import load
 
 CASES = [("smollm2-135m", 1), ("qwen2.5-coder-0.5b", 1), ("qwen2.5-coder-1.5b", 1), ("qwen2.5-coder-1.5b", 5),
@@ -30,13 +31,14 @@ def prepared(model, n: int, prompt_len: int = 64):
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, min(vocab, 30000), (1, prompt_len), generator=gen)
     cache = DynamicCache(config=model.config)
-    model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    arg = cache_argument(model)
+    model(input_ids=prompt, use_cache=True, **{arg: cache})
     new = torch.randint(100, min(vocab, 30000), (1, n), generator=gen)
 
     @torch.inference_mode()
     def step() -> float:
         t = time.perf_counter()
-        model(input_ids=new, past_key_values=cache, use_cache=True)
+        model(input_ids=new, use_cache=True, **{arg: cache})
         dt = time.perf_counter() - t
         cache.crop(-n)
         return dt

@@ -39,6 +39,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return CANONICAL.get(name, name)
 
 
+def cache_argument(model) -> str:
+    """The name of ``model.forward``'s KV cache argument: transformers 5.24 renamed past_key_values
+    to cache (the old name goes in 5.40)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class TransformersModel:
     """One model, its tokenizer and its KV cache. ``cached_ids`` are the tokens in the cache."""
 
@@ -55,9 +61,7 @@ class TransformersModel:
         self._new_cache = lambda: DynamicCache(config=model.config)
         self.cache = self._new_cache()
         self.cached_ids: list[int] = []
-        # transformers 5.24 renamed the forward's past_key_values to cache (the old name goes in 5.40)
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(model)
 
     row_invariant = False  # transformers' forward: rows may round differently in different batches
     tree_attention = False
