@@ -134,3 +134,51 @@ def pytest_terminal_summary(terminalreporter):
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**30
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**30
     terminalreporter.write_line(f"peak RSS: {own:.1f} GB (tests), {child:.1f} GB (largest command they ran)")
+
+
+RELEASE_STEP_GB = 0.5
+_held = {"gb": 0.0}  # resident memory just after the last release
+
+
+def resident_gb() -> float | None:
+    """The test process's resident memory now (Linux), else None."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except OSError:
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def release_memory() -> None:
+    """Frees what finished tests left: models that reference cycles keep alive (transformers' modules),
+    and the heap pages glibc's malloc keeps after they are freed."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    """After each test (its fixtures torn down): where the process holds ``RELEASE_STEP_GB`` more than
+    after the last release, release it, so that one test's leftovers do not add to the next one's
+    peak. With ``ANYSPEC_TEST_RSS_LOG`` set, each test's resident memory after it (now, and the peak
+    so far), one line per test, to find what holds memory across tests."""
+    import os
+    import resource
+
+    now = resident_gb()
+    if now is not None and now > _held["gb"] + RELEASE_STEP_GB:
+        release_memory()
+        now = _held["gb"] = resident_gb()
+    path = os.environ.get("ANYSPEC_TEST_RSS_LOG")
+    if path and now is not None:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        with open(path, "a") as log:
+            log.write(f"{now:6.2f} {peak:6.2f} {nodeid}\n")
