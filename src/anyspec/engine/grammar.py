@@ -55,16 +55,7 @@ class Grammars:
 
     def json(self, schema: dict | bool | None, field: str) -> Grammar:
         """Any JSON object (``schema=None``, JSON mode) or a value matching ``schema``."""
-        if schema is None:
-            schema = {"type": "object"}
-        if not isinstance(schema, dict | bool):
-            raise GrammarError(f"'{field}' must be a JSON Schema object.", field)
-        text = json.dumps(schema)
-        if len(text) > MAX_SCHEMA_BYTES:
-            raise GrammarError(f"'{field}' is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are "
-                               "compiled.", field)
-        compact = {"whitespace_flexible": False}
-        return self._compile(_llguidance().LLMatcher.grammar_from_json_schema(text, defaults=compact), field)
+        return self._compile(schema_grammar(schema, field), field)
 
     def tool_calls(self, functions: list[dict], one: bool, field: str) -> Grammar:
         """One ``<tool_call>`` block (``one``) or several, each ``{"name": ..., "arguments": ...}`` of
@@ -97,6 +88,28 @@ class Grammars:
         while len(self.cache) > CACHED:
             self.cache.popitem(last=False)
         return grammar
+
+
+def schema_grammar(schema: dict | bool | None, field: str) -> str:
+    """The llguidance grammar of a JSON schema (None: any JSON object), in compact JSON."""
+    if schema is None:
+        schema = {"type": "object"}
+    if not isinstance(schema, dict | bool):
+        raise GrammarError(f"'{field}' must be a JSON Schema object.", field)
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise GrammarError(f"'{field}' is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are "
+                           "compiled.", field)
+    return _llguidance().LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
+
+
+def check_schema(schema, field: str) -> None:
+    """A schema's problems, found before any tokenizer is loaded (``Grammars.json`` finds the rest)."""
+    ll = _llguidance()
+    limits = ll.LLParserLimits(**LIMITS)
+    error = ll.LLMatcher.validate_grammar(schema_grammar(schema, field), None, limits=limits)
+    if error and not error.startswith("WARNING"):
+        raise GrammarError(f"'{field}' cannot be used: {_reason(error)}", field)
 
 
 def _reason(error: str) -> str:
