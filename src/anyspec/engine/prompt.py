@@ -77,7 +77,7 @@ def _controls_in_contents(tokenizer, messages: list[dict]) -> bool:
 
 
 def _encode_contents_as_text(tokenizer, messages: list[dict], text: str,
-                             tools: list[dict] | None) -> list[int]:
+                             tools: list[dict] | None = None) -> list[int]:
     """The template rendered around placeholders: the control tokens it writes stay control tokens;
     each stretch between them, with the message contents put back, is encoded with special tokens
     read as text. Stretch by stretch is how the tokenizer reads any text between control tokens."""
