@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -33,9 +34,11 @@ class GrammarError(ConfigError):
 
 def _llguidance():
     try:
-        import llguidance
-        import llguidance.hf
-        import llguidance.torch
+        with warnings.catch_warnings():  # its torch helpers use torch.jit.script_method, deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import llguidance
+            import llguidance.hf
+            import llguidance.torch
     except ImportError:
         raise ConfigError("JSON mode, JSON schemas and tool calls need llguidance: "
                           "pip install 'anyspec[server]'") from None
