@@ -166,6 +166,10 @@ def _check_template(tokenizer, tools: list[dict]) -> None:
         raise StructuredError("This model's chat template has no tool support (it ignores 'tools'), so "
                               "tool calls are not available; leave 'tools' out.", "tools",
                               "unsupported_parameter")
+    if TOOL_OPEN not in with_tools or TOOL_OPEN not in tokenizer.get_added_vocab():
+        raise StructuredError(f"Tool calls are read in the {TOOL_OPEN} format of Qwen2.5's template, which "
+                              "this model's template and tokenizer do not use; leave 'tools' out.", "tools",
+                              "unsupported_parameter")
 
 
 def message_fields(m: dict, i: int) -> dict:
