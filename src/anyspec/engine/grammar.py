@@ -48,11 +48,11 @@ def _llguidance():
 class Grammars:
     """Grammars compiled against one tokenizer, cached by their text."""
 
-    def __init__(self, tokenizer, vocab_size: int, end_ids: set[int]):
+    def __init__(self, tokenizer, vocab_size: int, end_ids: set[int], limits: dict | None = None):
         ll = _llguidance()
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.lltok = ll.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(end_ids))
-        self.limits = ll.LLParserLimits(**LIMITS)
+        self.limits = ll.LLParserLimits(**LIMITS | (limits or {}))
         self.cache: OrderedDict[str, Grammar] = OrderedDict()
         self.compile_seconds = 0.0
 
@@ -83,6 +83,8 @@ class Grammars:
             return self.cache[text]
         t0 = time.perf_counter()
         matcher = _llguidance().LLMatcher(self.lltok, text, log_level=0, limits=self.limits)
+        if not matcher.is_error():
+            matcher.compute_bitmask()  # the first mask builds the lexer's start: its limits count too
         self.compile_seconds += time.perf_counter() - t0
         if matcher.is_error():
             raise GrammarError(f"'{field}' cannot be used: {_reason(matcher.get_error())}", field)
@@ -172,6 +174,8 @@ class Constraint(Free):
             proposal = proposal._replace(ids=proposal.ids[:self.matcher.validate_tokens(proposal.ids)])
             masks = self._walk(proposal.ids)
         self.stats.grammar_seconds += time.perf_counter() - t0
+        if self.matcher.is_error():
+            raise ConfigError(f"the answer's grammar failed: {_reason(self.matcher.get_error())}")
         return proposal, masks
 
     def _walk(self, ids: list[int]) -> torch.Tensor:
