@@ -253,9 +253,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
         t0 = time.perf_counter()
-        proposal, masks = constraint.rows(proposal)
-        accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids),
-                                                    masks)
+        proposal, mask = constraint.rows(proposal)
+        accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids), mask)
         verify_time = time.perf_counter() - t0
         stats.target_seconds += verify_time
         if worth is not None:
@@ -339,16 +338,16 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
 
 
 def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,
-           masks=None) -> Steps:
+           mask=None) -> Steps:
     """The proposed tokens the target accepts, the token it adds, and the logits rows that chose
     them (``[accepted + 1, V]``); its cache keeps those tokens. Each
     row's choice is the target's own at its generated position (the first at ``position``): its
     argmax, or with a ``sampler`` its Gumbel-max choice. A proposed token is accepted when it is
-    that choice. ``masks``: each row's grammar mask (``grammar.Constraint.rows``), applied first."""
+    that choice. ``mask``: each row's grammar mask (``grammar.Constraint.rows``), applied first."""
     if proposal.trie:
-        return (yield from verify_tree(target, pending, proposal, sampler, position, masks))
+        return (yield from verify_tree(target, pending, proposal, sampler, position, mask))
     proposed = proposal.ids
-    logits = masked((yield Forward(target, [pending] + proposed)), masks)
+    logits = masked((yield Forward(target, [pending] + proposed)), mask)
     rows = range(position, position + len(proposed) + 1)
     n, token = tli.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), proposed)
     target.crop(target.num_cached - (len(proposed) - n))
@@ -356,11 +355,11 @@ def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, po
 
 
 def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,
-                masks=None) -> Steps:
+                mask=None) -> Steps:
     """``verify`` of a chain and its branches in one forward of their trie."""
     tokens, parents = proposal.trie
     rows = [-1] + [up + 1 for up in parents]  # the pending token's row, then the trie's
-    logits = masked((yield Forward(target, [pending] + tokens, parents=rows)), masks)
+    logits = masked((yield Forward(target, [pending] + tokens, parents=rows)), mask)
     rows = [position + depth for depth in tree.depths(rows)]
     path, token = tree.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), tokens,
                                     parents)

@@ -85,6 +85,14 @@ def _text(value: str, param: str) -> str:
     return value
 
 
+def _checked(check, *args):
+    """``check(*args)``, a ``StructuredError`` it raises as the 400 it describes."""
+    try:
+        return check(*args)
+    except StructuredError as exc:
+        raise ApiError(400, exc.message, exc.param, exc.code) from None
+
+
 def _messages(body: dict) -> list[dict]:
     messages = _field(body, "messages", (list,))
     if not messages:
@@ -99,10 +107,7 @@ def _messages(body: dict) -> list[dict]:
             role = _text(m["role"], f"messages[{i}].role")
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}.",
                            f"messages[{i}].role", "invalid_value")
-        try:
-            extra = message_fields(m, i)
-        except StructuredError as exc:
-            raise ApiError(400, exc.message, exc.param, exc.code) from None
+        extra = _checked(message_fields, m, i)
         content = m.get("content")
         if content is None and m["role"] != "assistant":
             raise ApiError(400, f"messages[{i}].content must be a string or an array of text parts; null "
@@ -142,7 +147,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                   default_max_tokens: int, max_prompt_tokens: int | None = None, grammars=None) -> Parsed:
     """Check an OpenAI request body; every problem is an ``ApiError`` naming the field.
     ``max_prompt_tokens``: the server's cap on one request's prompt (None: the context only);
-    ``grammars()``: the grammar compiler, for ``response_format`` and ``tools``."""
+    ``grammars()``: the compiler of ``response_format`` and ``tools`` (``engine.grammar.Grammars``)."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
     model = _field(body, "model", (str,))
@@ -158,10 +163,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
             raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
                            "unsupported_parameter")
     prompt = _messages(body) if chat else _prompt(body)
-    try:
-        wanted = structure(body, chat, tokenizer, grammars)
-    except StructuredError as exc:
-        raise ApiError(400, exc.message, exc.param, exc.code) from None
+    wanted = _checked(structure, body, chat, tokenizer, grammars)
     temperature = _field(body, "temperature", (int, float), 1.0)
     if not 0 <= temperature <= 2:
         raise ApiError(400, f"'temperature' must be between 0 and 2, got {_number(temperature)}.",
