@@ -82,13 +82,17 @@ TIME = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def client():
+def pair():
     from anyspec.backends.gguf import GGUFModel
     from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_path
 
-    target = GGUFModel(gguf_path(DEFAULT_TARGET), name="target")
-    draft = GGUFModel(gguf_path(DEFAULT_DRAFT), name="draft")
-    engine = Engine(target, draft, SpeculativeConfig(num_speculative_tokens=5, tree=2))
+    return (GGUFModel(gguf_path(DEFAULT_TARGET), name="target"),
+            GGUFModel(gguf_path(DEFAULT_DRAFT), name="draft"))
+
+
+@pytest.fixture(scope="module")
+def client(pair):
+    engine = Engine(*pair, SpeculativeConfig(num_speculative_tokens=5, tree=2))
     with live_server(engine, max_batch=4) as (url, _):
         yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
 
@@ -199,3 +203,22 @@ def test_a_tool_calling_conversation(client, stream):
                  {"role": "tool", "tool_call_id": calls[0]["id"], "content": '"14:05"'}]
     content, calls, finish = turn(tool_choice="none", max_tokens=24)
     assert not calls and finish in ("stop", "length") and isinstance(content, str)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
+    """The engine without the server: TLI, a chain of 3 (the server's tests run SLEM with branches)."""
+    from anyspec.engine import SamplingParams
+    from anyspec.engine.grammar import Grammars
+
+    target, draft = pair
+    alone, tli = Engine(target, None), Engine(target, draft, SpeculativeConfig(
+        algorithm="tli", num_speculative_tokens=3, tree=0))
+    grammars = Grammars(target.tokenizer, target.vocab_size, alone.eos_ids)
+    for schema, ask in CASES[1::5]:
+        params = SamplingParams(temperature=temperature, max_new_tokens=40, seed=3,
+                                grammar=grammars.json(schema, "schema"))
+        messages = [{"role": "user", "content": ask}]
+        spec = tli.generate(messages, params)
+        assert spec.token_ids == alone.generate(messages, params).token_ids
+        jsonschema.validate(json.loads(spec.text), schema)
