@@ -215,6 +215,7 @@ def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
     alone, tli = Engine(target, None), Engine(target, draft, SpeculativeConfig(
         algorithm="tli", num_speculative_tokens=3, tree=0))
     grammars = Grammars(target.tokenizer, target.vocab_size, alone.eos_ids)
+    forced = 0
     for schema, ask in CASES[1::5]:
         params = SamplingParams(temperature=temperature, max_new_tokens=40, seed=3,
                                 grammar=grammars.json(schema, "schema"))
@@ -222,3 +223,5 @@ def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
         spec = tli.generate(messages, params)
         assert spec.token_ids == alone.generate(messages, params).token_ids
         jsonschema.validate(json.loads(spec.text), schema)
+        forced += spec.stats.forced
+    assert forced > 0  # the property names the schema fixes were proposed without the draft
