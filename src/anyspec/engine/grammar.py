@@ -1,7 +1,7 @@
 """Constrained generation: a JSON schema or a tool-call format, compiled once against the target's
 tokenizer (llguidance), and each generation's place in it, which masks the target's logits.
 
-``Grammars(tokenizer, vocab_size, end_ids)`` compiles and caches; ``Grammar.start()`` gives a
+``Grammars(tokenizer, vocab_size, end_ids)`` compiles and caches; ``Grammar.start(stats)`` gives a
 generation its ``Constraint``. In a verify, every row of the target's logits gets the mask of its
 own grammar state: a chain's row i follows the first i proposed tokens, a tree's row follows its
 path. The committed tokens then advance the state. A proposal is cut at its first token the grammar
@@ -54,7 +54,6 @@ class Grammars:
         self.lltok = ll.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(end_ids))
         self.limits = ll.LLParserLimits(**LIMITS | (limits or {}))
         self.cache: OrderedDict[str, Grammar] = OrderedDict()
-        self.compile_seconds = 0.0
 
     def json(self, schema: dict | bool | None, field: str) -> Grammar:
         """Any JSON object (``schema=None``, JSON mode) or a value matching ``schema``."""
@@ -81,11 +80,9 @@ class Grammars:
         if text in self.cache:
             self.cache.move_to_end(text)
             return self.cache[text]
-        t0 = time.perf_counter()
         matcher = _llguidance().LLMatcher(self.lltok, text, log_level=0, limits=self.limits)
         if not matcher.is_error():
             matcher.compute_bitmask()  # the first mask builds the lexer's start: its limits count too
-        self.compile_seconds += time.perf_counter() - t0
         if matcher.is_error():
             raise GrammarError(f"'{field}' cannot be used: {_reason(matcher.get_error())}", field)
         grammar = Grammar(matcher, self.vocab_size)
