@@ -148,6 +148,15 @@ def test_json_object_mode_on_both_endpoints(client):
         model="tiny-qwen2", messages=[{"role": "user", "content": "A JSON object with one key, a."}],
         max_tokens=24, temperature=0, response_format={"type": "json_object"})
     assert isinstance(json.loads(chat.choices[0].message.content), dict)
+    zero = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 0}},
+            "required": ["n"], "additionalProperties": False}
+    chat = client.chat.completions.create(
+        model="tiny-qwen2", messages=[{"role": "user", "content": "Zero as JSON."}], max_tokens=24,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "z", "schema": zero}},
+        logprobs=True, top_logprobs=3)
+    assert json.loads(chat.choices[0].message.content) == {"n": 0}
+    tops = [len(t.top_logprobs) for t in chat.choices[0].logprobs.content]
+    assert min(tops) < 3  # where the grammar allows fewer tokens, fewer are listed
     schema = {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMAS[1]}}
     text = client.completions.create(model="tiny-qwen2", prompt="A JSON object describing a cat:",
                                      max_tokens=32, temperature=0, extra_body={"response_format": schema})
