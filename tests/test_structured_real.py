@@ -4,6 +4,7 @@ validates, and speculation under the grammar answers what the constrained target
 
 from __future__ import annotations
 
+import gc
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -83,11 +84,15 @@ TIME = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def pair():
+    """The default pair, loaded once the models earlier modules left in reference cycles (a server's
+    app holds its engine) are collected, and collected in turn after the module."""
     from anyspec.backends.gguf import GGUFModel
     from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_path
 
-    return (GGUFModel(gguf_path(DEFAULT_TARGET), name="target"),
-            GGUFModel(gguf_path(DEFAULT_DRAFT), name="draft"))
+    gc.collect()
+    yield (GGUFModel(gguf_path(DEFAULT_TARGET), name="target"),
+           GGUFModel(gguf_path(DEFAULT_DRAFT), name="draft"))
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
