@@ -184,3 +184,23 @@ def test_a_conversation_set_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_s
     assert summary["chat", "anyspec-greedy"]["ttft_ms_first_turn"] > 0
     assert summary["chat", "hf-target"]["ttft_ms"] is None
     assert "| chat | anyspec-greedy |" in report.markdown(result)
+
+
+def test_json_prompts_carry_schemas_the_grammar_takes():
+    pytest.importorskip("llguidance")
+    from anyspec.engine.grammar import check_schema
+
+    rows = bench_prompts.load_prompts(bench_prompts.PROMPTS_DIR / "json.jsonl")
+    assert len(rows) >= 6 and all(r["schema"]["type"] == "object" for r in rows)
+    for r in rows:
+        check_schema(r["schema"], r["id"])
+    code = bench_prompts.load_prompts(bench_prompts.PROMPTS_DIR / "code.jsonl")
+    assert all(r["schema"] is None for r in code)
+
+
+def test_a_schema_is_refused_by_methods_that_cannot_follow_it():
+    ctx = SimpleNamespace(prefix_cache=False)
+    p = {"id": "j", "set": "json", "prompt": [{"role": "user", "content": "hi"}],
+         "schema": {"type": "object"}}
+    with pytest.raises(ConfigError, match="only anyspec's methods"):
+        bench_run.run_turn(ctx, "llama.cpp", p["prompt"], p)

@@ -219,3 +219,17 @@ def test_analyze_on_a_cut_gguf_says_it_is_cut(capsys, tmp_path, keep):
     says = "the file is empty" if keep == 0 else f"it ends after {keep:,} bytes, inside its metadata"
     err = one_line_error(capsys, ["analyze", "--target", str(cut), "--draft", str(whole)], says)
     assert "unpack" not in err and "buffer" not in err
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "--json-schema: cannot read"),
+    ("{not json", "is not valid JSON"),
+    ('{"type": "nope"}', "not a valid JSON Schema"),
+    ('{"not": {"type": "string"}}', "unsupported JSON Schema feature"),
+])
+def test_a_bad_json_schema_file_is_one_line_before_loading(no_loading, capsys, tmp_path, content, says):
+    pytest.importorskip("llguidance")
+    path = tmp_path / "schema.json"
+    if content is not None:
+        path.write_text(content)
+    one_line_error(capsys, ["generate", "--prompt", "x", "--json-schema", str(path)], says)

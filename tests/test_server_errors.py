@@ -306,7 +306,7 @@ def test_lone_surrogate_in_model_is_a_400(post):
 def test_unknown_chat_role_is_a_400_naming_the_roles(post):
     body = CHAT_OK | {"messages": [{"role": "wizard", "content": "hi"}]}
     assert_error(post("/v1/chat/completions", json=body), 400, "messages[0].role", "invalid_value",
-                 "must be one of system, user, assistant, got 'wizard'")
+                 "must be one of system, user, assistant, tool, got 'wizard'")
 
 
 def test_user_message_with_null_content_is_a_400(post):
@@ -315,14 +315,49 @@ def test_user_message_with_null_content_is_a_400(post):
                  "null is allowed only for an assistant message")
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "required"),
-    ("response_format", {"type": "json_object"}),
+def test_legacy_function_calling_is_refused_not_ignored(post):
+    r = post("/v1/chat/completions", json=CHAT_OK | {"functions": [{"name": "f", "parameters": {}}]})
+    assert_error(r, 400, "functions", "unsupported_parameter", "not supported")
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def schema_format(schema) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+
+
+@pytest.mark.parametrize(("path", "extra", "param", "code", "says"), [
+    ("/v1/chat/completions", schema_format({"type": "nope"}), "response_format.json_schema.schema",
+     "invalid_value", "not a valid JSON Schema"),
+    ("/v1/completions", schema_format({"$ref": "#/nowhere"}), "response_format.json_schema.schema",
+     "invalid_value", "not a valid JSON Schema"),
+    ("/v1/chat/completions", schema_format({"not": {"type": "string"}}), "response_format.json_schema.schema",
+     "invalid_value", "unsupported JSON Schema feature"),
+    ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format.type", "invalid_value",
+     "must be one of"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format.json_schema.name", "invalid_value", "non-empty string"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"parameters": {}}}]},
+     "tools[0].function.name", "missing_required_parameter", "is required"),
+    ("/v1/chat/completions", {"tools": [TOOL, {"type": "function", "function": {"name": "g", "parameters": {
+        "type": "object", "properties": {"a": {"not": {}}}}}}]}, "tools[1].function.parameters",
+     "invalid_value", "unsupported JSON Schema feature"),
+    ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": {"type": "function", "function": {
+        "name": "g"}}}, "tool_choice.function.name", "invalid_value", "'g', which is not in 'tools' (f)"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice", "invalid_value", "needs 'tools'"),
+    ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": "required", "response_format": {
+        "type": "json_object"}}, "response_format", "invalid_value", "cannot be used together"),
+    ("/v1/completions", {"tools": [TOOL]}, "tools", "unsupported_parameter", "a chat field"),
 ])
-def test_tools_and_response_format_are_refused_not_ignored(post, field, value):
-    r = post("/v1/chat/completions", json=CHAT_OK | {field: value})
-    assert_error(r, 400, field, "unsupported_parameter", "not supported")
+def test_bad_structured_output_fields_are_400s_naming_the_field(post, path, extra, param, code, says):
+    body = (OK if path == "/v1/completions" else CHAT_OK) | extra
+    assert_error(post(path, json=body), 400, param, code, says)
+
+
+def test_tools_on_a_template_without_tool_support_are_a_400(post):
+    r = post("/v1/chat/completions", json=CHAT_OK | {"tools": [TOOL]})
+    assert_error(r, 400, "tools", "unsupported_parameter", "chat template has no tool support")
 
 
 def test_their_harmless_defaults_are_accepted(post):

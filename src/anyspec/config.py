@@ -131,6 +131,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None  # report each token's logprob and this many likeliest (None: off)
+    grammar: object = None  # a compiled grammar the answer follows (engine/grammar.py; None: free text)
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -11,6 +11,7 @@ verified row.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -71,13 +72,14 @@ class TokenLogprob(NamedTuple):
 
 def token_logprobs(rows: torch.Tensor, tokens: list[int], n: int) -> list[TokenLogprob]:
     """Each of ``tokens``' logprob under its row of ``rows [len(tokens), V]`` (the row that chose
-    it), with the row's ``n`` likeliest entries."""
+    it), with the row's ``n`` likeliest entries (fewer where a grammar's mask left fewer possible)."""
     out = []
     if not tokens:
         return out
     logp = torch.log_softmax(rows.float(), dim=-1)
     for row, token in zip(logp, tokens, strict=True):
         top = torch.topk(row, n) if n else None
-        pairs = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else []
+        pairs = [(i, v) for i, v in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+                 if v > -math.inf] if top is not None else []
         out.append(TokenLogprob(token, float(row[token]), pairs))
     return out

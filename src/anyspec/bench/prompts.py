@@ -4,7 +4,8 @@ doc, long and chat beside them), and the target ids of a prompt exactly as the e
 A line is one prompt, ``{"id": ..., "messages": [...]}`` (or ``"prompt": text``), or one
 conversation, ``{"id": ..., "system": text (optional), "turns": [user text, ...]}``: its turns run
 as successive requests on the same engine or server, each after the method's own earlier answers
-(``conversation``)."""
+(``conversation``). A prompt may carry ``"schema"``: a JSON Schema its answer is constrained to
+(the json set; anyspec's own methods honour it)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from anyspec.errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"  # package data
 DEFAULT_PROMPTS = [PROMPTS_DIR / "code.jsonl", PROMPTS_DIR / "prose.jsonl"]
-SETS = ("code", "prose", "edit", "doc", "long", "chat")  # shipped in PROMPTS_DIR; code and prose by default
+SETS = ("code", "prose", "edit", "doc", "long", "chat", "json")  # in PROMPTS_DIR; code and prose by default
 
 
 ROLES = ("system", "user", "assistant")
@@ -78,7 +79,9 @@ def prompt_row(row, path: Path, n: int) -> dict:
                 raise ConfigError(f"message {i} must be {{'role': one of {', '.join(ROLES)}, "
                                   "'content': a text}")
     check_prompt(prompt)
-    return {"id": row_id(row, path, n), "set": path.stem, "prompt": prompt}
+    if not isinstance(row.get("schema", {}), dict):
+        raise ConfigError("'schema' must be a JSON Schema object")
+    return {"id": row_id(row, path, n), "set": path.stem, "prompt": prompt, "schema": row.get("schema")}
 
 
 def row_id(row: dict, path: Path, n: int) -> str:

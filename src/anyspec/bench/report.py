@@ -21,6 +21,7 @@ def summarize(runs: list[dict]) -> list[dict]:
             drafted = sum(r["drafted"] or 0 for r in mine)
             timed = [r["draft_seconds"] for r in mine if r.get("draft_seconds") is not None]
             compared = [r for r in mine if "identical" in r]
+            grammar = sum(r.get("grammar_seconds") or 0 for r in mine)
             rows.append({
                 "set": s, "method": m, "prompts": len(mine), "tokens": tokens, "seconds": round(seconds, 3),
                 "tokens_per_second": round(tps[m], 3), **timing_summary(mine),
@@ -30,6 +31,8 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "identical": f"{sum(r['identical'] for r in compared)}/{len(compared)}" if compared else None,
                 "diffs": [(r["prompt"], r["diff_pos"], None if r["diff_margin"] is None
                            else round(r["diff_margin"], 3)) for r in compared if not r["identical"]],
+                "grammar_share": round(grammar / seconds, 4) if grammar and seconds else None,
+                "forced": sum(r.get("forced") or 0 for r in mine),
             })
         for row in rows:
             if row["set"] == s:
@@ -141,6 +144,10 @@ def markdown(result: dict) -> str:
                      f"{r['identical'] or '-'} | "
                      f"{diffs} |")
     lines += causes_markdown(result["summary"]) + turns_markdown(result["summary"])
+    lines += [f"- {r['set']}/{r['method']}: the grammar's masks and steps took "
+              f"{100 * r['grammar_share']:.2f}% of the time; {r['forced']} tokens it forced were proposed "
+              "without the draft"
+              for r in result["summary"] if r.get("grammar_share") is not None and r["set"] != "all"]
     for m, info in c.get("vllm", {}).items():
         models = "target and draft" if info.get("speculative") else "target"
         lines.append(f"- {m}: vLLM {info.get('vllm')} ({info.get('python')}"

@@ -24,6 +24,7 @@ from anyspec.bench.report import summarize
 from anyspec.bench.timing import engine_timings
 from anyspec.bench.vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
 from anyspec.engine.prompt import end_ids
+from anyspec.errors import ConfigError
 
 UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 
@@ -48,7 +49,8 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
         model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
-                            max_new_tokens=ctx.max_new_tokens, seed=ctx.seed if sampled else None)
+                            max_new_tokens=ctx.max_new_tokens, seed=ctx.seed if sampled else None,
+                            grammar=schema_grammar(ctx) if ctx.schema is not None else None)
     t = time.perf_counter()
     res = ctx.engines[key].generate(prompt, params)
     dt = time.perf_counter() - t
@@ -60,7 +62,16 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
 
 
 ROUND_STATS = ("rounds", "ended_by", "rejected_at", "ngram_proposed", "ngram_accepted", "branch_rows",
-               "branch_rounds")
+               "branch_rounds", "forced", "grammar_seconds")
+
+
+def schema_grammar(ctx: BenchContext):
+    """The compiled grammar of the request's schema, against the target's tokenizer (cached)."""
+    from anyspec.engine.grammar import Grammars
+
+    if ctx.grammars is None:
+        ctx.grammars = Grammars(ctx.target.tokenizer, ctx.target.vocab_size, ctx.eos)
+    return ctx.grammars.json(ctx.schema, "schema")
 RUNNERS = {
     "target": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False),
     "target-ngram": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False, ngram=True),
@@ -269,7 +280,13 @@ def run_turn(ctx: BenchContext, method: str, prompt, p: dict) -> dict:
     """One request of the bench row ``p``: a conversation's first turn starts on an empty cache,
     its later ones keep the prefix the earlier turns left (``ctx.prefix_cache``)."""
     ctx.prefix_cache = "turns" in p and len(prompt) > len(p["prompt"])
-    return run_method(ctx, method, prompt)
+    ctx.schema = p.get("schema")
+    if ctx.schema is not None and not method.startswith(("target", "anyspec")):
+        raise ConfigError(f"{method} cannot follow a prompt's JSON schema; only anyspec's methods do")
+    try:
+        return run_method(ctx, method, prompt)
+    finally:
+        ctx.schema = None
 
 
 def compare(ctx: BenchContext, runs: list[dict], asked: dict) -> None:

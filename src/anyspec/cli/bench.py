@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     add_model_options(p, no_draft=False)
     p.add_argument("--prompts", nargs="+", default=None, metavar="SET_OR_FILE",
                    help="JSONL prompt files, or sets shipped with anyspec by name: code, prose, edit, doc, "
-                        "long, chat (default: code prose)")
+                        "long, chat, json (default: code prose)")
     p.add_argument("--limit", type=int, default=None, help="at most N prompts from each file")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole rotation N times (tok/s then pools every run; a noisy machine)")

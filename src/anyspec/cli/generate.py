@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 from anyspec.cli.options import (
     add_engine_options,
@@ -22,7 +23,7 @@ from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
              "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at",
-             "ngram_proposed", "ngram_accepted")
+             "ngram_proposed", "ngram_accepted", "forced", "grammar_seconds")
 
 
 def add_parser(sub) -> None:
@@ -39,11 +40,28 @@ def add_parser(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="with --json: each token's logprob and its N likeliest alternatives (0-20)")
+    p.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="constrain the answer to this JSON Schema (a .json file); needs llguidance")
     add_engine_options(p)
     p.add_argument("--allow-download", action="store_true", help="let transformers fetch hub ids")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     p.set_defaults(func=run)
+
+
+def read_schema(path: str):
+    """The JSON Schema in ``path``, checked before any model loads."""
+    from anyspec.engine.grammar import check_schema
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
+    except OSError as exc:
+        raise ConfigError(f"--json-schema: cannot read {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"--json-schema: {path} is not valid JSON: {exc}") from None
+    check_schema(schema, "--json-schema")
+    return schema
 
 
 def run(args) -> int:
@@ -57,9 +75,15 @@ def run(args) -> int:
     if args.logprobs is not None and not args.json:
         raise ConfigError("--logprobs needs --json, which prints them")
     check_prompt_text(args.prompt)
+    schema = read_schema(args.json_schema) if args.json_schema is not None else None
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     pair = load_pair(pair_plan(args))
     engine = Engine(pair.target, pair.draft, config)
+    if args.json_schema is not None:
+        from anyspec.engine.grammar import Grammars
+
+        grammars = Grammars(pair.target.tokenizer, pair.target.vocab_size, engine.eos_ids)
+        params = replace(params, grammar=grammars.json(schema, "--json-schema"))
 
     def write(text: str) -> None:
         sys.stdout.write(text)

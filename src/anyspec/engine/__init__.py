@@ -1,7 +1,8 @@
 """The engine, in reading order: ``loop.py`` (propose → verify → accept → commit), ``batch.py``
 (many generations' forwards in one pass), ``proposers.py`` (TLI and SLEM), ``bridge.py`` (ids and
 bytes across the two vocabularies), ``context.py`` (what the draft reads), ``output.py`` (UTF-8
-streaming and stop strings) and ``prompt.py`` (prompt → ids).
+streaming and stop strings), ``prompt.py`` (prompt → ids) and ``grammar.py`` (the masks of a JSON
+schema or a tool-call format on every verified row).
 """
 
 from anyspec.config import SamplingParams, SpeculativeConfig

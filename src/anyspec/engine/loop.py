@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 from anyspec.algorithms import ngram, tli, tree
-from anyspec.algorithms.adaptive_k import AdaptiveK, PassCosts
+from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, drop_slot, take_slot
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
+from anyspec.engine.grammar import Free, masked
 from anyspec.engine.model import MultiSequence, PrefixSharing
 from anyspec.engine.output import Output
 from anyspec.engine.prompt import check_room, encode_prompt, end_ids
@@ -29,6 +30,7 @@ from anyspec.engine.proposers import (
     Proposal,
     Proposer,
     algorithm_for,
+    branch_worth,
     propose,
     round_end,
     tuned_confidence,
@@ -63,6 +65,8 @@ class Stats:
     branch_rows: int = 0  # target rows verified on branches beside the chain (algorithms/tree.py)
     branch_rounds: int = 0  # rounds whose accepted tokens left the chain for a branch
     seed: int | None = None  # what a sampled answer is reproduced with (its noise: algorithms/gumbel.py)
+    forced: int = 0  # tokens the grammar allowed alone, proposed without the draft (engine/grammar.py)
+    grammar_seconds: float = 0.0  # masks and grammar steps
 
     @property
     def acceptance_rate(self) -> float:
@@ -215,6 +219,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     sampler = Sampler(params, seed, engine.target.vocab_size, engine.bridge) if params.temperature else None
     stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if lookup else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
+    constraint = params.grammar.start(stats) if params.grammar is not None else Free()
     if proposer is None:
         schedule = None
     elif schedule is None and engine.config.adaptive_k:
@@ -236,9 +241,10 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         #    the context (no draft forward), else the draft's.
         t0 = time.perf_counter()
         proposal = Proposal([])
-        found = ngram.lookup(prompt_ids + output.ids, k_round, lookup) if lookup else []
+        forced = constraint.forced(k_round if proposer else 0)
+        found = forced or (ngram.lookup(prompt_ids + output.ids, k_round, lookup) if lookup else [])
         if found:
-            proposal = Proposal(found, source="ngram")
+            proposal = Proposal(found, source="grammar" if forced else "ngram")
         elif k_round > 0 and proposer is not None:
             proposal = yield from propose(proposer, draft, ctx, k_round, sampler, len(output.ids),
                                           engine.config, worth)
@@ -247,7 +253,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
         t0 = time.perf_counter()
-        accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids))
+        proposal, mask = constraint.rows(proposal)
+        accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids), mask)
         verify_time = time.perf_counter() - t0
         stats.target_seconds += verify_time
         if worth is not None:
@@ -259,6 +266,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
+        constraint.advance(committed)
         if not stats.first_tokens and output.ids:
             stats.first_token_seconds, stats.first_tokens = time.perf_counter() - t_start, len(output.ids)
         if logprobs is not None:
@@ -288,7 +296,10 @@ def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
     cause = round_end(proposal, n, token, target_bytes) if on_chain else "branch"
     stats.branch_rows += len(proposal.trie[0]) - len(proposal.ids) if proposal.trie else 0
     stats.branch_rounds += not on_chain
-    if proposal.source == "ngram":
+    if proposal.source == "grammar":
+        stats.forced += n
+        cause = f"grammar:{cause}"
+    elif proposal.source == "ngram":
         stats.ngram_proposed += len(proposal.ids)
         stats.ngram_accepted += n
         cause = f"ngram:{cause}"
@@ -301,20 +312,6 @@ def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
         first = n if on_chain else common_prefix(accepted, proposal.ids)
         stats.rejected_at += [0] * (first + 1 - len(stats.rejected_at))
         stats.rejected_at[first] += 1
-
-
-def branch_worth(start: float, output: Output):
-    """The ``worth(gain, rows, added)`` rule for branches (``proposers.choose_branches``) and the
-    verify costs it reads: a branch pays when the tokens it is expected to add, at the seconds each
-    committed token has cost so far since ``start``, outweigh the measured cost of its ``added``
-    rows on a verify of ``rows``."""
-    costs = PassCosts()
-
-    def worth(gain: float, rows: int, added: int) -> bool:
-        per_token = (time.perf_counter() - start) / max(1, len(output.ids))
-        return gain > 0 and (gain * per_token > costs(rows + added) - costs(rows) if costs.mean else True)
-
-    return worth, costs
 
 
 def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats,
@@ -340,27 +337,29 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
     return ids[-1], engine.reader.start(prompt, text, ids), ids
 
 
-def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int) -> Steps:
+def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,
+           mask=None) -> Steps:
     """The proposed tokens the target accepts, the token it adds, and the logits rows that chose
     them (``[accepted + 1, V]``); its cache keeps those tokens. Each
     row's choice is the target's own at its generated position (the first at ``position``): its
     argmax, or with a ``sampler`` its Gumbel-max choice. A proposed token is accepted when it is
-    that choice."""
+    that choice. ``mask``: each row's grammar mask (``grammar.Constraint.rows``), applied first."""
     if proposal.trie:
-        return (yield from verify_tree(target, pending, proposal, sampler, position))
+        return (yield from verify_tree(target, pending, proposal, sampler, position, mask))
     proposed = proposal.ids
-    logits = yield Forward(target, [pending] + proposed)
+    logits = masked((yield Forward(target, [pending] + proposed)), mask)
     rows = range(position, position + len(proposed) + 1)
     n, token = tli.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), proposed)
     target.crop(target.num_cached - (len(proposed) - n))
     return proposed[:n], token, logits[:n + 1]
 
 
-def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int) -> Steps:
+def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,
+                mask=None) -> Steps:
     """``verify`` of a chain and its branches in one forward of their trie."""
     tokens, parents = proposal.trie
     rows = [-1] + [up + 1 for up in parents]  # the pending token's row, then the trie's
-    logits = yield Forward(target, [pending] + tokens, parents=rows)
+    logits = masked((yield Forward(target, [pending] + tokens, parents=rows)), mask)
     rows = [position + depth for depth in tree.depths(rows)]
     path, token = tree.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), tokens,
                                     parents)

@@ -4,32 +4,37 @@ one set of ids ends a generation.
 
 from __future__ import annotations
 
+import json
 import re
 
 from anyspec.config import check_prompt
 from anyspec.errors import ConfigError
 
 
-def render_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None = None) -> tuple[str, bool]:
-    """``(text, is_chat)``: chat messages through the tokenizer's own template when it has one."""
+def render_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None = None,
+                  tools: list[dict] | None = None) -> tuple[str, bool]:
+    """``(text, is_chat)``: chat messages through the tokenizer's own template when it has one,
+    with ``tools`` (OpenAI's function definitions) where given."""
     check_prompt(prompt)
     if isinstance(prompt, str):
         return prompt, False
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True), True
+        text = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
+        return text, True
     if fallback_text is not None:
         return fallback_text, False
     raise ConfigError("the target tokenizer has no chat template; pass the prompt as plain text")
 
 
-def encode_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None = None
-                  ) -> tuple[list[int], str, bool]:
+def encode_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None = None,
+                  tools: list[dict] | None = None) -> tuple[list[int], str, bool]:
     """``(ids, text, is_chat)``. Plain text gets the tokenizer's special tokens (BOS); a rendered chat
-    template already holds them. A control token written inside a message (``<|im_end|>``) is
-    encoded as the text it spells, never as the control token: only the template makes turns."""
-    text, chat = render_prompt(tokenizer, prompt, fallback_text)
+    template already holds them. A control token written inside a message (``<|im_end|>``, or an
+    added token such as ``<tool_call>``) is encoded as the text it spells, never as the token: only
+    the template makes turns and tool calls."""
+    text, chat = render_prompt(tokenizer, prompt, fallback_text, tools)
     if chat and _controls_in_contents(tokenizer, prompt):
-        return _encode_contents_as_text(tokenizer, prompt, text), text, chat
+        return _encode_contents_as_text(tokenizer, prompt, text, tools), text, chat
     return tokenizer.encode(text, add_special_tokens=not chat), text, chat
 
 
@@ -37,10 +42,33 @@ _MARK = "\ue000{}\ue001"  # private-use characters: a placeholder for message i'
 
 
 def _control_texts(tokenizer) -> list[str]:
-    """The text of every special added token (control tokens such as ``<|im_start|>``)."""
+    """The text of every added token: control tokens such as ``<|im_start|>``, and the tokens a
+    template writes that are not marked special (``<tool_call>``)."""
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    texts = [t.content for t in added.values() if getattr(t, "special", False)]
+    texts = [t.content for t in added.values()]
     return sorted(set(texts or getattr(tokenizer, "all_special_tokens", [])), key=len, reverse=True)
+
+
+def _plain_texts(tokenizer) -> list[str]:
+    """The added tokens the tokenizer matches even with ``split_special_tokens``: those not special."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return [t.content for t in added.values() if not t.special]
+
+
+_PLAIN: dict[int, object] = {}
+
+
+def _as_text(tokenizer, part: str) -> list[int]:
+    """``part``'s ids with every added token in it read as the text it spells."""
+    if not any(t in part for t in _plain_texts(tokenizer)):
+        return tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    if id(tokenizer) not in _PLAIN:
+        from tokenizers import Tokenizer
+
+        spec = json.loads(tokenizer.backend_tokenizer.to_str())
+        spec["added_tokens"] = []
+        _PLAIN[id(tokenizer)] = Tokenizer.from_str(json.dumps(spec))
+    return _PLAIN[id(tokenizer)].encode(part, add_special_tokens=False).ids
 
 
 def _controls_in_contents(tokenizer, messages: list[dict]) -> bool:
@@ -48,13 +76,14 @@ def _controls_in_contents(tokenizer, messages: list[dict]) -> bool:
     return any(c in m.get("content") for m in messages if isinstance(m.get("content"), str) for c in controls)
 
 
-def _encode_contents_as_text(tokenizer, messages: list[dict], text: str) -> list[int]:
+def _encode_contents_as_text(tokenizer, messages: list[dict], text: str,
+                             tools: list[dict] | None = None) -> list[int]:
     """The template rendered around placeholders: the control tokens it writes stay control tokens;
     each stretch between them, with the message contents put back, is encoded with special tokens
     read as text. Stretch by stretch is how the tokenizer reads any text between control tokens."""
     contents = [m.get("content") or "" for m in messages]
-    frame = tokenizer.apply_chat_template([m | {"content": _MARK.format(i)} for i, m in enumerate(messages)],
-                                          tokenize=False, add_generation_prompt=True)
+    marked = [m | {"content": _MARK.format(i)} if m.get("content") else m for i, m in enumerate(messages)]
+    frame = tokenizer.apply_chat_template(marked, tools=tools, tokenize=False, add_generation_prompt=True)
     controls = re.compile("(" + "|".join(re.escape(c) for c in _control_texts(tokenizer)) + ")")
     marks = re.compile("\ue000([0-9]+)\ue001")
     pieces = [(part, i % 2 == 1) for i, part in enumerate(controls.split(frame)) if part]
@@ -66,7 +95,10 @@ def _encode_contents_as_text(tokenizer, messages: list[dict], text: str) -> list
                           "so it cannot be kept as text; remove it from the message")
     ids: list[int] = []
     for part, control in filled:
-        ids += tokenizer(part, add_special_tokens=False, split_special_tokens=not control)["input_ids"]
+        if control:
+            ids += tokenizer(part, add_special_tokens=False, split_special_tokens=False)["input_ids"]
+        else:
+            ids += _as_text(tokenizer, part)
     return ids
 
 

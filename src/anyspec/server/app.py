@@ -17,9 +17,12 @@ at a time.
 
 Request extensions: ``top_k``, ``speculative: false`` (target only, for comparison). Responses carry
 ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Unknown fields are ignored;
-fields the server cannot honour (``tools``, ``response_format``, ``logprobs``, ...) answer 400.
-Chat roles are ``system``, ``user`` and ``assistant``; message contents are read as plain text, so
-a control token written in them (``<|im_end|>``) is text, not a turn boundary.
+fields the server cannot honour (``functions``, ``logit_bias``, ...) answer 400.
+``response_format`` (``json_object``, ``json_schema``) and ``tools``/``tool_choice`` constrain the
+answer by a grammar compiled against the target's tokenizer (``structured.py``, ``engine/grammar.py``).
+Chat roles are ``system``, ``user``, ``assistant`` and ``tool``; message contents are read as plain
+text, so a control token written in them (``<|im_end|>``, ``<tool_call>``) is text, not a turn
+boundary or a call.
 Bad input answers ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed or invalid
 fields, an oversized body (``--max-body-bytes``; 400 ``request_too_large`` rather than 413) and a
 prompt or ``max_tokens`` beyond the target's context; 404 ``model_not_found`` for an unknown model,
@@ -40,19 +43,11 @@ from dataclasses import dataclass
 
 from anyspec.config import MAX_BATCH
 from anyspec.engine import Engine
+from anyspec.engine.grammar import Grammars
 from anyspec.errors import ConfigError
+from anyspec.server.answers import as_api_error, full_response, response_head, stream_chunks
 from anyspec.server.metrics import Metrics
-from anyspec.server.protocol import (
-    ApiError,
-    ClientGone,
-    as_api_error,
-    error_body,
-    full_response,
-    parse_request,
-    read_json,
-    response_head,
-    stream_chunks,
-)
+from anyspec.server.protocol import ApiError, ClientGone, error_body, parse_request, read_json
 from anyspec.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
@@ -216,6 +211,7 @@ def create_app(engine: Engine, settings: Settings):
     metrics.queue_state = lambda: (scheduler.depth, len(scheduler.running))
 
     tokenizing = ThreadPoolExecutor(1, "anyspec-tokenize")  # off the event loop: /health stays quick
+    grammars = functools.cache(lambda: Grammars(tokenizer, engine.target.vocab_size, engine.eos_ids))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -238,7 +234,7 @@ def create_app(engine: Engine, settings: Settings):
             return Response(status_code=499)
         parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
             parse_request, body, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
-            settings.max_prompt_tokens))
+            settings.max_prompt_tokens, grammars))
         job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
                   asyncio.get_running_loop(), ids=parsed.ids, text=parsed.text)
         if not await admit(job, request, scheduler, settings, metrics):
@@ -247,7 +243,8 @@ def create_app(engine: Engine, settings: Settings):
         if parsed.stream:
             async def events():
                 try:
-                    async for chunk in stream_chunks(job.events.get, head, chat, parsed.include_usage):
+                    async for chunk in stream_chunks(job.events.get, head, chat, parsed.include_usage,
+                                                     parsed.structure.read_calls):
                         yield chunk
                 finally:
                     scheduler.cancel(job)
@@ -264,7 +261,7 @@ def create_app(engine: Engine, settings: Settings):
         kind, outcome = event
         if kind == "error":
             raise as_api_error(outcome)
-        return full_response(head, chat, outcome)
+        return full_response(head, chat, outcome, parsed.structure.read_calls)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

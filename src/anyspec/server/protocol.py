@@ -9,21 +9,22 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
-import uuid
 from dataclasses import dataclass
 
 from anyspec.config import MAX_LOGPROBS, SamplingParams, seed_fits, utf8_problem
 from anyspec.engine import encode_prompt
 from anyspec.errors import ConfigError
-from anyspec.server.scheduler import Outcome, ShuttingDown
+from anyspec.server.structured import (
+    Structure,
+    StructuredError,
+    message_fields,
+    structure,
+)
 
-UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1), "tools": (None, []),
-               "tool_choice": (None, "none", "auto"),
-               "functions": (None, []), "function_call": (None, "none", "auto"),
-               "response_format": (None, {"type": "text"}), "logit_bias": (None, {}),
+UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
+               "functions": (None, []), "function_call": (None, "none", "auto"), "logit_bias": (None, {}),
                "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "suffix": (None, "")}
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
 
@@ -55,6 +56,7 @@ class Parsed:
     prompt_tokens: int
     ids: list[int]  # the prompt's target ids and rendered text, encoded once for the whole request
     text: str
+    structure: Structure  # response_format, tools and tool_choice
 
 
 def _field(body: dict, name: str, kinds: tuple, default=None):
@@ -83,6 +85,14 @@ def _text(value: str, param: str) -> str:
     return value
 
 
+def _checked(check, *args):
+    """``check(*args)``, a ``StructuredError`` it raises as the 400 it describes."""
+    try:
+        return check(*args)
+    except StructuredError as exc:
+        raise ApiError(400, exc.message, exc.param, exc.code) from None
+
+
 def _messages(body: dict) -> list[dict]:
     messages = _field(body, "messages", (list,))
     if not messages:
@@ -97,6 +107,7 @@ def _messages(body: dict) -> list[dict]:
             role = _text(m["role"], f"messages[{i}].role")
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}.",
                            f"messages[{i}].role", "invalid_value")
+        extra = _checked(message_fields, m, i)
         content = m.get("content")
         if content is None and m["role"] != "assistant":
             raise ApiError(400, f"messages[{i}].content must be a string or an array of text parts; null "
@@ -114,7 +125,7 @@ def _messages(body: dict) -> list[dict]:
             raise ApiError(400, f"Invalid type for 'messages[{i}].content': expected a string or an array of "
                                 "text parts.", f"messages[{i}].content", "invalid_type")
         out.append({"role": _text(m["role"], f"messages[{i}].role"),
-                    "content": _text(content, f"messages[{i}].content")})
+                    "content": _text(content, f"messages[{i}].content")} | extra)
     return out
 
 
@@ -133,9 +144,10 @@ def _prompt(body: dict) -> str:
 
 
 def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | None,
-                  default_max_tokens: int, max_prompt_tokens: int | None = None) -> Parsed:
+                  default_max_tokens: int, max_prompt_tokens: int | None = None, grammars=None) -> Parsed:
     """Check an OpenAI request body; every problem is an ``ApiError`` naming the field.
-    ``max_prompt_tokens``: the server's cap on one request's prompt (None: the context only)."""
+    ``max_prompt_tokens``: the server's cap on one request's prompt (None: the context only);
+    ``grammars()``: the compiler of ``response_format`` and ``tools`` (``engine.grammar.Grammars``)."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
     model = _field(body, "model", (str,))
@@ -151,6 +163,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
             raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
                            "unsupported_parameter")
     prompt = _messages(body) if chat else _prompt(body)
+    wanted = _checked(structure, body, chat, tokenizer, grammars)
     temperature = _field(body, "temperature", (int, float), 1.0)
     if not 0 <= temperature <= 2:
         raise ApiError(400, f"'temperature' must be between 0 and 2, got {_number(temperature)}.",
@@ -183,7 +196,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
 
     param = "messages" if chat else "prompt"
     try:
-        ids, text, _ = encode_prompt(tokenizer, prompt)
+        ids, text, _ = encode_prompt(tokenizer, prompt, tools=wanted.tools)
         prompt_tokens = len(ids)
     except Exception as exc:  # ConfigError, or the chat template refusing these messages
         raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
@@ -206,10 +219,11 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                        "max_tokens", "context_length_exceeded")
     try:
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
-                                max_new_tokens=max_tokens, seed=seed, stop=stop, logprobs=logprobs)
+                                max_new_tokens=max_tokens, seed=seed, stop=stop, logprobs=logprobs,
+                                grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
-    return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text)
+    return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text, wanted)
 
 
 async def read_json(request, limit: int, timeout: float | None = None):
@@ -246,79 +260,6 @@ async def read_json(request, limit: int, timeout: float | None = None):
                        "invalid_json") from None
 
 
-def usage(outcome: Outcome) -> dict:
-    out = {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-           "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
-    if outcome.stats is not None:  # prompt tokens whose KV was already held (--no-prefix-cache: 0)
-        out["prompt_tokens_details"] = {"cached_tokens": outcome.stats.prompt_cached}
-    return out
-
-
-def anyspec_stats(outcome: Outcome) -> dict:
-    out = {"speculative": outcome.speculative, "timed_out": outcome.timed_out}
-    if outcome.stats is not None:
-        s = outcome.stats
-        out.update(acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
-                   drafted=s.drafted, accepted=s.accepted, rounds=s.rounds, draft_fallbacks=s.draft_fallbacks,
-                   tokens_per_second=s.tokens_per_second, seconds=s.total_seconds)
-        if s.seed is not None:
-            out["seed"] = s.seed
-    return out
-
-
-def as_api_error(exc: Exception) -> ApiError:
-    if isinstance(exc, ShuttingDown):
-        return ApiError(503, "The server is shutting down; this request was not finished. Retry it later or "
-                             "on another server.", None, "server_shutting_down")
-    if isinstance(exc, ConfigError):
-        return ApiError(400, str(exc), None, "invalid_value")
-    return ApiError(500, f"The generation failed: {type(exc).__name__}: {exc}", None, "generation_failed")
-
-
-def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-# ---- the answers ----------------------------------------------------------------------------------
-
-def response_head(chat: bool, model_name: str) -> dict:
-    """The fields every answer and every streamed chunk of one request share."""
-    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
-            "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": model_name}
-
-
-def _choice(chat: bool, text: str | None, finish: str | None) -> dict:
-    if chat:
-        return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
-                "finish_reason": finish}
-    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
-
-async def stream_chunks(next_event, head: dict, chat: bool, include_usage: bool):
-    """The server-sent events of a streamed answer, from the job's ``("text" | "error" | "done",
-    value)`` events (``await next_event()``), through ``data: [DONE]``."""
-    extra = {"usage": None} if include_usage else {}
-    if chat:
-        first = _choice(True, None, None) | {"delta": {"role": "assistant", "content": ""}}
-        yield sse(head | {"choices": [first]} | extra)
-    while True:
-        kind, value = await next_event()
-        if kind == "text":
-            yield sse(head | {"choices": [_choice(chat, value, None)]} | extra)
-        elif kind == "error":
-            exc = as_api_error(value)
-            yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
-            break
-        else:
-            yield sse(head | {"choices": [_choice(chat, None, value.finish_reason)]} | extra
-                      | {"anyspec": anyspec_stats(value)})
-            if include_usage:
-                yield sse(head | {"choices": [], "usage": usage(value)})
-            break
-    yield "data: [DONE]\n\n"
-
-
 def _logprobs(body: dict, chat: bool, stream: bool) -> int | None:
     """How many likeliest tokens to report beside each token's logprob; None: no logprobs. Chat:
     ``logprobs`` (a boolean) and ``top_logprobs``; completions: ``logprobs`` (a count)."""
@@ -340,42 +281,3 @@ def _logprobs(body: dict, chat: bool, stream: bool) -> int | None:
         raise ApiError(400, "'logprobs' are answered only without 'stream'.", "logprobs",
                        "unsupported_parameter")
     return count
-
-
-def _token(spelled: bytes) -> str:
-    return spelled.decode("utf-8", errors="replace")
-
-
-def logprobs_field(chat: bool, outcome: Outcome) -> dict | None:
-    """OpenAI's ``logprobs`` of a choice: chat's ``content`` list, or completions' four lists."""
-    if outcome.logprobs is None:
-        return None
-    if chat:
-        def entry(b: bytes, lp: float) -> dict:
-            return {"token": _token(b), "logprob": lp, "bytes": list(b)}
-
-        return {"content": [entry(b, lp) | {"top_logprobs": [entry(t, x) for t, x in top]}
-                            for b, lp, top in outcome.logprobs]}
-    offsets, at = [], 0
-    for b, _, _ in outcome.logprobs:
-        offsets.append(at)
-        at += len(_token(b))
-    return {"tokens": [_token(b) for b, _, _ in outcome.logprobs],
-            "token_logprobs": [lp for _, lp, _ in outcome.logprobs],
-            "top_logprobs": [{_token(t): x for t, x in top} for _, _, top in outcome.logprobs],
-            "text_offset": offsets}
-
-
-def full_response(head: dict, chat: bool, outcome: Outcome) -> dict:
-    """The answer of a request that does not stream."""
-    logprobs = logprobs_field(chat, outcome)
-    if chat:
-        result = {"index": 0, "message": {"role": "assistant", "content": outcome.text}, "logprobs": logprobs,
-                  "finish_reason": outcome.finish_reason}
-    else:
-        result = {"index": 0, "text": outcome.text, "logprobs": logprobs,
-                  "finish_reason": outcome.finish_reason}
-    return head | {"object": "chat.completion" if chat else "text_completion", "choices": [result],
-                   "usage": usage(outcome), "anyspec": anyspec_stats(outcome)}
-
-

@@ -1,0 +1,219 @@
+"""Constrained generation: a JSON schema or a tool-call format, compiled once against the target's
+tokenizer (llguidance), and each generation's place in it, which masks the target's logits.
+
+``Grammars(tokenizer, vocab_size, end_ids)`` compiles and caches; ``Grammar.start(stats)`` gives a
+generation its ``Constraint``. In a verify, every row of the target's logits gets the mask of its
+own grammar state: a chain's row i follows the first i proposed tokens, a tree's row follows its
+path. The committed tokens then advance the state. A proposal is cut at its first token the grammar
+rejects (the target, masked, could never choose it), and where the grammar forces the next tokens
+they are proposed without the draft. The answer is the masked target's own, token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections import OrderedDict
+
+import torch
+
+from anyspec.engine.proposers import Proposal
+from anyspec.errors import ConfigError
+
+CACHED = 64  # compiled grammars kept, the least recently used dropped first
+MAX_SCHEMA_BYTES = 65_536
+LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=200_000,
+              max_lexer_states=50_000)  # what bounds compile and mask time (llguidance's fuel: ~50k/ms)
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+class GrammarError(ConfigError):
+    """A schema or tool list that cannot be compiled; ``field`` names the request field."""
+
+
+def _llguidance():
+    try:
+        with warnings.catch_warnings():  # its torch helpers use torch.jit.script_method, deprecated
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import llguidance
+            import llguidance.hf
+            import llguidance.torch
+    except ImportError:
+        raise ConfigError("JSON mode, JSON schemas and tool calls need llguidance: "
+                          "pip install 'anyspec[server]'") from None
+    return llguidance
+
+
+class Grammars:
+    """Grammars compiled against one tokenizer, cached by their text."""
+
+    def __init__(self, tokenizer, vocab_size: int, end_ids: set[int], limits: dict | None = None):
+        ll = _llguidance()
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.lltok = ll.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(end_ids))
+        self.limits = ll.LLParserLimits(**LIMITS | (limits or {}))
+        self.cache: OrderedDict[str, Grammar] = OrderedDict()
+
+    def json(self, schema: dict | bool | None, field: str) -> Grammar:
+        """Any JSON object (``schema=None``, JSON mode) or a value matching ``schema``."""
+        return self._compile(schema_grammar(schema, field), field)
+
+    def tool_calls(self, functions: list[dict], one: bool, field: str) -> Grammar:
+        """One ``<tool_call>`` block (``one``) or several, each ``{"name": ..., "arguments": ...}`` of
+        one of ``functions`` (OpenAI's ``{"name", "parameters"}``), as Qwen2.5's template asks."""
+        calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                                   "arguments": f.get("parameters") or {"type": "object"}},
+                  "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
+        body = json.dumps({"anyOf": calls} if len(calls) > 1 else calls[0])
+        if len(body) > MAX_SCHEMA_BYTES:
+            raise GrammarError(f"The function parameters in '{field}' are {len(body)} bytes as JSON; at "
+                               f"most {MAX_SCHEMA_BYTES} are compiled.", field)
+        marks = [self.tokenizer.convert_tokens_to_ids(t) for t in (TOOL_OPEN, TOOL_CLOSE)]
+        more = "" if one else ' ("\\n" call)*'
+        lark = (f"start: call{more}\n"
+                f'call: <[{marks[0]}]> "\\n" body "\\n" <[{marks[1]}]>\n'
+                f"body: %json {body}\n")
+        return self._compile(_llguidance().LLMatcher.grammar_from_lark(lark), field)
+
+    def _compile(self, text: str, field: str) -> Grammar:
+        if text in self.cache:
+            self.cache.move_to_end(text)
+            return self.cache[text]
+        matcher = _llguidance().LLMatcher(self.lltok, text, log_level=0, limits=self.limits)
+        if not matcher.is_error():
+            matcher.compute_bitmask()  # the first mask builds the lexer's start: its limits count too
+        if matcher.is_error():
+            raise GrammarError(f"'{field}' cannot be used: {_reason(matcher.get_error())}", field)
+        grammar = Grammar(matcher, self.vocab_size)
+        self.cache[text] = grammar
+        while len(self.cache) > CACHED:
+            self.cache.popitem(last=False)
+        return grammar
+
+
+def schema_grammar(schema: dict | bool | None, field: str) -> str:
+    """The llguidance grammar of a JSON schema (None: any JSON object), in compact JSON."""
+    if schema is None:
+        schema = {"type": "object"}
+    if not isinstance(schema, dict | bool):
+        raise GrammarError(f"'{field}' must be a JSON Schema object.", field)
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise GrammarError(f"'{field}' is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are "
+                           "compiled.", field)
+    return _llguidance().LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
+
+
+def check_schema(schema, field: str) -> None:
+    """A schema's problems, found before any tokenizer is loaded (``Grammars.json`` finds the rest)."""
+    ll = _llguidance()
+    limits = ll.LLParserLimits(**LIMITS)
+    error = ll.LLMatcher.validate_grammar(schema_grammar(schema, field), None, limits=limits)
+    if error and not error.startswith("WARNING"):
+        raise GrammarError(f"'{field}' cannot be used: {_reason(error)}", field)
+
+
+def _reason(error: str) -> str:
+    if "Unimplemented" in error or "Unknown format" in error:
+        return f"an unsupported JSON Schema feature ({error})"
+    if "fuel" in error or "limit" in error.lower() or "too" in error:
+        return f"it is too large or too complex to compile in bounded time ({error})"
+    return f"it is not a valid JSON Schema ({error})"
+
+
+class Grammar:
+    """A compiled grammar: its matcher at the start, copied for each generation."""
+
+    def __init__(self, matcher, vocab_size: int):
+        self.matcher, self.vocab_size = matcher, vocab_size
+
+    def start(self, stats) -> Constraint:
+        """A generation's state; its time goes to ``stats.grammar_seconds``."""
+        return Constraint(self.matcher.deep_copy(), self.vocab_size, stats)
+
+
+class Free:
+    """No grammar: every proposal verified as it is, without masks."""
+
+    def forced(self, limit: int) -> list[int]:
+        return []
+
+    def rows(self, proposal: Proposal) -> tuple[Proposal, None]:
+        return proposal, None
+
+    def advance(self, committed: list[int]) -> None:
+        pass
+
+
+class Constraint(Free):
+    """One generation's state in its grammar: after the tokens committed so far."""
+
+    def __init__(self, matcher, vocab_size: int, stats):
+        self.matcher, self.vocab_size, self.stats = matcher, vocab_size, stats
+
+    def forced(self, limit: int) -> list[int]:
+        """The next tokens the grammar allows alone (up to ``limit``)."""
+        if limit <= 0:
+            return []
+        t0 = time.perf_counter()
+        forced = self.matcher.compute_ff_tokens()[:limit]
+        self.stats.grammar_seconds += time.perf_counter() - t0
+        return forced
+
+    def rows(self, proposal: Proposal) -> tuple[Proposal, torch.Tensor]:
+        """The proposal cut at the first token the grammar rejects (a chain; a trie stays whole), and
+        the bitmask of every row a verify of it computes, in the verify's order."""
+        t0 = time.perf_counter()
+        if proposal.trie:
+            masks = self._tree(*proposal.trie)
+        else:
+            proposal = proposal._replace(ids=proposal.ids[:self.matcher.validate_tokens(proposal.ids)])
+            masks = self._walk(proposal.ids)
+        self.stats.grammar_seconds += time.perf_counter() - t0
+        if self.matcher.is_error():
+            raise ConfigError(f"the answer's grammar failed: {_reason(self.matcher.get_error())}")
+        return proposal, masks
+
+    def _walk(self, ids: list[int]) -> torch.Tensor:
+        ll = _llguidance()
+        masks = ll.torch.allocate_token_bitmask(len(ids) + 1, self.vocab_size)
+        for i in range(len(ids) + 1):
+            ll.torch.fill_next_token_bitmask(self.matcher, masks, i)
+            if i < len(ids):
+                self.matcher.consume_token(ids[i])
+        self.matcher.rollback(len(ids))
+        return masks
+
+    def _tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
+        """Row 0 (the pending token's) and one row per trie node, each after its path; a node on a
+        path the grammar rejects keeps a mask that allows all (the target never reaches it)."""
+        ll = _llguidance()
+        masks = ll.torch.allocate_token_bitmask(len(tokens) + 1, self.vocab_size)
+        ll.torch.fill_next_token_bitmask(self.matcher, masks, 0)
+        for j in range(len(tokens)):
+            path, at = [], j
+            while at >= 0:
+                path.append(tokens[at])
+                at = parents[at]
+            path.reverse()
+            if self.matcher.validate_tokens(path) == len(path):
+                self.matcher.consume_tokens(path)
+                ll.torch.fill_next_token_bitmask(self.matcher, masks, j + 1)
+                self.matcher.rollback(len(path))
+        return masks
+
+    def advance(self, committed: list[int]) -> None:
+        t0 = time.perf_counter()
+        if committed and not self.matcher.consume_tokens(committed):
+            raise RuntimeError(f"a committed token broke the grammar: {self.matcher.get_error()}")
+        self.stats.grammar_seconds += time.perf_counter() - t0
+
+
+def masked(logits: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` with every token its row's mask rejects at -inf (a copy; ``masks=None``: as they are)."""
+    if masks is None:
+        return logits
+    out = logits.clone()
+    _llguidance().torch.apply_token_bitmask_inplace(out, masks[:len(out)])
+    return out

@@ -1,0 +1,144 @@
+"""The answers in OpenAI's wire format, whole or streamed (``protocol.py`` checks the requests)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from anyspec.errors import ConfigError
+from anyspec.server.protocol import ApiError, error_body
+from anyspec.server.scheduler import Outcome, ShuttingDown
+from anyspec.server.structured import CallStream, read_tool_calls
+
+
+def usage(outcome: Outcome) -> dict:
+    out = {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+           "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+    if outcome.stats is not None:  # prompt tokens whose KV was already held (--no-prefix-cache: 0)
+        out["prompt_tokens_details"] = {"cached_tokens": outcome.stats.prompt_cached}
+    return out
+
+
+def anyspec_stats(outcome: Outcome) -> dict:
+    out = {"speculative": outcome.speculative, "timed_out": outcome.timed_out}
+    if outcome.stats is not None:
+        s = outcome.stats
+        out.update(acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
+                   drafted=s.drafted, accepted=s.accepted, rounds=s.rounds, draft_fallbacks=s.draft_fallbacks,
+                   tokens_per_second=s.tokens_per_second, seconds=s.total_seconds)
+        if s.seed is not None:
+            out["seed"] = s.seed
+    return out
+
+
+def as_api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ShuttingDown):
+        return ApiError(503, "The server is shutting down; this request was not finished. Retry it later or "
+                             "on another server.", None, "server_shutting_down")
+    if isinstance(exc, ConfigError):
+        return ApiError(400, str(exc), None, "invalid_value")
+    return ApiError(500, f"The generation failed: {type(exc).__name__}: {exc}", None, "generation_failed")
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+# ---- the answers ----------------------------------------------------------------------------------
+
+def response_head(chat: bool, model_name: str) -> dict:
+    """The fields every answer and every streamed chunk of one request share."""
+    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+            "model": model_name}
+
+
+def _choice(chat: bool, text: str | None, finish: str | None) -> dict:
+    if chat:
+        return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+                "finish_reason": finish}
+    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+
+async def stream_chunks(next_event, head: dict, chat: bool, include_usage: bool, read_calls: bool = False):
+    """The server-sent events of a streamed answer, from the job's ``("text" | "error" | "done",
+    value)`` events (``await next_event()``), through ``data: [DONE]``; ``read_calls``: tool calls
+    held back and sent as ``tool_calls`` at the end."""
+    extra = {"usage": None} if include_usage else {}
+    calls = CallStream() if read_calls else None
+    if chat:
+        first = _choice(True, None, None) | {"delta": {"role": "assistant", "content": ""}}
+        yield sse(head | {"choices": [first]} | extra)
+    while True:
+        kind, value = await next_event()
+        if kind == "text" and (value := calls.feed(value) if calls else value):
+            yield sse(head | {"choices": [_choice(chat, value, None)]} | extra)
+        elif kind == "text":
+            continue
+        elif kind == "error":
+            exc = as_api_error(value)
+            yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
+            break
+        else:
+            finish = value.finish_reason
+            if calls is not None:
+                content, found = calls.finish()
+                for delta in _call_deltas(content, found):
+                    yield sse(head | {"choices": [_choice(chat, None, None) | {"delta": delta}]} | extra)
+                finish = "tool_calls" if found else finish
+            yield sse(head | {"choices": [_choice(chat, None, finish)]} | extra
+                      | {"anyspec": anyspec_stats(value)})
+            if include_usage:
+                yield sse(head | {"choices": [], "usage": usage(value)})
+            break
+    yield "data: [DONE]\n\n"
+
+
+def _call_deltas(content: str | None, calls: list[dict]) -> list[dict]:
+    out = [{"content": content}] if content else []
+    if calls:
+        out.append({"tool_calls": [call | {"index": i} for i, call in enumerate(calls)]})
+    return out
+
+
+def _token(spelled: bytes) -> str:
+    return spelled.decode("utf-8", errors="replace")
+
+
+def logprobs_field(chat: bool, outcome: Outcome) -> dict | None:
+    """OpenAI's ``logprobs`` of a choice: chat's ``content`` list, or completions' four lists."""
+    if outcome.logprobs is None:
+        return None
+    if chat:
+        def entry(b: bytes, lp: float) -> dict:
+            return {"token": _token(b), "logprob": lp, "bytes": list(b)}
+
+        return {"content": [entry(b, lp) | {"top_logprobs": [entry(t, x) for t, x in top]}
+                            for b, lp, top in outcome.logprobs]}
+    offsets, at = [], 0
+    for b, _, _ in outcome.logprobs:
+        offsets.append(at)
+        at += len(_token(b))
+    return {"tokens": [_token(b) for b, _, _ in outcome.logprobs],
+            "token_logprobs": [lp for _, lp, _ in outcome.logprobs],
+            "top_logprobs": [{_token(t): x for t, x in top} for _, _, top in outcome.logprobs],
+            "text_offset": offsets}
+
+
+def full_response(head: dict, chat: bool, outcome: Outcome, read_calls: bool = False) -> dict:
+    """The answer of a request that does not stream; ``read_calls``: ``<tool_call>`` blocks read
+    into ``tool_calls``."""
+    logprobs = logprobs_field(chat, outcome)
+    content, calls = read_tool_calls(outcome.text) if read_calls else (outcome.text, [])
+    if chat:
+        message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
+        result = {"index": 0, "message": message, "logprobs": logprobs,
+                  "finish_reason": "tool_calls" if calls else outcome.finish_reason}
+    else:
+        result = {"index": 0, "text": outcome.text, "logprobs": logprobs,
+                  "finish_reason": outcome.finish_reason}
+    return head | {"object": "chat.completion" if chat else "text_completion", "choices": [result],
+                   "usage": usage(outcome), "anyspec": anyspec_stats(outcome)}
+
+

@@ -1,0 +1,115 @@
+"""Grammars, tool calls and their request checks, without a model: the masks each verified row gets,
+the answers read back into ``tool_calls``, and every bad ``response_format``/``tools``/``tool_choice``
+answered 400 naming its field before any model work (on the tiny server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("llguidance")
+
+from anyspec.engine.grammar import Grammars  # noqa: E402
+from anyspec.engine.loop import Stats  # noqa: E402
+from anyspec.engine.proposers import Proposal  # noqa: E402
+from anyspec.server.structured import CallStream, read_tool_calls  # noqa: E402
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def grammars(tok_qwen2):
+    return Grammars(tok_qwen2, len(tok_qwen2), {tok_qwen2.eos_token_id})
+
+
+def allowed(masks: torch.Tensor, row: int, token: int) -> bool:
+    return bool((int(masks[row, token >> 5]) >> (token & 31)) & 1)
+
+
+def test_a_chain_is_cut_at_the_first_token_the_grammar_rejects(grammars, tok_qwen2):
+    good = tok_qwen2.encode('{"name":"Bo",', add_special_tokens=False)
+    bad = tok_qwen2.encode(" oops", add_special_tokens=False)
+    constraint = grammars.json(PERSON, "schema").start(Stats())
+    proposal, masks = constraint.rows(Proposal(good + bad + good))
+    assert proposal.ids == good and masks.shape[0] == len(good) + 1
+    for row, token in enumerate(good):
+        assert allowed(masks, row, token)
+    assert not allowed(masks, len(good), bad[0])
+    constraint.advance(good)  # the rows were computed without moving the state
+    assert constraint.rows(Proposal(good))[0].ids == []
+
+
+def test_each_tree_row_follows_its_own_path(grammars, tok_qwen2):
+    brace, name, age = (tok_qwen2.encode(t, add_special_tokens=False)[0] for t in ('{"', "name", "age"))
+    tokens, parents = [brace, name, age], [-1, 0, 0]  # two branches after '{"'
+    constraint = grammars.json(PERSON, "schema").start(Stats())
+    _, masks = constraint.rows(Proposal([brace, name], trie=(tokens, parents)))
+    assert allowed(masks, 0, brace) and allowed(masks, 1, name)
+    assert not allowed(masks, 1, age)  # "name" is required first, in the schema's order
+    assert not allowed(masks, 2, brace)
+
+
+def test_a_grammar_is_compiled_once_and_its_forced_tokens_are_proposed(grammars, tok_qwen2):
+    schema = {"type": "object", "properties": {"k": {"const": "fixed"}}, "required": ["k"],
+              "additionalProperties": False}
+    first = grammars.json(schema, "schema")
+    assert grammars.json(schema, "schema") is first
+    constraint = first.start(Stats())
+    forced = constraint.forced(16)
+    assert tok_qwen2.decode(forced).startswith('{"k":"fixed"')
+    assert constraint.forced(0) == []
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    ({"type": "nope"}, "not a valid JSON Schema"),
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "unsupported JSON Schema feature"),
+    ({"$ref": "#/definitions/missing"}, "not a valid JSON Schema"),
+    ([1, 2], "must be a JSON Schema object"),
+])
+def test_bad_schemas_are_refused_naming_the_field(grammars, schema, says):
+    from anyspec.engine.grammar import GrammarError
+
+    with pytest.raises(GrammarError, match=says) as info:
+        grammars.json(schema, "response_format.json_schema.schema")
+    assert info.value.field == "response_format.json_schema.schema"
+
+
+def test_a_schema_too_large_to_compile_in_bounded_time_is_refused(grammars, tok_qwen2):
+    from anyspec.engine.grammar import GrammarError
+
+    huge = {"enum": [f"value number {i} of a long list" for i in range(3000)]}
+    with pytest.raises(GrammarError, match="at most 65536 are compiled"):
+        grammars.json(huge, "s")
+    many = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": "^[a-z]{3,40}[0-9]{2,9}$"}
+                                             for i in range(50)}}
+    grammars.json(many, "s")
+    frugal = Grammars(tok_qwen2, len(tok_qwen2), {tok_qwen2.eos_token_id},
+                      limits={"initial_lexer_fuel": 2000})
+    with pytest.raises(GrammarError, match="too large or too complex to compile in bounded time"):
+        frugal.json(many, "s")
+
+
+def test_tool_call_blocks_are_read_into_openai_calls():
+    text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    content, calls = read_tool_calls(text)
+    assert content == "Let me look."
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
+    broken = "<tool_call>\nnot json\n</tool_call>"
+    assert read_tool_calls(broken) == (broken, [])
+
+
+def test_streamed_text_holds_back_only_what_may_begin_a_call():
+    stream = CallStream()
+    pieces = ("Sure, <to", 'ol_call>\n{"name": "f", ', '"arguments": {}}\n</tool_call>')
+    out = [stream.feed(p) for p in pieces]
+    assert out == ["Sure, ", "", ""]
+    content, calls = stream.finish()
+    assert content is None and calls[0]["function"]["name"] == "f"
+    plain = CallStream()
+    assert plain.feed("a <") == "a " and plain.feed("b>") == "<b>" and plain.finish() == (None, [])

@@ -1,0 +1,241 @@
+"""JSON schemas and tool calls through the ``openai`` client against a live server on the default pair
+(Qwen2.5-Coder-1.5B target, SmolLM2-135M draft, GGUF on anyspec's kernels): every constrained answer
+validates, and speculation under the grammar answers what the constrained target alone answers."""
+
+from __future__ import annotations
+
+import gc
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from live_server import live_server
+
+from anyspec.engine import Engine, SpeculativeConfig
+
+jsonschema = pytest.importorskip("jsonschema")
+openai = pytest.importorskip("openai")
+pytest.importorskip("llguidance")
+
+pytestmark = pytest.mark.slow
+
+NAME = {"type": "string", "maxLength": 12}
+SCHEMAS = [
+    {"type": "object", "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"]},
+    {"type": "object", "properties": {"city": NAME, "country": NAME}, "required": ["city", "country"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["fast", "safe", "cheap"]},
+                                               "minItems": 1, "maxItems": 3}}, "required": ["tags"]},
+    {"type": "object", "properties": {"user": {"type": "object", "properties": {
+        "id": {"type": "integer", "minimum": 1, "maximum": 999}, "admin": {"type": "boolean"}},
+        "required": ["id", "admin"]}}, "required": ["user"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "code": {"enum": [200, 404, 500]}},
+     "required": ["ok", "code"]},
+    {"type": "object", "properties": {"point": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": -99, "maximum": 99},
+        "y": {"type": "integer", "minimum": -99, "maximum": 99}}, "required": ["x", "y"]}},
+     "required": ["point"]},
+    {"type": "object", "properties": {"language": {"enum": ["python", "rust", "go"]},
+                                      "typed": {"type": "boolean"}}, "required": ["language", "typed"]},
+    {"type": "object", "properties": {"primes": {"type": "array", "items": {"type": "integer", "minimum": 2,
+                                                                            "maximum": 97},
+                                                 "minItems": 2, "maxItems": 4}}, "required": ["primes"]},
+    {"type": "object", "properties": {"title": NAME, "author": {"type": "object", "properties": {
+        "first": NAME, "last": NAME}, "required": ["first", "last"]}}, "required": ["title", "author"]},
+]
+ASKS = [
+    ("Describe a person called Ada as JSON.", "Describe a fictional teacher as JSON."),
+    ("Pick the colour of grass as JSON.", "Pick the colour of the sky as JSON."),
+    ("Where is the Eiffel Tower? Answer as JSON.", "Name a city in Japan as JSON."),
+    ("Tag a bicycle as JSON.", "Tag a bank vault as JSON."),
+    ("Make up a user record as JSON.", "Describe the administrator account as JSON."),
+    ("Report a page that was not found as JSON.", "Report a healthy web request as JSON."),
+    ("Give a point on a grid as JSON.", "Give the origin of the plane as JSON."),
+    ("Which language is Cargo for? JSON.", "Which language has pip? JSON."),
+    ("List a few small primes as JSON.", "List two primes above 50 as JSON."),
+    ("Describe the book Dune as JSON.", "Describe a famous novel as JSON."),
+]
+
+
+def closed(schema):
+    """Every object without further properties, as OpenAI's strict mode asks."""
+    if isinstance(schema, dict):
+        schema = {k: closed(v) for k, v in schema.items()}
+        if schema.get("type") == "object":
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [closed(v) for v in schema]
+    return schema
+
+
+SCHEMAS = [closed(s) for s in SCHEMAS]
+CASES = [(schema, ask) for schema, asks in zip(SCHEMAS, ASKS, strict=True) for ask in asks]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The default pair, loaded once the models earlier modules left in reference cycles (a server's
+    app holds its engine) are collected, and collected in turn after the module."""
+    from anyspec.backends.gguf import GGUFModel
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_path
+
+    gc.collect()
+    yield (GGUFModel(gguf_path(DEFAULT_TARGET), name="target"),
+           GGUFModel(gguf_path(DEFAULT_DRAFT), name="draft"))
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def client(pair):
+    engine = Engine(*pair, SpeculativeConfig(num_speculative_tokens=5, tree=2))
+    with live_server(engine, max_batch=4) as (url, _):
+        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def ask_all(client, cases, **settings) -> list:
+    """Every (schema, question) at once: the server runs them in batches."""
+    def one(case):
+        schema, ask = case
+        extra = {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": schema, "strict": True}}} if schema is not None else {}
+        return client.chat.completions.create(model="tiny-qwen2", messages=[{"role": "user", "content": ask}],
+                                              **extra | settings).choices[0]
+
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(one, cases))
+
+
+def check(choices, cases) -> list[str]:
+    texts = []
+    for choice, (schema, _) in zip(choices, cases, strict=True):
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), schema)
+        texts.append(choice.message.content)
+    return texts
+
+
+def test_greedy_json_schema_answers_validate_and_are_the_target_alones(client):
+    spec = check(ask_all(client, CASES, max_tokens=40, temperature=0), CASES)
+    alone = ask_all(client, CASES, max_tokens=40, temperature=0, extra_body={"speculative": False})
+    alone = check(alone, CASES)
+    assert spec == alone
+    free = ask_all(client, [(None, ask) for _, ask in CASES[:4]], max_tokens=40, temperature=0)
+    assert not all(valid(c.message.content, s) for c, (s, _) in zip(free, CASES[:4], strict=True))
+
+
+def valid(text: str, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def test_sampled_json_schema_answers_validate_and_follow_the_seed(client):
+    settings = dict(max_tokens=40, temperature=0.9, top_p=0.95, seed=11)
+    spec = check(ask_all(client, CASES, **settings), CASES)
+    alone = check(ask_all(client, CASES[::4], **settings, extra_body={"speculative": False}), CASES[::4])
+    assert spec[::4] == alone
+
+
+def test_json_object_mode_on_both_endpoints(client):
+    chat = client.chat.completions.create(
+        model="tiny-qwen2", messages=[{"role": "user", "content": "A JSON object with one key, a."}],
+        max_tokens=24, temperature=0, response_format={"type": "json_object"})
+    assert isinstance(json.loads(chat.choices[0].message.content), dict)
+    zero = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 0}},
+            "required": ["n"], "additionalProperties": False}
+    chat = client.chat.completions.create(
+        model="tiny-qwen2", messages=[{"role": "user", "content": "Zero as JSON."}], max_tokens=24,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "z", "schema": zero}},
+        logprobs=True, top_logprobs=3)
+    assert json.loads(chat.choices[0].message.content) == {"n": 0}
+    tops = [len(t.top_logprobs) for t in chat.choices[0].logprobs.content]
+    assert min(tops) < 3  # where the grammar allows fewer tokens, fewer are listed
+    schema = {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMAS[1]}}
+    text = client.completions.create(model="tiny-qwen2", prompt="A JSON object describing a cat:",
+                                     max_tokens=32, temperature=0, extra_body={"response_format": schema})
+    jsonschema.validate(json.loads(text.choices[0].text), SCHEMAS[1])
+
+
+def streamed_calls(stream) -> tuple[str, list[dict], str]:
+    """The content, the tool calls and the finish reason, gathered from the chunks as clients do."""
+    content, calls, finish = "", {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for call in choice.delta.tool_calls or []:
+            got = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+            got["id"] += call.id or ""
+            got["name"] += call.function.name or ""
+            got["arguments"] += call.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_calling_conversation(client, stream):
+    messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    settings = dict(model="tiny-qwen2", tools=[WEATHER, TIME], max_tokens=48, temperature=0)
+
+    def turn(**extra):
+        if not stream:
+            choice = client.chat.completions.create(messages=messages, **settings | extra).choices[0]
+            calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                     for c in choice.message.tool_calls or []]
+            return choice.message.content, calls, choice.finish_reason
+        chunks = client.chat.completions.create(messages=messages, stream=True, **settings | extra)
+        return streamed_calls(chunks)
+
+    # with "auto" this model writes a ```json block; "required" makes it call
+    content, calls, finish = turn(tool_choice="required", parallel_tool_calls=False)
+    assert finish == "tool_calls" and [c["name"] for c in calls] == ["get_weather"], content
+    assert json.loads(calls[0]["arguments"])["city"] == "Paris"
+    messages += [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": calls[0]["id"], "type": "function", "function": {"name": "get_weather",
+                                                               "arguments": calls[0]["arguments"]}}]},
+                 {"role": "tool", "tool_call_id": calls[0]["id"],
+                  "content": '{"temperature": 18, "sky": "clear"}'}]
+    content, calls, finish = turn(tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert finish == "tool_calls" and [c["name"] for c in calls] == ["get_time"]
+    jsonschema.validate(json.loads(calls[0]["arguments"]), TIME["function"]["parameters"])
+    messages += [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": calls[0]["id"], "type": "function", "function": {"name": "get_time",
+                                                               "arguments": calls[0]["arguments"]}}]},
+                 {"role": "tool", "tool_call_id": calls[0]["id"], "content": '"14:05"'}]
+    content, calls, finish = turn(tool_choice="none", max_tokens=24)
+    assert not calls and finish in ("stop", "length") and isinstance(content, str)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
+    """The engine without the server: TLI, a chain of 3 (the server's tests run SLEM with branches)."""
+    from anyspec.engine import SamplingParams
+    from anyspec.engine.grammar import Grammars
+
+    target, draft = pair
+    alone, tli = Engine(target, None), Engine(target, draft, SpeculativeConfig(
+        algorithm="tli", num_speculative_tokens=3, tree=0))
+    grammars = Grammars(target.tokenizer, target.vocab_size, alone.eos_ids)
+    forced = 0
+    for schema, ask in CASES[1::5]:
+        params = SamplingParams(temperature=temperature, max_new_tokens=40, seed=3,
+                                grammar=grammars.json(schema, "schema"))
+        messages = [{"role": "user", "content": ask}]
+        spec = tli.generate(messages, params)
+        assert spec.token_ids == alone.generate(messages, params).token_ids
+        jsonschema.validate(json.loads(spec.text), schema)
+        forced += spec.stats.forced
+    assert forced > 0  # the property names the schema fixes were proposed without the draft
