@@ -143,6 +143,32 @@ def _prompt(body: dict) -> str:
     return _text(prompt, "prompt")
 
 
+def _shaping(body: dict) -> tuple[float, float, int]:
+    """``temperature``, ``top_p`` and ``top_k``, each checked against its range."""
+    temperature = _field(body, "temperature", (int, float), 1.0)
+    if not 0 <= temperature <= 2:
+        raise ApiError(400, f"'temperature' must be between 0 and 2, got {_number(temperature)}.",
+                       "temperature", "invalid_value")
+    top_p = _field(body, "top_p", (int, float), 1.0)
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"'top_p' must be above 0 and at most 1, got {_number(top_p)}.", "top_p",
+                       "invalid_value")
+    top_k = _field(body, "top_k", (int,), 0)
+    if top_k < -1:
+        raise ApiError(400, f"'top_k' must be >= 0 (0 or -1 = off), got {top_k}.", "top_k", "invalid_value")
+    return temperature, top_p, top_k
+
+
+def _stop(body: dict) -> str | list[str]:
+    stop = _field(body, "stop", (str, list), [])
+    if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
+        raise ApiError(400, "Invalid type for 'stop': expected a string or an array of strings.", "stop",
+                       "invalid_type")
+    for s in [stop] if isinstance(stop, str) else stop:
+        _text(s, "stop")
+    return stop
+
+
 def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | None,
                   default_max_tokens: int, max_prompt_tokens: int | None = None, grammars=None) -> Parsed:
     """Check an OpenAI request body; every problem is an ``ApiError`` naming the field.
@@ -164,25 +190,10 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                            "unsupported_parameter")
     prompt = _messages(body) if chat else _prompt(body)
     wanted = _checked(structure, body, chat, tokenizer, grammars)
-    temperature = _field(body, "temperature", (int, float), 1.0)
-    if not 0 <= temperature <= 2:
-        raise ApiError(400, f"'temperature' must be between 0 and 2, got {_number(temperature)}.",
-                       "temperature", "invalid_value")
-    top_p = _field(body, "top_p", (int, float), 1.0)
-    if not 0 < top_p <= 1:
-        raise ApiError(400, f"'top_p' must be above 0 and at most 1, got {_number(top_p)}.", "top_p",
-                       "invalid_value")
-    top_k = _field(body, "top_k", (int,), 0)
-    if top_k < -1:
-        raise ApiError(400, f"'top_k' must be >= 0 (0 or -1 = off), got {top_k}.", "top_k", "invalid_value")
+    temperature, top_p, top_k = _shaping(body)
     max_tokens = _field(body, "max_completion_tokens", (int,)) if chat else None
     max_tokens = _field(body, "max_tokens", (int,), max_tokens)
-    stop = _field(body, "stop", (str, list), [])
-    if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
-        raise ApiError(400, "Invalid type for 'stop': expected a string or an array of strings.", "stop",
-                       "invalid_type")
-    for s in [stop] if isinstance(stop, str) else stop:
-        _text(s, "stop")
+    stop = _stop(body)
     seed = _field(body, "seed", (int,))
     if seed is not None and not seed_fits(seed):
         raise ApiError(400, "'seed' must fit in 64 bits.", "seed", "invalid_value")
