@@ -165,6 +165,15 @@ def release_memory() -> None:
         pass
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """At the end of each test module (its module fixtures just torn down), release what it held."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        release_memory()
+        _held["gb"] = resident_gb() or 0.0
+
+
 def pytest_runtest_logfinish(nodeid, location):
     """After each test (its fixtures torn down): where the process holds ``RELEASE_STEP_GB`` more than
     after the last release, release it, so that one test's leftovers do not add to the next one's
