@@ -158,13 +158,16 @@ class Batch:
     def __contains__(self, key) -> bool:
         return key in self.members
 
-    def schedule(self, key, k_max: int, target, draft) -> BatchSchedule:
-        """How many tokens generation ``key`` drafts each round (``adaptive_k.batch_ks``); it starts
-        from the mean acceptance of the generations already here."""
+    def schedule(self, key, k_max: int, target, draft, shared: bool = True,
+                 adaptive: bool = False) -> BatchSchedule:
+        """How many tokens generation ``key`` drafts each round (``adaptive_k.BatchSchedule``, on
+        the measured costs of this batch's passes); it starts from the mean acceptance of the
+        generations already here."""
         peers = self._peers()
         mean = sum(p.acceptance.rate for p in peers) / len(peers) if peers else 0.5
         costs = [self.costs.setdefault(id(m), PassCosts()) for m in (target, draft)]
-        schedule = BatchSchedule(k_max, self._peers, *costs, Acceptance(2 * mean, 2 * (1 - mean)))
+        schedule = BatchSchedule(k_max, self._peers, *costs, Acceptance(2 * mean, 2 * (1 - mean)), shared,
+                                 adaptive)
         self.schedules[key] = schedule
         return schedule
 

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from anyspec.algorithms import ngram, tli, tree
-from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Driver, Forward, Meter, Steps, alone, chunked
@@ -94,19 +93,19 @@ class Engine:
     def stream(self, prompt: str | list[dict], params: SamplingParams | None = None) -> Iterator[str]:
         """Yield committed text; the generator's return value is the ``GenerationResult``."""
         params = params or SamplingParams()
-        return alone(lambda batch: self.steps(prompt, params, self.target, self.draft, batch, 0, alone=True))
+        return alone(lambda batch: self.steps(prompt, params, self.target, self.draft, batch, 0))
 
     def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft, batch: Batch, key,
-              encoded: tuple[list[int], str] | None = None, speculative: bool = True,
-              alone: bool = False) -> Steps:
+              encoded: tuple[list[int], str] | None = None, speculative: bool = True) -> Steps:
         """The generation on the given sequences of the target and the draft, to run in ``batch``
-        under ``key``: its k per round follows the batch (``adaptive_k.batch_ks``) unless
-        ``batch_k`` is off. ``encoded``: the prompt's target ids and text (``encode_prompt``), when
-        the caller has them already; ``speculative=False``: the target alone, the draft left as it is;
-        ``alone``: the batch is its own (``Engine.stream``)."""
+        under ``key``: its k per round follows its schedule (``adaptive_k.BatchSchedule``: its share
+        of the batch's passes, unless ``batch_k`` is off; alone, measured costs with ``adaptive_k``).
+        ``encoded``: the prompt's target ids and text (``encode_prompt``), when the caller has them
+        already; ``speculative=False``: the target alone, the draft left as it is."""
         schedule = None
-        if not alone and self.draft is not None and speculative and self.config.batch_k:
-            schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft)
+        if self.draft is not None and speculative:
+            schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft,
+                                      self.config.batch_k, self.config.adaptive_k)
         return speculative_generate(self, prompt, params, batch.meter(key), target, draft, schedule, encoded,
                                     speculative)
 
@@ -165,8 +164,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                          speculative: bool = True) -> Steps:
     """``meter``: the seconds of its passes (``Batch.meter``); ``target`` and ``draft``: the
     sequences it runs on (the engine's models by default); ``schedule``: what chooses k each round
-    (``AdaptiveK``'s interface; default: the config's); ``speculative=False``: the target alone
-    (prompt lookup still proposes, with ``ngram``)."""
+    (``adaptive_k.BatchSchedule``; None: the config's k every round); ``speculative=False``: the
+    target alone (prompt lookup still proposes, with ``ngram``)."""
     target = target if target is not None else engine.target
     draft = (draft if draft is not None else engine.draft) if speculative else None
     proposer = engine.proposer_for(params) if draft is not None else None
@@ -176,10 +175,6 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     sampler = Sampler(params, seed, engine.target.vocab_size, engine.bridge) if params.temperature else None
     stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if lookup else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
-    if proposer is None:
-        schedule = None
-    elif schedule is None and engine.config.adaptive_k:
-        schedule = AdaptiveK(k)
     t_start = time.perf_counter()
     pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, meter,
                                                   encoded)
@@ -191,7 +186,6 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         stats.rounds += 1
         behind = len(ctx.ids) - common_prefix(draft.cached_ids, ctx.ids) if schedule else 0
         k_round = min(schedule.choose(behind) if schedule else k, params.max_new_tokens - len(output.ids) - 1)
-        spent = meter.mark()
 
         # 1. Propose up to k_round target tokens (possibly none): a continuation found earlier in
         #    the context (no draft forward), else the draft's.
@@ -207,7 +201,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids))
         count(stats, proposal, accepted, pending, engine.target_bytes)
         if schedule and not found:
-            schedule_round(schedule, meter, spent, draft, target, proposal, len(accepted))
+            schedule.update(proposal.drafted, len(accepted), len(proposal.ids))
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
@@ -231,14 +225,6 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     stats.total_seconds = time.perf_counter() - t_start
     return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats,
                             logprobs=logprobs)
-
-
-def schedule_round(schedule, meter: Meter, spent: dict, draft, target, proposal: Proposal, accepted: int):
-    """A round into its k schedule: the seconds of the draft's and the target's passes since
-    ``spent`` (``Meter.mark``); a draft pass that also read the prompt is no measure of k."""
-    draft_seconds = meter.seconds(draft, since=spent) if proposal.catch_up <= 3 else None
-    schedule.update(proposal.drafted, accepted, draft_seconds, meter.seconds(target, since=spent),
-                    proposed=len(proposal.ids))
 
 
 def branch_worth(meter: Meter, target, output: Output):
