@@ -35,7 +35,7 @@ from anyspec.engine.proposers import (
     tuned_tree,
 )
 from anyspec.engine.sampler import Sampler, request_seed
-from anyspec.engine.stats import Stats, count
+from anyspec.engine.stats import Stats, count, count_commit
 from anyspec.errors import ConfigError
 
 
@@ -205,11 +205,9 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
-        if not stats.first_tokens and output.ids:
-            stats.first_token_seconds, stats.first_tokens = time.perf_counter() - t_start, len(output.ids)
+        count_commit(stats, len(output.ids), t_start)
         if logprobs is not None:
             logprobs += token_logprobs(rows[:len(committed)], committed, params.logprobs)
-        stats.generated = len(output.ids)
         if piece := output.ready():
             yield piece
 

@@ -3,6 +3,7 @@ accepted, and the measured seconds of its passes."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 from anyspec.engine.context import common_prefix
@@ -77,3 +78,11 @@ def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
         first = n if on_chain else common_prefix(accepted, proposal.ids)
         stats.rejected_at += [0] * (first + 1 - len(stats.rejected_at))
         stats.rejected_at[first] += 1
+
+
+def count_commit(stats: Stats, generated: int, start: float) -> None:
+    """The tokens generated after a round's commit; the first commit's latency since ``start``
+    (``time.perf_counter``) and its tokens."""
+    if not stats.first_tokens and generated:
+        stats.first_token_seconds, stats.first_tokens = time.perf_counter() - start, generated
+    stats.generated = generated
