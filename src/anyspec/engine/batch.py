@@ -2,9 +2,13 @@
 
 A generation (``loop.speculative_generate``) is a generator. It yields committed text (``str``) and
 the model forwards it needs (``Forward``), and each ``Forward`` is answered with its logits.
-``alone`` answers every forward at once, for one generation. A ``Batch`` steps many: each step
-runs the pending forwards of one model in a single pass, draft forwards first, so that the
-generations draft together and then verify together in one target pass.
+A ``Batch`` steps them: each step runs the pending forwards of one model in a single pass, draft
+forwards first, so that the generations draft together and then verify together in one target
+pass. It measures each pass: the seconds go to every generation in it (``Meter``) and into the
+model's ``PassCosts``, which the generations' k schedules and branch rules read. ``alone`` runs
+one generation in a batch of its own; a ``Driver`` admits generations into slots (their KV
+caches), steps the batch and frees or drops the slots, for ``Engine.generate_batch`` and the
+server's scheduler alike.
 
 Why this is lossless: every row of anyspec's kernels is computed alone, its attention over its
 own sequence's cache only, so a row's logits are the same bits whatever else shares the pass.
