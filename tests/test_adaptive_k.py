@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from anyspec.algorithms.adaptive_k import Acceptance, AdaptiveK, batch_ks, expected_tokens
+from anyspec.algorithms.adaptive_k import Acceptance, BatchSchedule, PassCosts, batch_ks, expected_tokens
 
 
 def test_expected_tokens():
@@ -14,47 +14,65 @@ def test_expected_tokens():
     assert expected_tokens(1.0, 4) == 5.0
 
 
-def feed(ctl: AdaptiveK, rounds: int, accept_rate: float, single: float, per_token: float, draft: float):
+def alone(k_max: int, adaptive: bool = True, explore_every: int = 8) -> BatchSchedule:
+    """The schedule of a generation in a batch of its own."""
+    peers = []
+    peers.append(BatchSchedule(k_max, lambda: peers, PassCosts(), PassCosts(), adaptive=adaptive,
+                               explore_every=explore_every))
+    return peers[0]
+
+
+def play(ctl: BatchSchedule, k: int, accepted: int, draft: float, verify: float) -> None:
+    """A round as its batch records it: k draft passes of one row, one verify pass of k + 1 rows."""
+    for _ in range(k):
+        ctl.draft.record(1, draft)
+    ctl.target.record(k + 1, verify)
+    ctl.update(k, accepted)
+
+
+def feed(ctl: BatchSchedule, rounds: int, accept_rate: float, single: float, per_token: float, draft: float):
     """Simulate rounds: verify(n) = single + per_token * (n - 1); acceptance exactly accept_rate of k."""
     for _ in range(rounds):
         k = ctl.choose()
         accepted = round(accept_rate * k)
-        ctl.update(k, accepted, draft * k, single + per_token * k)
+        play(ctl, k, accepted, draft, single + per_token * k)
 
 
 def test_measures_a_full_round_then_the_target_alone():
-    ctl = AdaptiveK(k_max=4)
+    ctl = alone(4)
     assert ctl.choose() == 4
-    ctl.update(4, 2, None, 0.5)  # first round: draft time includes the prompt, not used
-    assert ctl.choose() == 4
-    ctl.update(4, 2, 0.2, 0.5)
+    ctl.draft.record(12, 0.2)  # the first draft pass also reads the prompt: a cost of its own row count
+    for _ in range(3):
+        ctl.draft.record(1, 0.05)
+    ctl.target.record(5, 0.5)
+    ctl.update(4, 2)
     assert ctl.choose() == 0
-    ctl.update(0, 0, 0.0, 0.35)
-    assert ctl.target.mean == {5: 0.5, 1: 0.35} and ctl.draft.mean == {1: 0.05}
+    play(ctl, 0, 0, 0.0, 0.35)
+    assert ctl.target.mean == {5: 0.5, 1: 0.35} and ctl.draft.mean == {12: 0.2, 1: pytest.approx(0.05)}
 
 
 def test_cheap_draft_flat_verify_and_high_acceptance_drafts_k_max():
-    ctl = AdaptiveK(k_max=4)
+    ctl = alone(4)
     feed(ctl, 30, accept_rate=1.0, single=0.30, per_token=0.02, draft=0.01)
     assert ctl.acceptance.rate > 0.9
     assert ctl.choose() == 4
 
 
 def test_costly_verify_and_low_acceptance_falls_back_to_the_target_alone_but_explores():
-    ctl = AdaptiveK(k_max=4, explore_every=5)
+    ctl = alone(4, explore_every=5)
     feed(ctl, 12, accept_rate=0.0, single=0.30, per_token=0.25, draft=0.05)
     assert ctl.acceptance.rate < 0.2
     choices = []
     for _ in range(10):
         k = ctl.choose()
         choices.append(k)
-        ctl.update(k, 0, 0.05 * k, 0.30 + 0.25 * k)
+        play(ctl, k, 0, 0.05, 0.30 + 0.25 * k)
     assert choices.count(0) >= 7
     assert 1 in choices  # one exploring round in every explore_every
 
 
 def test_recovers_when_acceptance_rises_again():
-    ctl = AdaptiveK(k_max=4, explore_every=3)
+    ctl = alone(4, explore_every=3)
     feed(ctl, 15, accept_rate=0.0, single=0.30, per_token=0.10, draft=0.03)
     assert ctl.choose() in (0, 1)
     feed(ctl, 40, accept_rate=1.0, single=0.30, per_token=0.10, draft=0.03)
@@ -69,8 +87,8 @@ def test_unmeasured_verify_sizes_interpolate():
 
 
 def test_one_generation_alone_gets_the_best_k_in_batch_ks():
-    """AdaptiveK's k is batch_ks's for one generation: the k with the most tokens per second."""
-    ctl = AdaptiveK(k_max=4)
+    """The k of a generation alone is batch_ks's for one: the k with the most tokens per second."""
+    ctl = alone(4)
     for rows, seconds in [(1, 0.30), (5, 0.34)]:
         ctl.target.record(rows, seconds)
     ctl.draft.record(1, 0.02)
@@ -79,6 +97,25 @@ def test_one_generation_alone_gets_the_best_k_in_batch_ks():
         a = ctl.acceptance.rate
         rates = [expected_tokens(a, k) / (k * 0.02 + ctl.target(k + 1)) for k in range(5)]
         assert ctl.choose() == rates.index(max(rates))
+
+
+def test_a_fixed_k_backs_off_when_the_draft_gets_nothing_accepted():
+    """Without adaptive k a generation drafts k_max, but a draft that gets nothing accepted (text it
+    cannot predict) falls below FLOOR within a few rounds: then k = 0, one token every
+    ``explore_every`` rounds, and k_max again once its tokens are accepted."""
+    from anyspec.algorithms.adaptive_k import FLOOR
+
+    ctl = alone(4, adaptive=False, explore_every=4)
+    choices = []
+    for _ in range(30):
+        k = ctl.choose()
+        choices.append(k)
+        ctl.update(k, 0)
+    assert choices[:5] == [4] * 5 and ctl.acceptance.rate < FLOOR
+    assert choices[-12:] == [0, 0, 0, 1] * 3
+    for _ in range(6):
+        ctl.update(1, 1)
+    assert ctl.choose() == 4
 
 
 def test_acceptance_decays_and_counts_one_rejection_a_round():
@@ -109,6 +146,29 @@ def test_engine_with_adaptive_k_is_still_lossless(tok_qwen2, tok_llama2, algorit
         rounds, drafted = rounds + result.stats.rounds, drafted + result.stats.drafted
     # random weights accept almost nothing: the schedule must have stopped drafting k=4 every round
     assert drafted < 4 * rounds
+
+
+@pytest.mark.parametrize("algorithm", ["tli", "slem"])
+def test_a_draft_that_gets_nothing_accepted_backs_off_to_the_target_alone(tok_qwen2, tok_llama2, algorithm):
+    """A fixed k of 4 with no confidence stop, and a draft of random weights whose tokens the target
+    almost never accepts: after a few rounds the schedule stops drafting but for its exploring
+    rounds, so the generation drafts fewer tokens than it has rounds; the answers stay the target's."""
+    from test_engine import PROMPTS, tiny
+
+    from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+
+    target, draft = tiny("qwen2", tok_qwen2, seed=0), tiny("llama", tok_llama2, seed=1)
+    config = SpeculativeConfig(num_speculative_tokens=4, draft_sample_method="greedy", algorithm=algorithm,
+                               draft_confidence=0.0)
+    spec, alone = Engine(target, draft, config), Engine(target, None)
+    params = SamplingParams(temperature=0.0, max_new_tokens=48)
+    rounds = drafted = accepted = 0
+    for prompt in PROMPTS[:3]:
+        result = spec.generate(prompt, params)
+        assert result.token_ids == alone.generate(prompt, params).token_ids
+        rounds, drafted = rounds + result.stats.rounds, drafted + result.stats.drafted
+        accepted += result.stats.accepted
+    assert accepted < 0.1 * drafted and drafted < rounds, (accepted, drafted, rounds)
 
 
 def test_confidence_is_the_drafts_probability_of_its_token():

@@ -125,7 +125,7 @@ def test_cancelling_and_joining_mid_stream_leave_the_others_unchanged(engine):
     cancels = {5: 1, 9: 3}  # pass number -> the request cancelled then
     while len(batch) or passes <= max(joins):
         for i in joins.get(passes, []):
-            batch.add(i, engine.steps(*requests[i], *slots[i]))
+            batch.add(i, engine.steps(*requests[i], *slots[i], batch, i))
         if passes in cancels and cancels[passes] in batch:
             batch.remove(cancels[passes])
         widest = max(widest, len(batch))
@@ -140,7 +140,7 @@ def test_cancelling_and_joining_mid_stream_leave_the_others_unchanged(engine):
     # a cancelled request's slot serves a new request exactly as a fresh one would
     again = Batch(lambda *a: None, done.__setitem__, lambda i, exc: pytest.fail(str(exc)),
                   drafts=(engine.draft,))
-    again.add("again", engine.steps(*requests[0], *slots[1]))
+    again.add("again", engine.steps(*requests[0], *slots[1], again, "again"))
     while len(again):
         again.step()
     assert done["again"].token_ids == alone[0]
@@ -194,7 +194,7 @@ def test_the_model_protocols_tell_the_backends_apart(tok_qwen2, tmp_path):
 
 
 def test_a_forward_is_what_a_generation_yields(engine):
-    steps = engine.steps("def f(x):", greedy(3), *engine.new_slot())
+    steps = engine.steps("def f(x):", greedy(3), *engine.new_slot(), Batch(print, print, print), 0)
     first = next(steps)
     assert isinstance(first, Forward) and first.last == 1 and len(first.ids) > 1
     steps.close()

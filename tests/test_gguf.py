@@ -559,12 +559,11 @@ def test_slem_sampling_over_branches_draws_from_the_targets_distribution(smollm2
     proposing its argmax: coupled to the target's noise it would always pick the target's token, and
     no branch would be taken): the first two tokens' joint frequencies match the target's own
     distribution (chi-square), and rounds do accept a branch's token."""
-    from anyspec.algorithms.adaptive_k import PassCosts
     from anyspec.backends.gguf import GGUFModel
     from anyspec.config import SpeculativeConfig
     from anyspec.engine import Engine, loop
 
-    monkeypatch.setattr(loop, "branch_worth", lambda start, output: (lambda *_: True, PassCosts()))
+    monkeypatch.setattr(loop, "branch_worth", lambda meter, target, output: lambda *_: True)
     draft = GGUFModel(smollm2.path, name="draft")
     engine = Engine(smollm2, draft, SpeculativeConfig(num_speculative_tokens=2, algorithm="slem", tree=2,
                                                       draft_confidence=0, draft_sample_method="greedy"))

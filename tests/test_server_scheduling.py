@@ -19,12 +19,24 @@ from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa
 from anyspec.engine import SamplingParams  # noqa: E402
 
 LONG = 240
+TARGET_PASS = 0.01
 
 
 @pytest.fixture(scope="module")
 def engine(folders):
-    """Shared by the servers below, one at a time: each stops its worker before the next starts."""
-    return load_engine(*folders)
+    """Shared by the servers below, one at a time: each stops its worker before the next starts.
+    Each target pass takes at least TARGET_PASS seconds, so that a long request holds the worker for
+    seconds however few passes it needs (the tiny draft gets nothing accepted, and its schedule then
+    backs off to the target alone)."""
+    engine = load_engine(*folders)
+    extend = engine.target.extend
+
+    def paced(*args, **kwargs):
+        time.sleep(TARGET_PASS)
+        return extend(*args, **kwargs)
+
+    engine.target.extend = paced
+    return engine
 
 
 def client(url):

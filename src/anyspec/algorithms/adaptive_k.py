@@ -10,7 +10,11 @@ and costs ``k * draft_forward + verify(k + 1)`` seconds. ``k = 0`` is the target
 for one single-token forward. Each round picks the k in 0..k_max with the most tokens per second,
 using running estimates of a and of both costs as measured on this machine. When k = 0 wins, the
 draft still gets one round every ``explore_every`` rounds so that the estimate of a can recover
-(prose after code, say).
+(prose after code, say). Each generation has one ``BatchSchedule``; the costs it reads are those of
+its batch's passes as ``engine.batch.Batch.step`` measures them, a generation alone being a batch of
+one. Even at a fixed k, a draft whose acceptance falls below ``FLOOR`` backs off to k = 0, so that
+a draft that gets nothing accepted (text it cannot predict) does not leave the generation slower
+than the target alone.
 
 The choice of k never depends on the current round's draws, so the output is exactly as lossless
 as with a fixed k: greedy output is identical and sampled tokens follow the target's distribution.
@@ -32,6 +36,7 @@ from anyspec.algorithms.tli import constrain
 
 DECAY = 0.9  # per round: older rounds count less (acceptance drifts with the text)
 OPTIMISTIC = 0.9  # the acceptance a generation of a batch is given when it considers exploring
+FLOOR = 0.1  # an acceptance below this: the draft's tokens are not worth proposing (k = 0, exploring)
 
 
 def confidence(draft_logits: torch.Tensor, token: int, q: torch.Tensor | None = None,
@@ -140,60 +145,27 @@ def batch_ks(k_max: int, acceptances: list[float], target_seconds, draft_seconds
     return ks
 
 
-@dataclass
-class AdaptiveK:
-    """k for one generation alone, from its acceptance, the target's measured verify passes by the
-    rows they scored and the draft's measured seconds per forward (``draft(1)``: a forward's usual
-    catch-up is in it)."""
-
-    k_max: int
-    explore_every: int = 8
-    acceptance: Acceptance = field(default_factory=Acceptance)
-    target: PassCosts = field(default_factory=PassCosts)
-    draft: PassCosts = field(default_factory=PassCosts)
-    idle_rounds: int = 0  # consecutive rounds without drafting
-
-    def choose(self, behind: int = 1) -> int:
-        """k for the next round (``behind``: what the draft has yet to read; its measured cost per
-        forward already holds the usual catch-up)."""
-        if 1 not in self.draft or self.k_max + 1 not in self.target:
-            return self.k_max  # measure a full round first,
-        if 1 not in self.target:
-            return 0  # then the target alone
-        k = batch_ks(self.k_max, [self.acceptance.rate], self.target, self.draft)[0]
-        if k == 0 and self.idle_rounds + 1 >= self.explore_every:
-            return 1
-        return k
-
-    def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
-               proposed: int | None = None) -> None:
-        """Record a round: ``k`` draft forwards, ``proposed`` target tokens verified (default k),
-        ``accepted`` of them accepted, and the times (``draft_seconds`` None: not representative,
-        e.g. a pass that also read the prompt)."""
-        proposed = k if proposed is None else proposed
-        self.target.record(proposed + 1, verify_seconds)
-        if k == 0:
-            self.idle_rounds += 1
-            return
-        self.idle_rounds = 0
-        if draft_seconds is not None:
-            self.draft.record(1, draft_seconds / k)
-        self.acceptance.count(accepted, proposed)
-
-
 @dataclass(eq=False)  # peers are told apart by identity, not by equal counts
 class BatchSchedule:
-    """AdaptiveK's interface for one generation of a batch: ``choose`` gives its share of
-    ``batch_ks`` for the generations now in the batch, from the batch's measured pass costs and each
-    one's own acceptance. A generation alone keeps ``k_max`` (and the draft's confidence stop). One
-    left at k = 0 drafts one token every ``explore_every`` rounds, so that its acceptance stays
-    current, unless even an acceptance of ``OPTIMISTIC`` would get it no draft tokens in this batch."""
+    """How many tokens one generation drafts each round, from its acceptance and the measured costs
+    of its batch's passes (``Batch.step`` records them; a generation alone is a batch of one).
+
+    In a batch (``shared``), ``choose`` gives its share of ``batch_ks`` for the generations now in
+    the batch, from each one's own acceptance; one left at k = 0 drafts one token every
+    ``explore_every`` rounds, so that its acceptance stays current, unless even an acceptance of
+    ``OPTIMISTIC`` would get it no draft tokens in this batch. Alone, with ``adaptive``, it measures
+    a full round, then a round of the target alone, then takes the best k in 0..k_max (``batch_ks``
+    for one), exploring likewise. Otherwise it keeps ``k_max`` (and the draft's confidence stop),
+    until the acceptance falls below ``FLOOR``: a draft that gets next to nothing accepted costs its
+    passes for nothing, so it then drafts one token every ``explore_every`` rounds only."""
 
     k_max: int
     peers: object  # () -> the schedules of the generations in the batch now, this one among them
     target: PassCosts
     draft: PassCosts
     acceptance: Acceptance = field(default_factory=Acceptance)
+    shared: bool = True
+    adaptive: bool = False
     explore_every: int = 8
     idle_rounds: int = 0
     behind: int = 1  # tokens its draft has yet to read (as of its last choose)
@@ -201,22 +173,43 @@ class BatchSchedule:
     def choose(self, behind: int = 1) -> int:
         self.behind = behind
         peers = self.peers()
-        if len(peers) < 2 or self not in peers or not (self.target.known() and self.draft.known()):
-            return self.k_max
+        if self.shared and len(peers) >= 2 and self in peers:
+            if self.target.known() and self.draft.known():
+                return self._share(peers)
+        elif self.adaptive:
+            return self._best_alone()
+        return self._explore(0 if self.acceptance.rate < FLOOR else self.k_max)
+
+    def _share(self, peers: list[BatchSchedule]) -> int:
         me, acceptances = peers.index(self), [p.acceptance.rate for p in peers]
         behind = [p.behind for p in peers]
         k = batch_ks(self.k_max, acceptances, self.target, self.draft, behind)[me]
-        self.idle_rounds = self.idle_rounds + 1 if k == 0 else 0
-        if self.idle_rounds >= self.explore_every:
-            self.idle_rounds = 0
+        if self._explore(k) > k:
             acceptances[me] = max(acceptances[me], OPTIMISTIC)
             if batch_ks(self.k_max, acceptances, self.target, self.draft, behind)[me]:
                 return 1  # worth a look only if a draft accepted that often would get tokens here
         return k
 
-    def update(self, k: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
-               proposed: int | None = None) -> None:
-        """Record a round's acceptance; its passes' costs are the batch's (``Batch.step``)."""
-        proposed = k if proposed is None else proposed
+    def _best_alone(self) -> int:
+        if 1 not in self.draft or self.k_max + 1 not in self.target:
+            return self.k_max  # measure a full round first,
+        if 1 not in self.target:
+            return 0  # then the target alone
+        return self._explore(batch_ks(self.k_max, [self.acceptance.rate], self.target, self.draft,
+                                      [self.behind])[0])
+
+    def _explore(self, k: int) -> int:
+        """``k``, but 1 where it is the ``explore_every``-th round in a row at k = 0."""
+        self.idle_rounds = self.idle_rounds + 1 if k == 0 else 0
+        if self.idle_rounds >= self.explore_every:
+            self.idle_rounds = 0
+            return 1
+        return k
+
+    def update(self, drafted: int, accepted: int, proposed: int | None = None) -> None:
+        """Record a round's acceptance: ``drafted`` draft tokens, ``proposed`` target tokens
+        (default: ``drafted``) verified, ``accepted`` of them accepted. Its passes' costs are the
+        batch's (``Batch.step``)."""
+        proposed = drafted if proposed is None else proposed
         if proposed:
             self.acceptance.count(accepted, proposed)

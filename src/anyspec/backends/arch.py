@@ -3,14 +3,15 @@
 A row names the choices a family makes (the norms, the gate's activation, the rotary layout,
 sliding windows, scales); the numbers (sizes, rotary bases, windows, caps) come from the GGUF
 file's metadata. ``describe`` turns a file into what the C++ stack takes (``csrc/decoder.cpp``'s
-``Arch`` and ``Layer``), and ``arch_problem`` says why a file cannot run there. Adding a family
-is adding a row, if its layers are made of the same steps.
+``Arch`` and ``Layer``), and ``arch_problem`` says why a file cannot run there. ``describe_hf`` and
+``hf_problem`` do the same for a transformers config (the lean forward, ``backends/lean.py``).
+Adding a family is adding a row, if its layers are made of the same steps.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -184,6 +185,42 @@ def describe(reader, vector) -> Description:
         d.attn_scale = float(meta("attention.scale", 0.0))
         d.logit_scale = float(meta("logit_scale", 1.0))
     return d
+
+
+def hf_family(model_type: str) -> Family | None:
+    """A family as transformers stores it (q and k rotate in halves), where the lean forward runs
+    its layers: those made of the plain steps alone (no extra norms, scales, windows or fusions)."""
+    family = ARCHITECTURES.get(model_type)
+    plain = family is not None and replace(family, rope_pairs=False) == Family()
+    return replace(family, rope_pairs=False) if plain else None
+
+
+def hf_problem(config) -> str | None:
+    """Why the lean forward cannot run a transformers ``config`` (None: it can), from the config alone."""
+    if hf_family(config.model_type) is None:
+        families = [name for name in ARCHITECTURES if hf_family(name) is not None]
+        return f"architecture {config.model_type} (lean forward: {', '.join(families)})"
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"rope type {rope.get('rope_type')}"
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return "sliding-window attention"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act}"
+    return None
+
+
+def describe_hf(config) -> Description:
+    """A transformers config's decoder for the stack (one that ``hf_problem`` passes)."""
+    heads, hidden, n_layers = config.num_attention_heads, config.hidden_size, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    context = getattr(config, "max_position_embeddings", None) or 4096
+    return Description(
+        config.model_type, hf_family(config.model_type), heads,
+        getattr(config, "num_key_value_heads", None) or heads, head_dim, hidden, n_layers,
+        float(config.rms_norm_eps), context, head_dim, [Rotary(inv_freq(head_dim, theta))], [0] * n_layers,
+        [0] * n_layers)
 
 
 def shape_problem(reader, d: Description) -> str | None:

@@ -1,5 +1,8 @@
 """A lean forward pass for Llama-family decoders (llama, qwen2, mistral) on anyspec's CPU kernel.
 
+Its decoder is described as a GGUF file's is (``arch.describe_hf``, the same ``Description``), so
+the C++ stack gets the same ``Arch`` from it (``arch.kernel_arch``).
+
 A small model's forward is many small matrix products, and transformers' per-layer Python (cache
 objects, masks, hooks, dtype casts) can cost more than the products themselves. This is the same
 computation, written out once:
@@ -31,12 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from anyspec.backends.arch import Rotary, inv_freq
+from anyspec.backends.arch import describe_hf, hf_problem, kernel_arch
 from anyspec.backends.linear import RowwiseLinear, rowwise_kernel
 from anyspec.backends.stack import KVCache
 from anyspec.backends.transformers import TransformersModel
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
 BF16, I8S = 30, 1000  # decoder_forward's type codes (csrc/quant.h) for the row-wise kernels' weights
 
 
@@ -44,16 +46,9 @@ def lean_unsupported(model) -> str | None:
     """Why ``model`` cannot run the lean forward, or None when it can."""
     if os.environ.get("ANYSPEC_LEAN", "1") == "0":
         return "turned off with ANYSPEC_LEAN=0"
-    config = model.config
-    if config.model_type not in ARCHITECTURES:
-        return f"architecture {config.model_type} (lean forward: {', '.join(ARCHITECTURES)})"
-    rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        return f"rope type {rope.get('rope_type')}"
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        return "sliding-window attention"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act}"
+    problem = hf_problem(model.config)
+    if problem:
+        return problem
     layer = model.model.layers[0]
     linears = [layer.self_attn.q_proj, layer.mlp.gate_proj, model.lm_head]
     if not all(isinstance(m, RowwiseLinear) or (type(m) is nn.Linear and m.weight.dtype == torch.float32)
@@ -103,13 +98,15 @@ def _parts(module: RowwiseLinear) -> tuple:
     return module.weight, module.scale, module.bias
 
 
-def native_layers(layers: list[dict]) -> list:
-    """``decoder_forward``'s layers (csrc/decoder.cpp's ``Layer``) over fused row-wise kernels."""
+def native_layers(layers: list[dict], d) -> list:
+    """``decoder_forward``'s layers (csrc/decoder.cpp's ``Layer``) over fused row-wise kernels, with
+    the rotary tables and windows of the description ``d``."""
     kernel = rowwise_kernel()
     out = []
-    for layer in layers:
+    for i, layer in enumerate(layers):
         native = kernel.Layer()
         native.attn_norm, native.ffn_norm = layer["attn_norm"], layer["mlp_norm"]
+        native.rope, native.window = d.layer_rope[i], d.layer_window[i]
         for field, name in (("q", "qkv"), ("o", "o"), ("gate", "gate_up"), ("down", "down")):
             module, product = layer[name], kernel.Product()
             weight, scale, bias = _parts(module)
@@ -140,12 +137,8 @@ class LeanModel(TransformersModel):
 
     def __init__(self, model, tokenizer, name: str = "model", dtype: str | None = None):
         super().__init__(model, tokenizer, name=name, dtype=dtype)
-        config = model.config
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.eps = config.rms_norm_eps
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        d = self.description = describe_hf(model.config)
+        self.heads, self.kv_heads, self.head_dim, self.eps = d.heads, d.kv_heads, d.head_dim, d.eps
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # rows widened to fp32 as they are looked up
         self.final_norm = inner.norm.weight.detach().float()
@@ -159,14 +152,12 @@ class LeanModel(TransformersModel):
             down=layer.mlp.down_proj,
         ) for layer in inner.layers]
         self.cache = KVCache(len(self.layers), self.kv_heads, self.head_dim)
-        self.rotary = Rotary(inv_freq(self.head_dim, theta))
+        self.rotary = d.rotary[0]
         self.native = None  # the whole stack in one C++ call, when every product is the row-wise kernel
         products = ("qkv", "o", "gate_up", "down")
         if all(isinstance(layer[p], RowwiseLinear) for layer in self.layers for p in products):
-            self.native = native_layers(self.layers)
-            self.arch = rowwise_kernel().Arch()
-            self.arch.heads, self.arch.kv_heads, self.arch.head_dim = self.heads, self.kv_heads, self.head_dim
-            self.arch.eps = self.eps
+            self.native = native_layers(self.layers, d)
+            self.arch = kernel_arch(rowwise_kernel(), d)
 
     @property
     def row_invariant(self) -> bool:

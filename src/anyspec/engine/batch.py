@@ -2,9 +2,13 @@
 
 A generation (``loop.speculative_generate``) is a generator. It yields committed text (``str``) and
 the model forwards it needs (``Forward``), and each ``Forward`` is answered with its logits.
-``alone`` answers every forward at once, for one generation. A ``Batch`` steps many: each step
-runs the pending forwards of one model in a single pass, draft forwards first, so that the
-generations draft together and then verify together in one target pass.
+A ``Batch`` steps them: each step runs the pending forwards of one model in a single pass, draft
+forwards first, so that the generations draft together and then verify together in one target
+pass. It measures each pass: the seconds go to every generation in it (``Meter``) and into the
+model's ``PassCosts``, which the generations' k schedules and branch rules read. ``alone`` runs
+one generation in a batch of its own; a ``Driver`` admits generations into slots (their KV
+caches), steps the batch and frees or drops the slots, for ``Engine.generate_batch`` and the
+server's scheduler alike.
 
 Why this is lossless: every row of anyspec's kernels is computed alone, its attention over its
 own sequence's cache only, so a row's logits are the same bits whatever else shares the pass.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -57,19 +62,21 @@ def extend(forward: Forward) -> torch.Tensor:
     return forward.seq.extend(forward.ids, forward.last, **extra)
 
 
-def alone(steps: Steps) -> Iterator[str]:
-    """One generation's text, each forward run as it comes; returns the generation's return value."""
-    reply = None
+def alone(start: Callable[[Batch], Steps]) -> Generator[str, None, object]:
+    """One generation in a batch of its own: ``start(batch)`` gives its steps (under key 0). Yields
+    its text; returns its return value, or raises the exception it raised."""
+    pieces, end = [], {}
+    batch = Batch(lambda _, text: pieces.append(text), lambda _, result: end.setdefault("result", result),
+                  lambda _, exc: end.setdefault("error", exc))
+    batch.add(0, start(batch))
     while True:
-        try:
-            step = steps.send(reply)
-        except StopIteration as done:
-            return done.value
-        if isinstance(step, Forward):
-            reply = extend(step)
-        else:
-            reply = None
-            yield step
+        yield from pieces
+        pieces.clear()
+        if "error" in end:
+            raise end["error"]
+        if "result" in end:
+            return end["result"]
+        batch.step()
 
 
 def take_slot(free: list[tuple], ids: list[int], new_slot: Callable[[], tuple]) -> tuple:
@@ -96,6 +103,42 @@ def model_of(seq) -> object:
     return seq.model if isinstance(seq, Sequence) else seq
 
 
+class Meter:
+    """The measured seconds of the passes one generation took part in, by model (``Batch.step``
+    adds each one; ``timing`` adds work of the generation's own), beside the batch's ``PassCosts``
+    of each model's passes by their rows."""
+
+    def __init__(self, costs: dict[int, PassCosts]):
+        self.spent: dict[int, float] = {}
+        self.batch_costs = costs
+
+    def add(self, model, seconds: float) -> None:
+        self.spent[id(model)] = self.spent.get(id(model), 0.0) + seconds
+
+    @contextmanager
+    def timing(self, seq) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(model_of(seq), time.perf_counter() - t0)
+
+    def mark(self) -> dict[int, float]:
+        return dict(self.spent)
+
+    def seconds(self, seq, since: dict[int, float] | None = None) -> float:
+        """Seconds of ``seq``'s model so far, or since ``mark()`` gave ``since``."""
+        key = id(model_of(seq))
+        return self.spent.get(key, 0.0) - (since or {}).get(key, 0.0)
+
+    def total(self) -> float:
+        return sum(self.spent.values())
+
+    def costs(self, seq) -> PassCosts:
+        """The passes of ``seq``'s model in this batch, by their rows."""
+        return self.batch_costs.setdefault(id(model_of(seq)), PassCosts())
+
+
 class Batch:
     """Generations in flight, each under a key; ``step`` advances all of them by one model pass.
 
@@ -110,6 +153,7 @@ class Batch:
         self.waiting: dict[object, tuple[Steps, Forward]] = {}  # key -> (generation, its next forward)
         self.members: set = set()
         self.costs: dict[int, PassCosts] = {}  # id(model) -> its passes' measured seconds
+        self.meters: dict[object, Meter] = {}  # key -> the seconds of the passes it took part in
         self.schedules: dict[object, BatchSchedule] = {}  # key -> how many tokens it drafts a round
 
     def __len__(self) -> int:
@@ -118,15 +162,22 @@ class Batch:
     def __contains__(self, key) -> bool:
         return key in self.members
 
-    def schedule(self, key, k_max: int, target, draft) -> BatchSchedule:
-        """How many tokens generation ``key`` drafts each round (``adaptive_k.batch_ks``); it starts
-        from the mean acceptance of the generations already here."""
+    def schedule(self, key, k_max: int, target, draft, shared: bool = True,
+                 adaptive: bool = False) -> BatchSchedule:
+        """How many tokens generation ``key`` drafts each round (``adaptive_k.BatchSchedule``, on
+        the measured costs of this batch's passes); it starts from the mean acceptance of the
+        generations already here."""
         peers = self._peers()
         mean = sum(p.acceptance.rate for p in peers) / len(peers) if peers else 0.5
         costs = [self.costs.setdefault(id(m), PassCosts()) for m in (target, draft)]
-        schedule = BatchSchedule(k_max, self._peers, *costs, Acceptance(2 * mean, 2 * (1 - mean)))
+        schedule = BatchSchedule(k_max, self._peers, *costs, Acceptance(2 * mean, 2 * (1 - mean)), shared,
+                                 adaptive)
         self.schedules[key] = schedule
         return schedule
+
+    def meter(self, key) -> Meter:
+        """What generation ``key``'s passes cost it (``Batch.step`` measures each pass)."""
+        return self.meters.setdefault(key, Meter(self.costs))
 
     def _peers(self) -> list[BatchSchedule]:
         return [self.schedules[k] for k in self.members if k in self.schedules]
@@ -164,7 +215,11 @@ class Batch:
             logits = model.forward([(f.seq, f.ids, f.last, f.parents) for f in forwards], head)
         else:  # a model with one cache: its forwards one by one
             logits = [extend(f) for f in forwards]
-        self.costs.setdefault(id(model), PassCosts()).record(rows, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.costs.setdefault(id(model), PassCosts()).record(rows, seconds)
+        for key in keys:
+            if key in self.meters:
+                self.meters[key].add(model, seconds)
         for key, reply in zip(keys, logits, strict=True):
             self._advance(key, self.waiting[key][0], reply)
         return rows
@@ -192,3 +247,71 @@ class Batch:
     def _leave(self, key) -> None:
         self.members.discard(key)
         self.schedules.pop(key, None)
+        self.meters.pop(key, None)
+
+
+class Driver:
+    """Generations, each in a slot of its own, run together in a ``Batch``: ``admit`` starts one in
+    the slot ``take_slot`` gives it, ``step`` runs one pass. A slot whose generation ends, or is
+    removed, is free for the next one; one whose generation fails is dropped (``drop_slot``), since
+    whatever its caches hold may be half written. ``Engine.generate_batch`` and the server's
+    scheduler run on it. ``start(key, slot)`` gives a generation's steps; ``on_text``, ``on_done``
+    and ``on_error`` are ``Batch``'s."""
+
+    def __init__(self, new_slot: Callable[[], tuple], start: Callable[[object, tuple], Steps],
+                 on_text: Callable, on_done: Callable, on_error: Callable, drafts=()):
+        self.new_slot, self.start, self.on_done, self.on_error = new_slot, start, on_done, on_error
+        self.batch = Batch(on_text, self._done, self._failed, drafts)
+        self.free: list[tuple] = []
+        self.slots: dict[object, tuple] = {}  # key -> the slot its generation runs in
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def admit(self, key, ids: list[int]) -> None:
+        """Start generation ``key``, whose prompt is ``ids``."""
+        try:
+            slot = self.slots[key] = take_slot(self.free, ids, self.new_slot)
+            steps = self.start(key, slot)
+        except Exception as exc:  # reported for this generation, as one it raised
+            self._failed(key, exc)
+            return
+        self.batch.add(key, steps)
+
+    def remove(self, key) -> None:
+        """Stop a running generation (cancelled, timed out); its slot is free for the next."""
+        self.batch.remove(key)
+        self.free.append(self.slots.pop(key))
+
+    def fail(self, key, exc: Exception) -> None:
+        """End generation ``key``, running or not yet admitted, with ``exc``."""
+        self.batch.remove(key)
+        self._failed(key, exc)
+
+    def step(self) -> int:
+        """One pass (``Batch.step``); a pass that fails ends every generation with its exception."""
+        try:
+            return self.batch.step()
+        except Exception as exc:
+            for key in list(self.slots):
+                self.fail(key, exc)
+            return 0
+
+    def close(self) -> None:
+        """Stop what runs and drop every slot: their caches would otherwise live as long as the models."""
+        for key in list(self.slots):
+            self.batch.remove(key)
+        for slot in self.free + list(self.slots.values()):
+            drop_slot(slot)
+        self.free.clear()
+        self.slots.clear()
+
+    def _done(self, key, result) -> None:
+        self.free.append(self.slots.pop(key))
+        self.on_done(key, result)
+
+    def _failed(self, key, exc: Exception) -> None:
+        slot = self.slots.pop(key, None)
+        if slot is not None:
+            drop_slot(slot)
+        self.on_error(key, exc)

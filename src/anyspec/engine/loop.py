@@ -2,22 +2,23 @@
 
 ``Engine(target, draft, config).generate(prompt, params)``; ``draft=None`` runs the target alone on
 the same loop (k = 0 every round), which is the honest baseline. ``speculative_generate`` is the
-whole method top to bottom: propose, verify, accept, commit. It yields its model forwards
+whole method top to bottom: propose, verify, accept, commit, follow. It yields its model forwards
 (``batch.Forward``) as well as its text, so that ``batch.Batch`` can run the forwards of many
-generations together; ``Engine.stream`` runs them one by one (``batch.alone``).
+generations together; ``Engine.stream`` runs one in a batch of its own (``batch.alone``). The
+seconds it reports, and those its k schedule and branch rule weigh, are its passes' own as
+``Batch.step`` measures them (``batch.Meter``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from anyspec.algorithms import ngram, tli, tree
-from anyspec.algorithms.adaptive_k import AdaptiveK
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
-from anyspec.engine.batch import Batch, Forward, Steps, alone, chunked, drop_slot, take_slot
+from anyspec.engine.batch import Batch, Driver, Forward, Meter, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.grammar import Free, masked
@@ -30,62 +31,13 @@ from anyspec.engine.proposers import (
     Proposal,
     Proposer,
     algorithm_for,
-    branch_worth,
     propose,
-    round_end,
     tuned_confidence,
     tuned_tree,
 )
 from anyspec.engine.sampler import Sampler, request_seed
+from anyspec.engine.stats import Stats, count, count_commit
 from anyspec.errors import ConfigError
-
-
-@dataclass
-class Stats:
-    algorithm: str = "none"  # what ran: tli, slem, or none (the target alone)
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    generated: int = 0
-    accepted_hist: list[int] = field(default_factory=list)  # rounds that accepted 0, 1, .., k tokens
-    prompt_tokens: int = 0
-    prompt_cached: int = 0  # prompt tokens whose KV an earlier request or another slot held (prefix_cache)
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    total_seconds: float = 0.0
-    prefill_seconds: float = 0.0  # the prompt into the target's cache (a kept or copied prefix included)
-    first_token_seconds: float = 0.0  # from the start to the first committed token (0: none)
-    first_tokens: int = 0  # the tokens committed with it (a round can commit several)
-    draft_fallbacks: int = 0
-    # why each round's accepted run ended (proposers.round_end); n-gram rounds as "ngram:<cause>"
-    ended_by: dict[str, int] = field(default_factory=dict)
-    rejected_at: list[int] = field(default_factory=list)  # rounds whose first rejection was at 0, 1, ..
-    ngram_proposed: int = 0  # target tokens proposed from the context (prompt lookup), and accepted
-    ngram_accepted: int = 0
-    branch_rows: int = 0  # target rows verified on branches beside the chain (algorithms/tree.py)
-    branch_rounds: int = 0  # rounds whose accepted tokens left the chain for a branch
-    seed: int | None = None  # what a sampled answer is reproduced with (its noise: algorithms/gumbel.py)
-    forced: int = 0  # tokens the grammar allowed alone, proposed without the draft (engine/grammar.py)
-    grammar_seconds: float = 0.0  # masks and grammar steps
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Proposed target tokens accepted per round (the bonus token not counted)."""
-        return self.accepted / self.rounds if self.rounds else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated / self.total_seconds if self.total_seconds else 0.0
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
-                   tokens_per_second=self.tokens_per_second)
-        return out
 
 
 @dataclass
@@ -141,19 +93,22 @@ class Engine:
 
     def stream(self, prompt: str | list[dict], params: SamplingParams | None = None) -> Iterator[str]:
         """Yield committed text; the generator's return value is the ``GenerationResult``."""
-        return alone(speculative_generate(self, prompt, params or SamplingParams()))
+        params = params or SamplingParams()
+        return alone(lambda batch: self.steps(prompt, params, self.target, self.draft, batch, 0))
 
-    def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft,
-              batch: Batch | None = None, key=None, encoded: tuple[list[int], str] | None = None,
-              speculative: bool = True) -> Steps:
+    def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft, batch: Batch, key,
+              encoded: tuple[list[int], str] | None = None, speculative: bool = True) -> Steps:
         """The generation on the given sequences of the target and the draft, to run in ``batch``
-        under ``key``: its k per round follows the batch (``adaptive_k.batch_ks``) unless
-        ``batch_k`` is off. ``encoded``: the prompt's target ids and text (``encode_prompt``), when
-        the caller has them already; ``speculative=False``: the target alone, the draft left as it is."""
+        under ``key``: its k per round follows its schedule (``adaptive_k.BatchSchedule``: its share
+        of the batch's passes, unless ``batch_k`` is off; alone, measured costs with ``adaptive_k``).
+        ``encoded``: the prompt's target ids and text (``encode_prompt``), when the caller has them
+        already; ``speculative=False``: the target alone, the draft left as it is."""
         schedule = None
-        if batch is not None and self.draft is not None and speculative and self.config.batch_k:
-            schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft)
-        return speculative_generate(self, prompt, params, target, draft, schedule, encoded, speculative)
+        if self.draft is not None and speculative:
+            schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft,
+                                      self.config.batch_k, self.config.adaptive_k)
+        return speculative_generate(self, prompt, params, batch.meter(key), target, draft, schedule, encoded,
+                                    speculative)
 
     @property
     def batchable(self) -> bool:
@@ -177,39 +132,41 @@ class Engine:
             raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         results: dict[int, GenerationResult] = {}
         errors: dict[int, Exception] = {}
-        batch = Batch(lambda i, text: None, results.__setitem__, errors.__setitem__, drafts=(self.draft,))
-        free, waiting, owner = [], list(enumerate(requests))[::-1], {}
+        encoded: dict[int, tuple[list[int], str]] = {}
+
+        def start(i: int, slot: tuple) -> Steps:
+            prompt, params = requests[i]
+            return self.steps(prompt, params, *slot, driver.batch, i, encoded.pop(i))
+
+        driver = Driver(self.new_slot, start, lambda i, text: None, results.__setitem__, errors.__setitem__,
+                        drafts=(self.draft,))
+        waiting = list(range(len(requests)))[::-1]
         try:
-            while waiting or len(batch):
-                while waiting and len(batch) < max_batch and not errors:
-                    i, (prompt, params) = waiting.pop()
+            while waiting or len(driver):
+                while waiting and len(driver) < max_batch and not errors:
+                    i = waiting.pop()
                     try:
-                        encoded = encode_prompt(self.target.tokenizer, prompt)[:2]
+                        encoded[i] = encode_prompt(self.target.tokenizer, requests[i][0])[:2]
                     except Exception as exc:  # raised below, as a generation's own error is
                         errors[i] = exc
                         break
-                    owner[i] = take_slot(free, encoded[0], self.new_slot)
-                    batch.add(i, self.steps(prompt, params, *owner[i], batch=batch, key=i, encoded=encoded))
-                for i in [i for i in owner if i not in batch]:
-                    free.append(owner.pop(i))
+                    driver.admit(i, encoded[i][0])
                 if not errors:
-                    batch.step()
+                    driver.step()
                 if errors:
-                    for i in list(owner):
-                        batch.remove(i)
                     raise next(iter(errors.values()))
-        finally:  # the slots leave the models: their caches would otherwise live as long as the models
-            for slot in free + list(owner.values()):
-                drop_slot(slot)
+        finally:
+            driver.close()
         return [results[i] for i in range(len(requests))]
 
 
-def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams,
+def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams, meter: Meter,
                          target=None, draft=None, schedule=None, encoded: tuple[list[int], str] | None = None,
                          speculative: bool = True) -> Steps:
-    """``target`` and ``draft``: the sequences it runs on (the engine's models by default);
-    ``schedule``: what chooses k each round (``AdaptiveK``'s interface; default: the config's);
-    ``speculative=False``: the target alone (prompt lookup still proposes, with ``ngram``)."""
+    """``meter``: the seconds of its passes (``Batch.meter``); ``target`` and ``draft``: the
+    sequences it runs on (the engine's models by default); ``schedule``: what chooses k each round
+    (``adaptive_k.BatchSchedule``; None: the config's k every round); ``speculative=False``: the
+    target alone (prompt lookup still proposes, with ``ngram``)."""
     target = target if target is not None else engine.target
     draft = (draft if draft is not None else engine.draft) if speculative else None
     proposer = engine.proposer_for(params) if draft is not None else None
@@ -220,17 +177,12 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if lookup else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
-    if proposer is None:
-        schedule = None
-    elif schedule is None and engine.config.adaptive_k:
-        schedule = AdaptiveK(k)
     t_start = time.perf_counter()
-    pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, encoded)
+    pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, meter,
+                                                  encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
     logprobs = [] if params.logprobs is not None else None
-    worth = None  # branches beside the chain (algorithms/tree.py)
-    if engine.config.tree and proposer:
-        worth, verify_costs = branch_worth(time.perf_counter(), output)
+    worth = branch_worth(meter, target, output) if engine.config.tree and proposer else None
 
     while output.finish is None:
         stats.rounds += 1
@@ -239,7 +191,6 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 1. Propose up to k_round target tokens (possibly none): a continuation found earlier in
         #    the context (no draft forward), else the draft's.
-        t0 = time.perf_counter()
         proposal = Proposal([])
         forced = constraint.forced(k_round if proposer else 0)
         found = forced or (ngram.lookup(prompt_ids + output.ids, k_round, lookup) if lookup else [])
@@ -248,74 +199,52 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         elif k_round > 0 and proposer is not None:
             proposal = yield from propose(proposer, draft, ctx, k_round, sampler, len(output.ids),
                                           engine.config, worth)
-        draft_time = time.perf_counter() - t0
-        stats.draft_seconds += draft_time
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
-        t0 = time.perf_counter()
         proposal, mask = constraint.rows(proposal)
         accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids), mask)
-        verify_time = time.perf_counter() - t0
-        stats.target_seconds += verify_time
-        if worth is not None:
-            verify_costs.record(1 + len(proposal.trie[0] if proposal.trie else proposal.ids), verify_time)
-        if schedule and not found:  # a draft pass that also read the prompt is no measure of k
-            schedule.update(proposal.drafted, len(accepted), draft_time if proposal.catch_up <= 3 else None,
-                            verify_time, proposed=len(proposal.ids))
         count(stats, proposal, accepted, pending, engine.target_bytes)
+        if schedule and not found:
+            schedule.update(proposal.drafted, len(accepted), len(proposal.ids))
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
         constraint.advance(committed)
-        if not stats.first_tokens and output.ids:
-            stats.first_token_seconds, stats.first_tokens = time.perf_counter() - t_start, len(output.ids)
+        count_commit(stats, len(output.ids), t_start)
         if logprobs is not None:
             logprobs += token_logprobs(rows[:len(committed)], committed, params.logprobs)
-        stats.generated = len(output.ids)
         if piece := output.ready():
             yield piece
 
         # 5. The draft's context follows the committed text.
         if output.finish is None and proposer is not None:
-            t0 = time.perf_counter()
-            engine.reader.commit(ctx, committed, b"".join(engine.target_bytes[t] for t in committed))
-            stats.draft_seconds += time.perf_counter() - t0
+            with meter.timing(draft):
+                engine.reader.commit(ctx, committed, b"".join(engine.target_bytes[t] for t in committed))
 
     if ctx is not None:
         stats.draft_fallbacks = ctx.fallbacks
+    stats.draft_seconds = meter.seconds(draft) if draft is not None else 0.0
+    stats.target_seconds = meter.seconds(target)
     stats.total_seconds = time.perf_counter() - t_start
     return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats,
                             logprobs=logprobs)
 
 
-def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
-          target_bytes: list[bytes]) -> None:
-    """A round's proposal, the tokens it ``accepted`` and the ``token`` the target added, into the stats."""
-    n = len(accepted)
-    on_chain = accepted == proposal.ids[:n]
-    cause = round_end(proposal, n, token, target_bytes) if on_chain else "branch"
-    stats.branch_rows += len(proposal.trie[0]) - len(proposal.ids) if proposal.trie else 0
-    stats.branch_rounds += not on_chain
-    if proposal.source == "grammar":
-        stats.forced += n
-        cause = f"grammar:{cause}"
-    elif proposal.source == "ngram":
-        stats.ngram_proposed += len(proposal.ids)
-        stats.ngram_accepted += n
-        cause = f"ngram:{cause}"
-    else:
-        stats.drafted += len(proposal.ids)
-        stats.accepted += n
-        stats.accepted_hist[min(n, len(stats.accepted_hist) - 1)] += 1
-    stats.ended_by[cause] = stats.ended_by.get(cause, 0) + 1
-    if not on_chain or n < len(proposal.ids):
-        first = n if on_chain else common_prefix(accepted, proposal.ids)
-        stats.rejected_at += [0] * (first + 1 - len(stats.rejected_at))
-        stats.rejected_at[first] += 1
+def branch_worth(meter: Meter, target, output: Output):
+    """The ``worth(gain, rows, added)`` rule for branches (``proposers.choose_branches``): a branch
+    pays when the tokens it is expected to add, at the seconds of passes each committed token has
+    cost so far, outweigh the measured cost of its ``added`` rows on a verify of ``rows``."""
+    costs, start = meter.costs(target), meter.total()
+
+    def worth(gain: float, rows: int, added: int) -> bool:
+        per_token = (meter.total() - start) / max(1, len(output.ids))
+        return gain > 0 and (gain * per_token > costs(rows + added) - costs(rows) if costs.mean else True)
+
+    return worth
 
 
 def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats,
-            encoded: tuple[list[int], str] | None = None) -> Steps:
+            meter: Meter, encoded: tuple[list[int], str] | None = None) -> Steps:
     """The prompt into the target's cache but for its last token (returned: committed, not yet
     cached), the draft's context and the prompt's target ids; a prefix the sequence's previous
     request left may be kept."""
@@ -323,13 +252,12 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
     check_room(len(ids), params.max_new_tokens, engine.target.context_length)
     stats.prompt_tokens = len(ids)
     reuse = engine.config.prefix_cache
-    t_prefill = time.perf_counter()
-    stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
-    t0 = time.perf_counter()
+    spent = meter.mark()
+    with meter.timing(target):
+        stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
     if len(ids) - 1 > stats.prompt_cached:
         yield from chunked(target, ids[stats.prompt_cached:-1], 1)
-    stats.target_seconds += time.perf_counter() - t0
-    stats.prefill_seconds = time.perf_counter() - t_prefill
+    stats.prefill_seconds = meter.seconds(target, since=spent)
     if draft is None:
         return ids[-1], None, ids
     if not reusable(draft, reuse):

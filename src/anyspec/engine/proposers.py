@@ -15,13 +15,12 @@ k tokens, one cached forward each, and stops early after a token it doubts.
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple, Protocol
 
 import torch
 
 from anyspec.algorithms import slem, tree
-from anyspec.algorithms.adaptive_k import PassCosts, confidence
+from anyspec.algorithms.adaptive_k import confidence
 from anyspec.algorithms.sampling import argmax
 from anyspec.algorithms.tli import constrain
 from anyspec.config import (
@@ -35,7 +34,6 @@ from anyspec.engine.batch import Forward, Steps, chunked
 from anyspec.engine.bridge import Bridge
 from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
 from anyspec.engine.model import RestrictedHead
-from anyspec.engine.output import Output
 from anyspec.engine.sampler import Sampler
 
 
@@ -214,16 +212,3 @@ def round_end(proposal: Proposal, accepted: int, token: int, target_bytes: list[
         return "boundary"
     return proposal.end or "k"
 
-
-def branch_worth(start: float, output: Output):
-    """The ``worth(gain, rows, added)`` rule for branches (``proposers.choose_branches``) and the
-    verify costs it reads: a branch pays when the tokens it is expected to add, at the seconds each
-    committed token has cost so far since ``start``, outweigh the measured cost of its ``added``
-    rows on a verify of ``rows``."""
-    costs = PassCosts()
-
-    def worth(gain: float, rows: int, added: int) -> bool:
-        per_token = (time.perf_counter() - start) / max(1, len(output.ids))
-        return gain > 0 and (gain * per_token > costs(rows + added) - costs(rows) if costs.mean else True)
-
-    return worth, costs

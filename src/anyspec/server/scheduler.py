@@ -2,7 +2,7 @@
 
 The engine is not thread-safe, so the worker owns it: a request handler (on the event loop) submits
 a ``Job`` and reads ``("start" | "text" | "done" | "error", value)`` events from the job's asyncio
-queue. Up to ``max_batch`` jobs run together (``engine.batch.Batch``): each pass of the worker runs
+queue. Up to ``max_batch`` jobs run together (``engine.batch.Driver``): each pass of the worker runs
 one model over the forwards of every job that waits on it, and jobs join and leave between passes
 (continuous batching). Each running job owns a slot: a sequence of the target and one of the draft,
 each with its own KV cache, kept for the next job in that slot (its prompt prefix may be reused), so
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from anyspec.config import MAX_BATCH, SamplingParams
 from anyspec.engine import Engine, Stats
-from anyspec.engine.batch import Batch, drop_slot, take_slot
+from anyspec.engine.batch import Driver, Steps
 from anyspec.engine.context import common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence
 from anyspec.engine.prompt import encode_prompt
@@ -85,7 +85,6 @@ class Job:
 @dataclass
 class Running:
     speculative: bool  # with the draft
-    slot: tuple
     started: float = field(default_factory=time.monotonic)
     pieces: list[str] = field(default_factory=list)
 
@@ -101,9 +100,8 @@ class Scheduler:
         self.metrics = metrics
         self.pending: collections.deque[Job] = collections.deque()
         self.running: dict[Job, Running] = {}
-        self.free: list[tuple] = []  # slots whose job ended; at most max_batch slots exist
-        self.slots = 0
-        self.batch = Batch(self._on_text, self._on_done, self._on_error, drafts=(engine.draft,))
+        self.driver = Driver(self._new_slot, self._start, self._on_text, self._on_done, self._on_error,
+                             drafts=(engine.draft,))
         self.cond = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self.run, name="anyspec-worker", daemon=True)
@@ -111,6 +109,16 @@ class Scheduler:
     @property
     def depth(self) -> int:
         return len(self.pending)
+
+    @property
+    def free(self) -> list[tuple]:
+        """Slots whose job ended, kept for the next job."""
+        return self.driver.free
+
+    @property
+    def slots(self) -> int:
+        """How many slots exist (at most ``max_batch``)."""
+        return len(self.driver.free) + len(self.driver.slots)
 
     def start(self) -> None:
         """Run the worker in a thread of its own (else the caller runs ``run`` itself)."""
@@ -163,7 +171,6 @@ class Scheduler:
         return coming - held >= SHARED
 
     def _new_slot(self) -> tuple:
-        self.slots += 1
         engine = self.engine
         return engine.new_slot() if self.batched else (engine.target, engine.draft)
 
@@ -183,49 +190,38 @@ class Scheduler:
                 self.pending.extendleft(reversed(later))
             for job in joining:
                 try:
-                    self._start(job)
+                    ids = self._ids(job)
                 except Exception as exc:  # reported to the request; the worker keeps serving
                     self._on_error(job, exc)
+                else:
+                    self.driver.admit(job, ids)
             self._retire_cancelled()
-            try:
-                self.metrics.add_pass(len(self.batch), self.batch.step())
-            except Exception as exc:  # a failed model pass: every job in the batch gets the error
-                for job in list(self.running):
-                    self.batch.remove(job)
-                    self._on_error(job, exc)
+            self.metrics.add_pass(len(self.driver), self.driver.step())
 
     def _end_all(self) -> None:
         """Every queued and running job ends with ``ShuttingDown`` (its stream ends with an error)."""
         self.stopping = True
         for job in [*self.pending, *self.running]:
-            if job in self.running:
-                self.batch.remove(job)
-            self._on_error(job, ShuttingDown())
+            self.driver.fail(job, ShuttingDown())
             job.cancelled.set()
         self.pending.clear()
 
-    def _start(self, job: Job) -> None:
-        slot = take_slot(self.free, self._ids(job), self._new_slot)
-        self.running[job] = Running(job.speculative and self.engine.draft is not None, slot)
+    def _start(self, job: Job, slot: tuple) -> Steps:
+        self.running[job] = Running(job.speculative and self.engine.draft is not None)
         job.emit("start")
-        self.batch.add(job, self.engine.steps(job.prompt, job.params, *slot, self.batch, job,
-                                              encoded=(job.ids, job.text), speculative=job.speculative))
-
-    def _finish(self, job: Job) -> Running:
-        run = self.running.pop(job)
-        self.free.append(run.slot)
-        return run
+        return self.engine.steps(job.prompt, job.params, *slot, self.driver.batch, job,
+                                 encoded=(job.ids, job.text), speculative=job.speculative)
 
     def _retire_cancelled(self) -> None:
         for job, run in list(self.running.items()):
             elapsed = time.monotonic() - run.started
             if job.cancelled.is_set():
-                self.batch.remove(job)
-                self._finish(job)
+                self.driver.remove(job)
+                del self.running[job]
                 self.metrics.add_generation("cancelled", 0, elapsed, None)
             elif elapsed > self.generation_timeout:
-                self.batch.remove(job)
-                self._finish(job)
+                self.driver.remove(job)
+                del self.running[job]
                 text = "".join(run.pieces)
                 tokenizer = self.engine.target.tokenizer
                 n = len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
@@ -238,7 +234,7 @@ class Scheduler:
         job.emit("text", piece)
 
     def _on_done(self, job: Job, result) -> None:
-        run = self._finish(job)
+        run = self.running.pop(job)
         stats = result.stats
         self.metrics.add_generation("completed", len(result.token_ids), stats.total_seconds, stats)
         logprobs = None
@@ -250,9 +246,7 @@ class Scheduler:
                                  stats.prompt_tokens, stats, run.speculative, logprobs=logprobs))
 
     def _on_error(self, job: Job, exc: Exception) -> None:
-        if job in self.running:
-            drop_slot(self.running.pop(job).slot)
-            self.slots -= self.batched
+        self.running.pop(job, None)
         if not isinstance(exc, ConfigError | ShuttingDown):  # bad request data (400), or a stop: no failure
             log.error("a generation failed", exc_info=exc)
         self.metrics.add_generation("error", 0, 0.0, None)

@@ -138,6 +138,33 @@ struct Layer {
 
 Mat mat_of(const Product& p) { return mat(p.weight, p.scale, p.bias, p.type, p.K); }
 
+// A layer's seven matrices as the stack holds them, one layer after another (stack_mats), and the
+// four inputs they read: q, k and v read the normed hidden state; o the attention; gate and up the
+// normed hidden state after attention; down the gated activation.
+enum Matrix : int { Q, K, V, O, GATE, UP, DOWN, PER_LAYER };
+enum Input : int { QKV_IN, O_IN, GATE_UP_IN, DOWN_IN, INPUTS };
+
+constexpr Input input_of(int matrix) {
+  return matrix <= V ? QKV_IN : matrix == O ? O_IN : matrix <= UP ? GATE_UP_IN : DOWN_IN;
+}
+
+std::vector<Mat> stack_mats(const std::vector<Layer>& layers) {
+  std::vector<Mat> mats(PER_LAYER * layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Layer& y = layers[l];
+    Mat* m = &mats[PER_LAYER * l];
+    m[Q] = mat_of(y.q), m[K] = mat_of(y.k), m[V] = mat_of(y.v), m[O] = mat_of(y.o);
+    m[GATE] = mat_of(y.gate), m[UP] = mat_of(y.up), m[DOWN] = mat_of(y.down);
+  }
+  return mats;
+}
+
+// Marks the calling thread as one of the stack's parallel region (split), for as long as it lives.
+struct InStack {
+  InStack() { in_stack = true; }
+  ~InStack() { in_stack = false; }
+};
+
 
 // Rotate the first R values of a head: pairs (2i, 2i+1) or halves (i, i + R/2) by angle i, whose
 // cos and sin are cos[i], sin[i] for i < R/2.
@@ -249,27 +276,22 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
   const float eps = static_cast<float>(arch.eps), residual = static_cast<float>(arch.residual_scale);
   const float scaling = arch.attn_scale > 0 ? static_cast<float>(arch.attn_scale) : 1.0f / std::sqrt(static_cast<float>(D));
   float* xp = x.data_ptr<float>();
-  std::vector<Mat> mats(7 * L);
-  for (int64_t l = 0; l < L; ++l) {
-    const Layer& y = layers[l];
-    const Product* ps[7] = {&y.q, &y.k, &y.v, &y.o, &y.gate, &y.up, &y.down};
-    for (int i = 0; i < 7; ++i) mats[7 * l + i] = mat_of(*ps[i]);
-  }
-  const int64_t inter = (mats[4].N + mats[5].N) / 2;  // the same in every layer
+  const std::vector<Mat> mats = stack_mats(layers);
+  const int64_t inter = (mats[GATE].N + mats[UP].N) / 2;  // the same in every layer
   std::vector<float> h(M * H), qkv(M * qkv_size), attn(M * q_size), out(M * H);
   std::vector<float> gate_up(M * 2 * inter), act(M * inter);
-  Acts acts[4];  // the inputs of q, k, v; of o; of gate and up; of down
-  for (int64_t i = 0; i < 7 * L; ++i) size_for(acts[(i % 7 > 2) + (i % 7 > 3) + (i % 7 > 5)], mats[i], M);
+  Acts acts[INPUTS];
+  for (int64_t i = 0; i < PER_LAYER * L; ++i) size_for(acts[input_of(i % PER_LAYER)], mats[i], M);
   // One parallel region for the whole stack: the products and attention split across its
   // threads (split), the small serial steps run on one thread between barriers.
-  in_stack = true;
 #pragma omp parallel
   {
+    const InStack member;
 #pragma omp single
     rms_norm(xp, M, H, layers[0].attn_norm.data_ptr<float>(), eps, h.data());
     for (int64_t l = 0; l < L; ++l) {
       const Layer& layer = layers[l];
-      const Mat* m = &mats[7 * l];
+      const Mat* m = &mats[PER_LAYER * l];
       std::vector<RowCache> rows(M);
       for (int64_t r = 0; r < M; ++r) {
         const torch::Tensor& k = keys[seq[r] * L + l];
@@ -277,7 +299,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
         rows[r] = {k.data_ptr<float>(), values[seq[r] * L + l].data_ptr<float>(), k.size(1), pos[r], first,
                    paths[r].data(), static_cast<int64_t>(paths[r].size())};
       }
-      apply(h.data(), M, m, 3, qkv.data(), qkv_size, acts[0]);
+      apply(h.data(), M, m + Q, 3, qkv.data(), qkv_size, acts[QKV_IN]);
 #pragma omp single
       for (int64_t r = 0; r < M; ++r) {
         const int64_t t = std::max<int64_t>(layer.rope, 0);
@@ -287,13 +309,13 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
       }
       attend(qkv.data(), qkv_size, M, heads, kv_heads, D, rows.data(), scaling, static_cast<float>(arch.attn_softcap),
              attn.data());
-      apply(attn.data(), M, m + 3, 1, out.data(), H, acts[1]);
+      apply(attn.data(), M, m + O, 1, out.data(), H, acts[O_IN]);
 #pragma omp single
       {
         add_branch(xp, out.data(), M, H, ptr_or_null(layer.post_attn_norm), eps, residual);
         rms_norm(xp, M, H, layer.ffn_norm.data_ptr<float>(), eps, h.data());
       }
-      apply(h.data(), M, m + 4, 2, gate_up.data(), 2 * inter, acts[2]);
+      apply(h.data(), M, m + GATE, 2, gate_up.data(), 2 * inter, acts[GATE_UP_IN]);
       const int64_t blocks = (inter + 63) / 64;  // act(gate) * up, 64 values a task
       split(M * blocks, 4, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
@@ -302,7 +324,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
           gated(arch.gelu, g, g + inter, &act[r * inter + i], n);
         }
       });
-      apply(act.data(), M, m + 6, 1, out.data(), H, acts[3]);
+      apply(act.data(), M, m + DOWN, 1, out.data(), H, acts[DOWN_IN]);
 #pragma omp single
       {
         add_branch(xp, out.data(), M, H, ptr_or_null(layer.post_ffn_norm), eps, residual);
@@ -310,7 +332,6 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
       }
     }
   }
-  in_stack = false;
   return x;
 }
 

@@ -26,7 +26,7 @@ constexpr int64_t CHUNK = 8;  // weight rows per parallel task
 
 namespace anyspec {
 
-bool in_stack = false;
+thread_local bool in_stack = false;
 
 namespace {
 

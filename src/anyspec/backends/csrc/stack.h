@@ -11,8 +11,10 @@
 
 namespace anyspec {
 
-// Set while decoder_forward's parallel region runs (calls come in under the GIL, one at a time).
-extern bool in_stack;
+// Set on each thread of decoder_forward's parallel region while it runs. Per thread: decoder_forward
+// and the products (linear, typed_linear) let go of the GIL, so other threads may run products, or
+// a stack of their own, at the same time.
+extern thread_local bool in_stack;
 
 // fn(begin, end) over [0, n) on all threads: inside the decoder stack's one parallel region each
 // thread takes a contiguous share and waits for the others; elsewhere through at::parallel_for
