@@ -146,6 +146,39 @@ def test_cancelling_and_joining_mid_stream_leave_the_others_unchanged(engine):
     assert done["again"].token_ids == alone[0]
 
 
+def test_a_long_prompt_shares_the_passes_of_a_generation_mid_stream(engine):
+    """A 600-token prompt joins while another request is mid-stream: the target passes they share hold
+    at most ``SHARED_PREFILL`` of its rows beside the other's round, not a whole prefill chunk, and
+    both answers are those of each request alone."""
+    from anyspec.engine.batch import PREFILL_CHUNK, SHARED_PREFILL
+
+    long_prompt = "Summarise this log in one line:\n" + "".join(
+        f"worker {i % 7} finished job {i} in {i * 37 % 1000} ms\n" for i in range(60))
+    requests = [(PROMPTS[0], greedy(40)), (long_prompt, greedy(8))]
+    alone = [engine.generate(p, params).token_ids for p, params in requests]
+    # every prompt row through the passes (no prefix copied from the runs alone)
+    config = SpeculativeConfig(num_speculative_tokens=5, prefix_cache=False)
+    engine = Engine(engine.target, engine.draft, config)
+    assert len(engine.target.tokenizer.encode(long_prompt)) > 2 * PREFILL_CHUNK
+    done = {}
+    batch = Batch(lambda *a: None, done.__setitem__, lambda i, exc: pytest.fail(f"request {i}: {exc}"),
+                  drafts=(engine.draft,))
+    slots = [engine.new_slot() for _ in requests]
+    batch.add(0, engine.steps(*requests[0], *slots[0], batch, 0))
+    for _ in range(4):  # the first request's prefill and first rounds
+        batch.step()
+    batch.add(1, engine.steps(*requests[1], *slots[1], batch, 1))
+    shared = []
+    while len(batch):
+        model, both = batch.next_model(), len(batch) == 2
+        rows = batch.step()
+        if model is engine.target and both:
+            shared.append(rows)
+    assert len(shared) >= 10, shared  # the prompt's rows went through many shared passes
+    assert max(shared) <= SHARED_PREFILL + 20, shared  # its rows, and the other's verify (k 5, branches)
+    assert [done[0].token_ids, done[1].token_ids] == alone
+
+
 def test_a_request_takes_the_free_slot_holding_the_longest_prefix_of_its_prompt():
     """The rule generate_batch and the server's scheduler share: the free slot whose target sequence
     holds most of the prompt (the first of equals), taken out of the free list; a new one when none

@@ -44,6 +44,9 @@ Steps = Generator["str | Forward", "torch.Tensor | None", object]
 # server's worker, which checks for cancelled requests and shutdown between passes) is never held
 # for long by one prompt. Row-invariant kernels give the same bits either way.
 PREFILL_CHUNK = 256
+# Prompt rows one pass gives a prefill while other generations' rounds share the pass: a long prompt
+# then costs each of their passes about as much as a round's verify, not a whole chunk's.
+SHARED_PREFILL = 32
 
 
 def chunked(seq, ids: list[int], last: int | None = None, head=None) -> Steps:
@@ -97,6 +100,20 @@ def drop_slot(slot: tuple) -> None:
             seq.release()
         elif seq is not None:
             seq.reset()
+
+
+def share_pass(forwards: list[Forward]) -> tuple[list[Forward], list[Forward | None]]:
+    """What one pass runs of each forward, and what waits for a later pass (None: nothing). Beside a
+    forward of at most ``SHARED_PREFILL`` rows (a round), a longer one whose leading rows give no
+    logits (a prefill) runs ``SHARED_PREFILL`` of them now and the rest later."""
+    now, rest = [], []
+    shared = any(len(f.ids) <= SHARED_PREFILL for f in forwards)
+    for f in forwards:
+        split = (shared and f.parents is None and f.last is not None
+                 and len(f.ids) - f.last >= SHARED_PREFILL)
+        now.append(f._replace(ids=f.ids[:SHARED_PREFILL], last=1) if split else f)
+        rest.append(f._replace(ids=f.ids[SHARED_PREFILL:]) if split else None)
+    return now, rest
 
 
 def model_of(seq) -> object:
@@ -206,7 +223,7 @@ class Batch:
         if model is None:
             return 0
         keys = [key for key, (_, f) in self.waiting.items() if model_of(f.seq) is model]
-        forwards = [self.waiting[key][1] for key in keys]
+        forwards, rest = share_pass([self.waiting[key][1] for key in keys])
         rows = sum(len(f.ids) for f in forwards)
         t0 = time.perf_counter()
         if all(isinstance(f.seq, Sequence) for f in forwards):
@@ -220,8 +237,11 @@ class Batch:
         for key in keys:
             if key in self.meters:
                 self.meters[key].add(model, seconds)
-        for key, reply in zip(keys, logits, strict=True):
-            self._advance(key, self.waiting[key][0], reply)
+        for key, reply, later in zip(keys, logits, rest, strict=True):
+            if later is None:
+                self._advance(key, self.waiting[key][0], reply)
+            else:
+                self.waiting[key] = (self.waiting[key][0], later)
         return rows
 
     def _advance(self, key, steps: Steps, reply) -> None:
