@@ -153,11 +153,15 @@ def resident_gb() -> float | None:
 
 
 def release_memory() -> None:
-    """Frees what finished tests left: models that reference cycles keep alive (transformers' modules),
-    and the heap pages glibc's malloc keeps after they are freed."""
+    """Frees what finished tests left: the memory maps of GGUF files the header cache keeps, models that
+    reference cycles keep alive (transformers' modules), and the heap pages glibc's malloc keeps
+    after they are freed."""
     import ctypes
     import gc
 
+    from anyspec.backends.gguf_file import forget_readers
+
+    forget_readers()
     gc.collect()
     try:
         ctypes.CDLL(None).malloc_trim(0)

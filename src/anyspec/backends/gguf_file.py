@@ -33,6 +33,12 @@ def read_gguf(path: Path):
     return _read(str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
+def forget_readers() -> None:
+    """Drop the cached readers. Each holds its file's memory map, whose pages count as the process's
+    resident memory once read; a model keeps the map of the rows it runs on by itself."""
+    _read.cache_clear()
+
+
 @functools.lru_cache(maxsize=4)
 def _read(path: str, size: int, mtime_ns: int):
     try:
