@@ -211,6 +211,16 @@ def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):
     assert "ngram must be an integer from 0 (off) to 4" in capsys.readouterr().err
 
 
+def test_json_output_under_a_schema_adds_the_grammars_counts(tiny_dirs, capsys, tmp_path):
+    pytest.importorskip("llguidance")
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "{",
+                 "--max-new-tokens", "8", "--dtype", "fp32", "--json", "--json-schema", str(schema)]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert {"forced", "grammar_seconds"} <= set(stats) and stats["grammar_seconds"] > 0
+
+
 def test_streams_text_to_stdout_and_stats_to_stderr(tiny_dirs, capsys):
     rc = main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
                "--prompt", "Hello", "--max-new-tokens", "6", "--dtype", "fp32", "--temperature", "0.8",

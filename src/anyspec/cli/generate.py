@@ -23,7 +23,8 @@ from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
              "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at",
-             "ngram_proposed", "ngram_accepted", "forced", "grammar_seconds")
+             "ngram_proposed", "ngram_accepted")
+GRAMMAR_STAT_KEYS = ("forced", "grammar_seconds")  # with --json-schema
 
 
 def add_parser(sub) -> None:
@@ -92,12 +93,13 @@ def run(args) -> int:
     result = engine.generate(prompt, params, on_text=None if args.json else write)
     stats = result.stats.to_dict()
     if args.json:
+        keys = STAT_KEYS + (GRAMMAR_STAT_KEYS if args.json_schema is not None else ())
         extra = {"seed": stats["seed"]} if stats["seed"] is not None else {}  # reproduces a sampled answer
         if result.logprobs is not None:
             extra["logprobs"] = [{"token": e.token, "logprob": e.logprob, "top": e.top}
                                  for e in result.logprobs]
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, **extra,
-                          "stats": {key: stats[key] for key in STAT_KEYS}}))
+                          "stats": {key: stats[key] for key in keys}}))
         return 0
     print()
     s = result.stats
