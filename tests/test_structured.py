@@ -113,3 +113,21 @@ def test_streamed_text_holds_back_only_what_may_begin_a_call():
     assert content is None and calls[0]["function"]["name"] == "f"
     plain = CallStream()
     assert plain.feed("a <") == "a " and plain.feed("b>") == "<b>" and plain.finish() == (None, [])
+
+
+@pytest.mark.parametrize("vocab", [96, 100, 130])  # a whole number of words, part of one, past the mask
+def test_masked_logits_are_llguidances_own_masking(vocab):
+    """``grammar.masked`` against llguidance's ``apply_token_bitmask_inplace`` on random bitmasks: the
+    same tokens at -inf and the rest unchanged, bit for bit."""
+    import llguidance.torch as lltorch
+
+    from anyspec.engine.grammar import masked
+
+    g = torch.Generator().manual_seed(vocab)
+    masks = torch.randint(-2**31, 2**31 - 1, (3, 4), generator=g, dtype=torch.int64).to(torch.int32)
+    logits = torch.randn(3, vocab, generator=g)
+    want = logits.clone()
+    lltorch.apply_token_bitmask_inplace(want, masks)
+    got = masked(logits, masks)
+    assert torch.equal(got, want) and not torch.equal(got, logits)
+    assert torch.equal(masked(logits[:2], masks), want[:2])

@@ -16,6 +16,7 @@ import time
 import warnings
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from anyspec.engine.proposers import Proposal
@@ -211,9 +212,18 @@ class Constraint(Free):
 
 
 def masked(logits: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
-    """``logits`` with every token its row's mask rejects at -inf (a copy; ``masks=None``: as they are)."""
+    """``logits`` with every token its row's mask rejects at -inf (a copy; ``masks=None``: as they are).
+
+    A mask row is llguidance's bitmask: token t is allowed when bit t % 32 of int32 word t // 32 is
+    set, which in the words' little-endian bytes is bit t % 8 of byte t // 8. It is unpacked with numpy rather
+    than llguidance's ``apply_token_bitmask_inplace``, whose ``torch.compile`` made each process's
+    first constrained request seconds slower; tokens past the mask's width are rejected too."""
     if masks is None:
         return logits
-    out = logits.clone()
-    _llguidance().torch.apply_token_bitmask_inplace(out, masks[:len(out)])
-    return out
+    vocab = logits.shape[-1]
+    words = masks[:len(logits)].numpy().astype("<i4", copy=False)  # little-endian words, on any machine
+    bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")
+    allowed = np.zeros((len(logits), vocab), dtype=bool)
+    width = min(vocab, bits.shape[1])
+    allowed[:, :width] = bits[:, :width]
+    return logits.masked_fill(torch.from_numpy(~allowed), float("-inf"))
