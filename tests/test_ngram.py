@@ -1,6 +1,8 @@
 """Prompt lookup (algorithms/ngram.py): what it proposes, that verifying it is lossless greedy and
 sampled, and why each round ended (proposers.round_end)."""
 
+import random
+
 import pytest
 import torch
 from test_engine import PROMPTS, greedy, llama_draft, qwen_target  # noqa: F401  (fixtures)
@@ -8,8 +10,10 @@ from test_sampling import VT, chi_square_pvalue, gumbel_draws, tables
 from tiny_models import one_thread  # noqa: F401  (autouse fixture)
 
 from anyspec.algorithms import ngram, tli
+from anyspec.algorithms.ngram import MAX_N
 from anyspec.algorithms.sampling import logits_to_probs
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+from anyspec.engine.prompt import encode_prompt
 from anyspec.engine.proposers import Proposal, round_end
 from anyspec.errors import ConfigError
 
@@ -22,7 +26,8 @@ def test_lookup_takes_the_latest_occurrence_of_the_longest_suffix():
     # "2 3 1 2" occurred at 1 (then 4): it beats the later "1 2" at 6 (then 3)
     assert ngram.lookup([1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2], 1, min_n=2) == [4]
     assert ngram.lookup(history, 3, min_n=3) == []  # "8 6 7"... no suffix of 3 occurred before
-    assert ngram.lookup([4, 4], 5, min_n=1) == [4]  # the continuation may run into the suffix itself
+    assert ngram.lookup([4, 4], 5, min_n=1) == [4] * 5  # past the end, the copy repeats itself
+    assert ngram.lookup([1, 2, 3, 1, 2], 5, min_n=2) == [3, 1, 2, 3, 1]
     assert ngram.lookup([1, 2, 3], 4, min_n=1) == [] and ngram.lookup(history, 0) == []
 
 
@@ -86,15 +91,50 @@ def test_greedy_with_ngram_proposals_equals_the_target_alone(qwen_target, llama_
         proposed += s.ngram_proposed
         assert sum(s.ended_by.values()) == s.rounds and s.ngram_accepted <= s.ngram_proposed
         assert s.algorithm == ("slem" if draft else "ngram")
-    assert proposed > 0
+    assert proposed > 0 or draft  # beside a draft (and no tree), only while the text copies
+
+
+def test_while_the_text_copies_the_continuation_is_proposed_alone(qwen_target, llama_draft, monkeypatch):  # noqa: F811
+    """A lookup that finds the target's own next tokens (known from a run of the target alone, so
+    they depend only on the position): after one round in which it agreed with what was committed,
+    it is proposed without the draft, up to more tokens than k, and all of it is accepted."""
+    prompt = PROMPTS[1]
+    want = Engine(qwen_target, None).generate(prompt, greedy(40)).token_ids
+    n_prompt = len(encode_prompt(qwen_target.tokenizer, prompt)[0])
+    monkeypatch.setattr(ngram.Index, "find", lambda index, limit: want[len(index.ids) - n_prompt:][:limit])
+    got = Engine(qwen_target, llama_draft, SpeculativeConfig(ngram=2, num_speculative_tokens=3)).generate(
+        prompt, greedy(40))
+    s = got.stats
+    assert got.token_ids == want
+    assert s.ngram_accepted == s.ngram_proposed > 30  # nearly all of it copied
+    assert s.rounds < 40 / 4  # rounds of more than k + 1 tokens
+    assert s.drafted <= 3 and s.ended_by.get("ngram:k", 0) + s.ended_by.get("ngram:none", 0) == s.rounds - 1
+
+
+def test_the_index_finds_what_a_scan_finds_as_the_context_grows():
+    def scan(ids, limit, min_n):
+        for n in range(min(MAX_N, len(ids) - 1), min_n - 1, -1):
+            ends = [e for e in range(n, len(ids)) if ids[e - n:e] == ids[len(ids) - n:]]
+            if ends:
+                period = len(ids) - ends[-1]
+                return [ids[ends[-1] + i % period] for i in range(limit)]
+        return []
+
+    rng = random.Random(0)
+    for trial in range(200):
+        min_n, index, ids = rng.randint(1, 3), None, []
+        index = ngram.Index(min_n)
+        for _ in range(rng.randint(1, 6)):
+            piece = [rng.randint(0, 4) for _ in range(rng.randint(1, 12))]
+            ids += piece
+            index.extend(piece)
+            assert index.find(7) == scan(ids, 7, min_n), (trial, ids)
 
 
 def test_sampled_engine_rounds_with_context_proposals_draw_from_the_target(qwen_target, monkeypatch):  # noqa: F811
     """The engine's own path (one-hot q, crop, commit) for a proposal from the context: here the
     lookup proposes the target's two most likely tokens after the prompt, a guess that depends only
     on the context; the first two sampled tokens' joint frequencies match the target's."""
-    from anyspec.engine.prompt import encode_prompt
-
     prompt, top_k = "My favourite colour is", 3
     ids, _, _ = encode_prompt(qwen_target.tokenizer, prompt)
     qwen_target.reset()
@@ -109,8 +149,7 @@ def test_sampled_engine_rounds_with_context_proposals_draw_from_the_target(qwen_
         for b in torch.nonzero(second).flatten().tolist():
             joint[(a, b)] = first[a].item() * second[b].item()
     qwen_target.reset()
-    monkeypatch.setattr(ngram, "lookup",
-                        lambda history, limit, min_n: guess[:limit] if history == ids else [])
+    monkeypatch.setattr(ngram.Index, "find", lambda index, limit: guess[:limit] if index.ids == ids else [])
     engine = Engine(qwen_target, None, SpeculativeConfig(ngram=2))
     cells = list(joint)
     counts, accepted = torch.zeros(len(cells)), 0

@@ -83,7 +83,8 @@ class SpeculativeConfig:
         "from the batch's pass costs and its acceptance)", "--no-batch-k")
     ngram: int = _flag(
         0, "prompt lookup: where the last N or more tokens occurred earlier in the context, propose what "
-        "followed them instead of drafting; with --no-draft too (0 = off; algorithms/ngram.py)", metavar="N")
+        "followed them: alone while the text copies it, else beside the draft's chain; with --no-draft too "
+        "(0 = off; engine/lookup.py)", metavar="N")
     tree: int | None = _flag(
         None, "up to N branches beside the draft's chain, at its second "
         f"choices where they pay for their rows (0 = the chain alone; default: {TREE_BRANCHES} where the "

@@ -2,9 +2,14 @@
 
 Where the last n tokens of the context (the prompt and the output so far, target ids) occurred
 before, the tokens that followed that earlier occurrence are a guess for what comes next: code
-repeats names and lines, and answers quote their prompts. ``lookup`` takes the latest earlier
-occurrence of the longest such suffix, n from ``max_n`` down to ``min_n``, and proposes up to
-``limit`` of the tokens after it.
+repeats names and lines, and edits and answers quote their prompts. ``Index.find`` takes the latest
+earlier occurrence of the longest such suffix, n from ``max_n`` down to ``min_n``, and proposes up
+to ``limit`` of the tokens after it; where those run past the context's end, the copy goes on
+repeating itself (a context that repeats with some period is guessed to go on repeating).
+
+The index maps each n-gram of the context to the end of its latest occurrence and grows with the
+tokens appended, so a round's lookup costs ``max_n`` dictionary reads however long the context
+is; each appended token adds ``max_n - min_n + 1`` entries.
 
 The guess depends only on the committed context, never on the target's scores, and is verified by
 exact match like any proposal (``slem``'s docstring says why that is lossless, greedy or sampled).
@@ -12,25 +17,44 @@ exact match like any proposal (``slem``'s docstring says why that is lossless, g
 
 from __future__ import annotations
 
-import numpy as np
-
 from anyspec.config import MAX_NGRAM as MAX_N
 
 
-def lookup(history: list[int] | np.ndarray, limit: int, min_n: int = 2, max_n: int = MAX_N) -> list[int]:
-    """Up to ``limit`` tokens that followed the latest earlier occurrence of the longest suffix of
-    ``history`` (from ``max_n`` down to ``min_n`` tokens); [] when none occurred."""
-    ids = np.asarray(history)
-    size = len(ids)
-    if limit <= 0 or min_n < 1:
+class Index:
+    """The n-grams of a growing context, ``min_n`` to ``max_n`` tokens long, each with the end of its
+    latest occurrence."""
+
+    def __init__(self, min_n: int = 2, max_n: int = MAX_N):
+        self.ids: list[int] = []
+        self.ends: dict[tuple[int, ...], int] = {}
+        self.min_n, self.max_n = min_n, max_n
+        self.indexed = 1  # n-grams ending before this position are in ``ends``
+
+    def extend(self, ids) -> None:
+        self.ids.extend(int(t) for t in ids)
+
+    def find(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens that followed the latest earlier occurrence of the longest suffix
+        of the context; [] when none occurred."""
+        ids, size = self.ids, len(self.ids)
+        if limit <= 0 or self.min_n < 1:
+            return []
+        for end in range(self.indexed, size):  # an occurrence ends before the suffix does
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self.ends[tuple(ids[end - n:end])] = end
+        self.indexed = max(self.indexed, size)
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            end = self.ends.get(tuple(ids[size - n:]))
+            if end is not None:
+                out = ids[end:end + limit]
+                while len(out) < limit:  # past the context's end the copy repeats itself
+                    out.append(out[len(out) - (size - end)])
+                return out
         return []
-    for n in range(min(max_n, size - 1), min_n - 1, -1):
-        starts = size - n  # candidate occurrences begin at 0 .. size - n - 1 (not the suffix itself)
-        match = np.ones(starts, dtype=bool)
-        for j in range(n):
-            match &= ids[j:starts + j] == ids[size - n + j]
-        found = np.flatnonzero(match)
-        if len(found):
-            at = int(found[-1]) + n
-            return ids[at:at + limit].tolist()
-    return []
+
+
+def lookup(history, limit: int, min_n: int = 2, max_n: int = MAX_N) -> list[int]:
+    """``Index.find`` on ``history`` at once."""
+    index = Index(min_n, max_n)
+    index.extend(history)
+    return index.find(limit)

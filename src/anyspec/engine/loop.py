@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from anyspec.algorithms import ngram, tli, tree
+from anyspec.algorithms import tli, tree
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine.batch import Batch, Driver, Forward, Meter, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.grammar import Free, masked
+from anyspec.engine.lookup import Lookup
 from anyspec.engine.model import MultiSequence, PrefixSharing
 from anyspec.engine.output import Output
 from anyspec.engine.prompt import check_room, encode_prompt, end_ids
@@ -170,11 +171,10 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     target = target if target is not None else engine.target
     draft = (draft if draft is not None else engine.draft) if speculative else None
     proposer = engine.proposer_for(params) if draft is not None else None
-    lookup = engine.config.ngram
-    k = engine.config.num_speculative_tokens if proposer is not None or lookup else 0
+    k = engine.config.num_speculative_tokens if proposer is not None or engine.config.ngram else 0
     seed = request_seed(params)
     sampler = Sampler(params, seed, engine.target.vocab_size, engine.bridge) if params.temperature else None
-    stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if lookup else "none",
+    stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if engine.config.ngram else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
     t_start = time.perf_counter()
@@ -182,34 +182,42 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                                                   encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
     logprobs = [] if params.logprobs is not None else None
+    lookup = Lookup(engine.config.ngram, prompt_ids, meter.costs(target), k) if engine.config.ngram else None
     worth = branch_worth(meter, target, output) if engine.config.tree and proposer else None
 
     while output.finish is None:
         stats.rounds += 1
         behind = len(ctx.ids) - common_prefix(draft.cached_ids, ctx.ids) if schedule else 0
-        k_round = min(schedule.choose(behind) if schedule else k, params.max_new_tokens - len(output.ids) - 1)
+        budget = params.max_new_tokens - len(output.ids) - 1
+        k_round = min(schedule.choose(behind) if schedule else k, budget)
 
-        # 1. Propose up to k_round target tokens (possibly none): a continuation found earlier in
-        #    the context (no draft forward), else the draft's.
+        # 1. Propose target tokens (possibly none): what the grammar forces; a continuation found
+        #    earlier in the context, alone while the text copies it (no draft forward); else up to
+        #    k_round of the draft's, with that continuation beside them where it pays.
         proposal = Proposal([])
         forced = constraint.forced(k_round if proposer else 0)
-        found = forced or (ngram.lookup(prompt_ids + output.ids, k_round, lookup) if lookup else [])
-        if found:
-            proposal = Proposal(found, source="grammar" if forced else "ngram")
+        found = lookup.find(budget) if lookup and not forced else []
+        if forced:
+            proposal = Proposal(forced, source="grammar")
+        elif found and (proposer is None or k_round == 0 or lookup.copying):
+            proposal = Proposal(found, source="ngram", found=tuple(found))
         elif k_round > 0 and proposer is not None:
+            rate = lookup.acceptance.rate if lookup else 0.0
             proposal = yield from propose(proposer, draft, ctx, k_round, sampler, len(output.ids),
-                                          engine.config, worth)
+                                          engine.config, worth, found, rate)
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
         proposal, mask = constraint.rows(proposal)
         accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids), mask)
         count(stats, proposal, accepted, pending, engine.target_bytes)
-        if schedule and not found:
+        if schedule and proposal.source == "draft":
             schedule.update(proposal.drafted, len(accepted), len(proposal.ids))
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
         constraint.advance(committed)
+        if lookup:
+            lookup.commit(committed)
         count_commit(stats, len(output.ids), t_start)
         if logprobs is not None:
             logprobs += token_logprobs(rows[:len(committed)], committed, params.logprobs)

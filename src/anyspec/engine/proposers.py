@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from anyspec.algorithms import slem, tree
-from anyspec.algorithms.adaptive_k import confidence
+from anyspec.algorithms.adaptive_k import confidence, expected_tokens
 from anyspec.algorithms.sampling import argmax
 from anyspec.algorithms.tli import constrain
 from anyspec.config import (
@@ -45,6 +45,7 @@ class Proposal(NamedTuple):
     source: str = "draft"  # or "ngram": copied from the context (verified as exact match)
     trie: tuple = ()  # (tokens, parents) of ids and the branches beside them (algorithms/tree.py); ()
     #                   for the chain alone
+    found: tuple = ()  # a continuation found in the context (engine/lookup.py): ids, or a branch of the trie
 
 
 class Proposer(Protocol):
@@ -134,11 +135,13 @@ def algorithm_for(config: SpeculativeConfig, params: SamplingParams) -> str:
 
 
 def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, sampler: Sampler | None, position: int,
-            config: SpeculativeConfig, worth=None) -> Steps:
+            config: SpeculativeConfig, worth=None, found: list[int] = (), found_rate: float = 0.0) -> Steps:
     """The round's ``Proposal``; ``draft`` is the model or sequence the draft runs on. Its tokens are
     the draft's argmax, or with a ``sampler`` its choice coupled to the target's noise, the first at
     generated ``position``. With ``worth(gain, rows, added)`` (a target that takes a tree), up to
-    ``config.tree`` branches at the draft's next choices where ``worth`` says they pay."""
+    ``config.tree`` branches at the draft's next choices where ``worth`` says they pay, and the
+    continuation ``found`` in the context (each of its tokens accepted with ``found_rate``) beside
+    them where it pays too; ``found`` alone where the draft's text gives no target token."""
     keep = min(common_prefix(draft.cached_ids, ctx.ids), len(ctx.ids) - 1)
     draft.crop(keep)
     logits = (yield from chunked(draft, ctx.ids[keep:], 1, proposer.head))[-1]
@@ -168,11 +171,26 @@ def propose(proposer: Proposer, draft, ctx: DraftContext, k: int, sampler: Sampl
         if i + 1 < k:
             logits = (yield Forward(draft, [d], None, proposer.head))[-1]
     ids = proposer.to_target(ctx, draft_ids, k)
-    branches = []
+    if not ids and found:
+        return Proposal(list(found), len(draft_ids), len(ctx.ids) - keep, end, "ngram", found=tuple(found))
+    branches, beside = [], []
     if worth is not None and ids:
         branches = choose_branches(proposer, ctx, draft_ids, ids, p_chain, others, k, config.tree, worth)
+        if found and beside_pays([ids, *branches], list(found), found_rate, worth):
+            beside = [list(found)]
     return Proposal(ids, len(draft_ids), len(ctx.ids) - keep, end,
-                    trie=tree.trie([ids, *branches]) if branches else ())
+                    trie=tree.trie([ids, *branches, *beside]) if branches or beside else (),
+                    found=tuple(found) if beside else ())
+
+
+def beside_pays(branches: list[list[int]], found: list[int], rate: float, worth) -> bool:
+    """Whether the continuation ``found`` pays for the nodes it adds to the trie of ``branches``: its
+    tokens past the longest prefix it shares with one of them, each accepted with ``rate``."""
+    shared = max(common_prefix(b, found) for b in branches)
+    added = tree.new_nodes(branches, found)
+    rows = 1 + len(tree.trie(branches)[0])
+    gain = expected_tokens(rate, len(found)) - expected_tokens(rate, shared)
+    return added > 0 and worth(gain, rows, added)
 
 
 def choose_branches(proposer: Proposer, ctx: DraftContext, draft_ids: list[int], ids: list[int],

@@ -71,13 +71,18 @@ def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
         stats.forced += n
         cause = f"grammar:{cause}"
     elif proposal.source == "ngram":
-        stats.ngram_proposed += len(proposal.ids)
-        stats.ngram_accepted += n
         cause = f"ngram:{cause}"
     else:
+        mine = n  # the draft's: not the part of a path only the continuation beside it proposed
+        chain, found = common_prefix(accepted, proposal.ids), common_prefix(accepted, list(proposal.found))
+        if found > chain:
+            mine = chain
         stats.drafted += len(proposal.ids)
-        stats.accepted += n
-        stats.accepted_hist[min(n, len(stats.accepted_hist) - 1)] += 1
+        stats.accepted += mine
+        stats.accepted_hist[min(mine, len(stats.accepted_hist) - 1)] += 1
+    if proposal.found:
+        stats.ngram_proposed += len(proposal.found)
+        stats.ngram_accepted += common_prefix(accepted, list(proposal.found))
     stats.ended_by[cause] = stats.ended_by.get(cause, 0) + 1
     if not on_chain or n < len(proposal.ids):
         first = n if on_chain else common_prefix(accepted, proposal.ids)

@@ -1,0 +1,60 @@
+"""Prompt lookup in a generation's rounds: when its continuation is proposed alone, when beside the
+draft's chain, and how many tokens of it.
+
+Edits, quotes and answers from a document copy long spans of their prompt. While the text copies,
+the continuation found in the context (``ngram.Index``) is the likeliest guess and costs no draft
+forward, so it is proposed alone. Where the copy ends (an edit, the end of a quote) the draft knows
+better, so the draft proposes and the continuation rides beside its chain as a branch of the
+round's trie (``tree.py``), where the target takes a tree and its rows pay.
+
+Whether the text "copies" is read from the last round, verified or not: the continuation found then
+agreed with every token the round committed. The same comparison counts the continuations'
+acceptance, and a continuation is cut to the length with the most expected tokens per second of
+verify at the measured costs (``adaptive_k.expected_tokens``); since accepted rows cost little, that
+can be more than the draft's k.
+
+None of this reads the target's scores for the round it shapes, so the output is exactly as
+lossless as with any other proposal.
+"""
+
+from __future__ import annotations
+
+from anyspec.algorithms import ngram
+from anyspec.algorithms.adaptive_k import Acceptance, PassCosts, expected_tokens
+from anyspec.engine.context import common_prefix
+
+SPAN = 32  # the most tokens a continuation proposes in one round
+
+
+class Lookup:
+    def __init__(self, min_n: int, prompt_ids: list[int], costs: PassCosts, k: int):
+        self.index = ngram.Index(min_n)
+        self.index.extend(prompt_ids)
+        self.costs = costs  # the target's passes, by their rows
+        self.k = k  # the most tokens proposed before those costs are known
+        self.acceptance = Acceptance()
+        self.copying = False
+        self.found: list[int] = []
+
+    def find(self, limit: int) -> list[int]:
+        """This round's continuation, at most ``limit`` tokens, cut to the length that pays."""
+        found = self.index.find(min(limit, SPAN))
+        if not self.costs.known():
+            found = found[:self.k]
+        elif len(found) > 1:
+            a = self.acceptance.rate
+            found = found[:max(range(1, len(found) + 1),
+                               key=lambda m: expected_tokens(a, m) / self.costs(m + 1))]
+        self.found = found
+        return found
+
+    def commit(self, committed: list[int]) -> None:
+        """The round's committed tokens: into the index, and against the continuation found for it."""
+        self.index.extend(committed)
+        if self.found:
+            n, seen = common_prefix(committed, self.found), min(len(committed), len(self.found))
+            self.acceptance.count(n, seen)
+            self.copying = n == seen
+        else:
+            self.copying = False
+        self.found = []

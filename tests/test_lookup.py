@@ -1,0 +1,41 @@
+"""Prompt lookup's place in a round (engine/lookup.py): alone while the text copies, and as many
+tokens as pay at the measured costs."""
+
+from anyspec.algorithms.adaptive_k import PassCosts
+from anyspec.engine.lookup import SPAN, Lookup
+
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12] * 4 + [1, 2]  # the text copies its first line
+
+
+def costs(first: float, per_row: float) -> PassCosts:
+    c = PassCosts()
+    for rows in (1, 8, 40):
+        c.record(rows, first + per_row * (rows - 1))
+    return c
+
+
+def test_copying_is_read_from_the_last_round_whether_proposed_or_not():
+    lookup = Lookup(2, PROMPT, costs(1.0, 0.0), k=5)
+    found = lookup.find(100)
+    assert found[:3] == [3, 4, 5] and not lookup.copying
+    lookup.commit([3, 4])  # the round committed what the continuation said: the text copies
+    assert lookup.copying
+    assert lookup.find(100)[:2] == [5, 6]
+    lookup.commit([5, 99])  # the copy ends
+    assert not lookup.copying
+    assert lookup.find(100) == []  # "5 99" never occurred
+    lookup.commit([7])
+    assert not lookup.copying  # nothing was found to agree with
+
+
+def test_a_continuation_is_as_long_as_pays_at_the_measured_costs():
+    cheap = Lookup(2, PROMPT, costs(1.0, 0.0), k=5)
+    for _ in range(20):  # accepted in full, round after round
+        cheap.commit(cheap.find(3))
+    assert cheap.acceptance.rate > 0.95
+    assert len(cheap.find(100)) == SPAN  # rows cost nothing: as many as it may
+    dear = Lookup(2, PROMPT, costs(1.0, 1.0), k=5)
+    assert dear.acceptance.rate == 0.5 and len(dear.find(100)) == 1  # each row costs a pass
+    unknown = Lookup(2, PROMPT, PassCosts(), k=5)
+    assert len(unknown.find(100)) == 5  # the draft's k until the costs are measured
+    assert len(cheap.find(3)) == 3  # never past the limit (the tokens left to generate)
