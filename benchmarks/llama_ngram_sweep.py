@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     settings = list(dict.fromkeys([NONE, *(args.settings or GRID)]))
     try:
         for s in settings:
-            llama_spec_args(s)
+            llama_spec_args(s, "--settings")
     except ConfigError as exc:
         ap.error(str(exc))
     for name, value in (("--limit", args.limit or 1), ("--max-new-tokens", args.max_new_tokens),

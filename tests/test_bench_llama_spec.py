@@ -148,3 +148,37 @@ def test_real_lookup_speculation_answers_as_llama_cpp_alone(tok_smollm2):
     assert plain["ids"] and ngram["ids"] == plain["ids"]
     assert plain["drafted"] == 0 and ngram["drafted"] > 0 and 0 <= ngram["accepted"] <= ngram["drafted"]
     assert ngram["prefill_tokens"] == plain["prefill_tokens"] and ngram["decode_seconds"] > 0
+
+
+def _sweep_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "llama_ngram_sweep.py"
+    spec = importlib.util.spec_from_file_location("llama_ngram_sweep", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sweep_grid_is_valid_and_its_table_compares_with_none():
+    sweep = _sweep_script()
+    assert sweep.GRID[0] == sweep.NONE and all(llama_spec_args(s) for s in sweep.GRID)
+    assert sweep.label("--spec-type ngram-map-k --spec-ngram-map-k-size-n 3") == "ngram-map-k size-n=3"
+    spec = "--spec-type ngram-simple --spec-ngram-simple-size-n 2"
+
+    def run(setting, prompt, ids, seconds, drafted=0, accepted=0):
+        return {"setting": setting, "prompt": prompt, "ids": ids, "tokens": len(ids), "seconds": seconds,
+                "decode_tokens": len(ids) - 1, "decode_seconds": seconds / 2, "drafted": drafted,
+                "accepted": accepted}
+
+    runs = [run(sweep.NONE, "a", [1, 2, 3, 4], 2.0), run(sweep.NONE, "b", [5, 6], 1.0),
+            run(spec, "a", [1, 2, 3, 4], 1.0, 4, 3), run(spec, "b", [5, 7], 1.0, 2, 0)]
+    rows = {r["label"]: r for r in sweep.summarize(runs, [sweep.NONE, spec])}
+    mine = rows["ngram-simple size-n=2"]
+    assert rows["none"]["tokens_per_second"] == 2.0 and mine["tokens_per_second"] == 3.0
+    assert mine["vs_none"] == 1.5 and mine["acceptance"] == 0.5 and mine["same_as_none"] == "1/2"
+    config = {"model": "m", "prompts": ["edit"], "requests": 2, "max_new_tokens": 4, "threads": 2,
+              "rounds": 1}
+    table = sweep.markdown({"config": config, "notes": {}, "summary": list(rows.values())})
+    assert "| ngram-simple size-n=2 | 3.0 | 1.5 | 4.0 | 6 | 0.5 | 1/2 |" in table
