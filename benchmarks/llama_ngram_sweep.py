@@ -150,7 +150,8 @@ def main(argv=None) -> int:
             llama_spec_args(s, "--settings")
     except ConfigError as exc:
         ap.error(str(exc))
-    for name, value in (("--limit", args.limit or 1), ("--max-new-tokens", args.max_new_tokens),
+    for name, value in (("--limit", 1 if args.limit is None else args.limit),
+                        ("--max-new-tokens", args.max_new_tokens),
                         ("--rounds", args.rounds), ("--threads", args.threads)):
         if value < 1:
             ap.error(f"{name} must be >= 1")

@@ -208,9 +208,9 @@ def run_llama_cpp(ctx: BenchContext, ids: list[int], spec: Sequence[str] = ()) -
     ``ctx.llama_spec``): ``ctx.llama_cpp_gguf`` (the target's GGUF) in a ``llama-server``
     (``ctx.threads``, a context of ``ctx.llama_cpp_ctx`` tokens) started on first use and kept in
     ``ctx`` until :func:`close_llama_cpp` or until the other method asks for other arguments: the
-    running server is then stopped before the next one starts, so two never share the cores. Stops
-    at ``ctx.eos``; a conversation's later turn (``ctx.prefix_cache``) asks the server to keep its
-    slot's cached prefix."""
+    running server is then stopped before the next one starts, so two never share the cores, and a
+    new one answers a short untimed request first. Stops at ``ctx.eos``; a conversation's later turn
+    (``ctx.prefix_cache``) asks the server to keep its slot's cached prefix."""
     spec = tuple(spec)
     if ctx.llama_cpp_url is not None and ctx.llama_cpp_args != spec:
         close_llama_cpp(ctx)
@@ -219,6 +219,7 @@ def run_llama_cpp(ctx: BenchContext, ids: list[int], spec: Sequence[str] = ()) -
         ctx.llama_cpp_url = ctx.llama_cpp_stack.enter_context(
             llama_server(ctx.llama_cpp_gguf, ctx.threads, ctx.llama_cpp_ctx, extra=spec))
         ctx.llama_cpp_args = spec
+        complete(ctx.llama_cpp_url, ids[:8], 2)
     return complete(ctx.llama_cpp_url, ids, ctx.max_new_tokens, eos=ctx.eos, cache_prompt=ctx.prefix_cache)
 
 
