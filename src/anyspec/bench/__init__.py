@@ -8,6 +8,8 @@ prompt to prompt (so slow drift of the machine falls on every method alike):
   ``target-sampled``, the target alone with the same seed;
 - ``anyspec-slem``: SLEM (string-level exact match), greedy;
 - ``llama.cpp``: llama.cpp's ``llama-server`` on the target's GGUF file alone (``llama.py``);
+  ``llama.cpp-ngram`` (opt-in): the same with llama.cpp's own lookup speculation, the server
+  arguments of ``--llama-spec`` (``llama_spec.py``), its answers also compared with ``llama.cpp``'s;
 - ``hf-target`` / ``hf-uag``: transformers ``generate`` alone and with ``assistant_model=`` +
   ``assistant_tokenizer=`` (Universal Assisted Generation), each against its own baseline;
 - ``vllm``: vLLM's own speculative decoding with the same pair (``method="draft_model"``,
@@ -20,6 +22,7 @@ difference is numerical, not a bug). Writes JSON, a Markdown table and optionall
 
 The package, in reading order: ``run.py`` (the checks, the rotation, the comparison),
 ``context.py`` (what every method reads), ``methods.py`` (their names and baselines),
-``prompts.py``, the other engines' methods (``hf.py``, ``llama.py``, ``vllm.py`` and the vLLM
-runner in ``isolated/``) and ``report.py`` (the summary, the table and the plot).
+``prompts.py``, the other engines' methods (``hf.py``, ``llama.py`` with ``llama_spec.py``,
+``vllm.py`` and the vLLM runner in ``isolated/``) and ``report.py`` (the summary, the table and
+the plot).
 """

@@ -8,6 +8,7 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from anyspec.bench.llama_spec import DEFAULT_LLAMA_SPEC, llama_spec_args
 from anyspec.bench.methods import METHODS
 from anyspec.config import SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
@@ -33,8 +34,10 @@ class BenchSettings:
     repeat: int = 1  # the whole rotation this many times
     hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k" (the same fixed k)
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
+    llama_spec: str = DEFAULT_LLAMA_SPEC  # llama.cpp-ngram's llama-server arguments (llama_spec.py)
 
     def __post_init__(self):
+        llama_spec_args(self.llama_spec)
         SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed)
         for name, value in (("--repeat", self.repeat), ("--limit", 1 if self.limit is None else self.limit)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -63,6 +66,7 @@ class BenchContext:
     draft_path: Path | str = ""
     llama_cpp_gguf: Path | None = None  # the target's GGUF file, for llama.cpp
     llama_cpp_ctx: int = 4096
+    llama_spec: tuple[str, ...] = ()  # llama.cpp-ngram's checked llama-server arguments
     vllm_python: str | Path | None = None  # vLLM in a subprocess of this python, else in-process
     vllm_max_model_len: int | None = None
     drafts: dict = field(default_factory=dict)  # dtype -> the draft again in that dtype (METHOD@DTYPE)
@@ -77,6 +81,7 @@ class BenchContext:
     vllm_info: dict = field(default_factory=dict)  # method -> what ran (version, python, dtype)
     llama_cpp_url: str | None = None
     llama_cpp_stack: contextlib.ExitStack | None = None
+    llama_cpp_args: tuple[str, ...] | None = None  # the running server's extra arguments
 
     @property
     def k(self) -> int:

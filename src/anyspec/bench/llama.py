@@ -5,8 +5,11 @@ the pinned ``llama-cpp-python`` sdist by ``make llama-cpp`` (``benchmarks/build_
 and found in ``$ANYSPEC_LLAMA_CPP``, then ``<cache>/llama.cpp/bin``, then on ``PATH``.
 
 - :func:`llama_server` starts one ``llama-server`` on a GGUF file (a context manager that always
-  kills it) and :func:`complete` sends it one prompt as token ids, greedy, no prompt cache, timed
-  end to end like anyspec's methods (prefill included, model load excluded).
+  kills it), optionally with llama.cpp's own lookup speculation (``llama_spec.py``), and
+  :func:`complete` sends it one prompt as token ids, greedy, no prompt cache, timed end to end like
+  anyspec's methods (prefill included, model load excluded).
+- :func:`run_llama_cpp` is the bench's ``llama.cpp`` and ``llama.cpp-ngram`` methods: one server
+  at a time, restarted when the other method's arguments are asked for.
 - :func:`forward_cost_by_rows` runs ``llama-bench``: milliseconds per forward of 1..8 rows and
   per generated token.
 """
@@ -24,6 +27,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from anyspec.bench.context import BenchContext
@@ -91,10 +95,21 @@ def _request(url: str, body: dict | None = None, timeout: float = 3600.0) -> dic
         return json.loads(resp.read())
 
 
+def server_command(program: str | Path, gguf: str | Path, port: int, threads: int | None = None,
+                   ctx_size: int = 4096, extra: Sequence[str] = ()) -> list[str]:
+    """The ``llama-server`` command line: one slot, no prompt cache, then ``extra`` (e.g. the
+    checked arguments of :func:`anyspec.bench.llama_spec.llama_spec_args`)."""
+    cmd = [str(program), "-m", str(gguf), "-c", str(ctx_size), "--parallel", "1", "--host", "127.0.0.1",
+           "--port", str(port), "--no-cache-prompt", "--cache-ram", "0", "--no-webui"]
+    if threads:
+        cmd += ["-t", str(threads), "-tb", str(threads)]
+    return cmd + [str(a) for a in extra]
+
+
 @contextlib.contextmanager
 def llama_server(gguf: str | Path, threads: int | None = None, ctx_size: int = 4096,
-                 load_timeout: float = 600.0):
-    """``llama-server`` on ``gguf`` (one slot, no prompt cache) until the block ends; yields its URL.
+                 load_timeout: float = 600.0, extra: Sequence[str] = ()):
+    """``llama-server`` on ``gguf`` (:func:`server_command`) until the block ends; yields its URL.
 
     The process is stopped on the way out, whatever happened; when it exits by itself, its log is
     kept and named in the error."""
@@ -102,10 +117,7 @@ def llama_server(gguf: str | Path, threads: int | None = None, ctx_size: int = 4
     if not Path(gguf).is_file():
         raise LlamaCppUnavailable(f"{gguf} does not exist; skipped")
     port = _free_port()
-    cmd = [str(program), "-m", str(gguf), "-c", str(ctx_size), "--parallel", "1", "--host", "127.0.0.1",
-           "--port", str(port), "--no-cache-prompt", "--cache-ram", "0", "--no-webui"]
-    if threads:
-        cmd += ["-t", str(threads), "-tb", str(threads)]
+    cmd = server_command(program, gguf, port, threads, ctx_size, extra)
     log = tempfile.NamedTemporaryFile(prefix="anyspec-llama-server-", suffix=".log", delete=False)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(program),
                             start_new_session=True)
@@ -160,8 +172,9 @@ def completion_body(ids: list[int], max_new_tokens: int, ignore_eos: bool = Fals
 
 def complete(url: str, ids: list[int], max_new_tokens: int, ignore_eos: bool = False,
              eos: set[int] | None = None, timeout: float = 3600.0, cache_prompt: bool = False) -> dict:
-    """One greedy generation from token ids: ``{"ids", "text", "seconds", "drafted": 0, "accepted": 0}``
-    plus llama.cpp's own timings (``prompt_ms``, ``predicted_ms``, ``prompt_n``, ``predicted_n``).
+    """One greedy generation from token ids: ``{"ids", "text", "seconds", "drafted", "accepted"}``
+    plus llama.cpp's own timings (``prompt_ms``, ``predicted_ms``, ``prompt_n``, ``predicted_n``);
+    ``drafted``/``accepted`` are its lookup speculation's draft tokens (0 without it).
 
     ``seconds`` is the request's wall time (prefill and every token). As in anyspec, the ids end
     before the end-of-generation token: llama.cpp's own, or the first of ``eos`` (anyspec's set,
@@ -177,31 +190,41 @@ def complete(url: str, ids: list[int], max_new_tokens: int, ignore_eos: bool = F
         raise LlamaCppUnavailable(f"llama-server failed a request ({exc}); skipped") from None
     dt = time.perf_counter() - t
     out = list(res.get("tokens", []))
-    timings = {k: res.get("timings", {}).get(k) for k in TIMINGS}
+    raw = res.get("timings", {})
+    timings = {k: raw.get(k) for k in TIMINGS}
     if not ignore_eos:
         if res.get("stop_type") == "eos" and out:
             out = out[:-1]
         cut = next((i for i, tok in enumerate(out) if tok in (eos or ())), None)
         out = out if cut is None else out[:cut]
     return {"ids": out, "text": res.get("content", ""), "seconds": dt,
-            "drafted": 0, "accepted": 0, "stop": res.get("stop_type"),
+            "drafted": raw.get("draft_n", 0), "accepted": raw.get("draft_n_accepted", 0),
+            "stop": res.get("stop_type"),
             **timings, **llama_timings(timings)}
 
 
-def run_llama_cpp(ctx: BenchContext, ids: list[int]) -> dict:
-    """The bench's ``llama.cpp`` method: ``ctx.llama_cpp_gguf`` (the target's GGUF) alone in a
-    ``llama-server`` (``ctx.threads``, a context of ``ctx.llama_cpp_ctx`` tokens) started on first use
-    and kept in ``ctx`` until :func:`close_llama_cpp`; stops at ``ctx.eos``. A conversation's later
-    turn (``ctx.prefix_cache``) asks the server to keep its slot's cached prefix."""
+def run_llama_cpp(ctx: BenchContext, ids: list[int], spec: Sequence[str] = ()) -> dict:
+    """The bench's ``llama.cpp`` method (``spec`` empty) and ``llama.cpp-ngram`` (``spec``:
+    ``ctx.llama_spec``): ``ctx.llama_cpp_gguf`` (the target's GGUF) in a ``llama-server``
+    (``ctx.threads``, a context of ``ctx.llama_cpp_ctx`` tokens) started on first use and kept in
+    ``ctx`` until :func:`close_llama_cpp` or until the other method asks for other arguments: the
+    running server is then stopped before the next one starts, so two never share the cores, and a
+    new one answers a short untimed request first. Stops at ``ctx.eos``; a conversation's later turn
+    (``ctx.prefix_cache``) asks the server to keep its slot's cached prefix."""
+    spec = tuple(spec)
+    if ctx.llama_cpp_url is not None and ctx.llama_cpp_args != spec:
+        close_llama_cpp(ctx)
     if ctx.llama_cpp_url is None:
         ctx.llama_cpp_stack = contextlib.ExitStack()
         ctx.llama_cpp_url = ctx.llama_cpp_stack.enter_context(
-            llama_server(ctx.llama_cpp_gguf, ctx.threads, ctx.llama_cpp_ctx))
+            llama_server(ctx.llama_cpp_gguf, ctx.threads, ctx.llama_cpp_ctx, extra=spec))
+        ctx.llama_cpp_args = spec
+        complete(ctx.llama_cpp_url, ids[:8], 2)
     return complete(ctx.llama_cpp_url, ids, ctx.max_new_tokens, eos=ctx.eos, cache_prompt=ctx.prefix_cache)
 
 
 def close_llama_cpp(ctx: BenchContext) -> None:
-    stack, ctx.llama_cpp_stack, ctx.llama_cpp_url = ctx.llama_cpp_stack, None, None
+    stack, ctx.llama_cpp_stack, ctx.llama_cpp_url, ctx.llama_cpp_args = ctx.llama_cpp_stack, None, None, None
     if stack is not None:
         stack.close()
 

@@ -33,6 +33,7 @@ def summarize(runs: list[dict]) -> list[dict]:
                            else round(r["diff_margin"], 3)) for r in compared if not r["identical"]],
                 "grammar_share": round(grammar / seconds, 4) if grammar and seconds else None,
                 "forced": sum(r.get("forced") or 0 for r in mine),
+                **same_as_llama_cpp(mine),
             })
         for row in rows:
             if row["set"] == s:
@@ -42,6 +43,12 @@ def summarize(runs: list[dict]) -> list[dict]:
                 if tps.get(second):
                     row[f"speedup_vs_{second}"] = round(row["tokens_per_second"] / tps[second], 3)
     return rows
+
+
+def same_as_llama_cpp(runs: list[dict]) -> dict:
+    """For llama.cpp's lookup speculation: how many answers equal llama.cpp's alone."""
+    compared = [r["identical_llama_cpp"] for r in runs if "identical_llama_cpp" in r]
+    return {"identical_llama_cpp": f"{sum(compared)}/{len(compared)}"} if compared else {}
 
 
 CAUSES = ("rejected", "branch", "boundary", "confidence", "k", "eos", "none")  # branch: a branch's tokens
@@ -155,6 +162,9 @@ def markdown(result: dict) -> str:
                      f"{', eager' if info.get('enforce_eager') else ''}"
                      f"{', cores ' + info['cpus'] if info.get('cpus') else ''}"
                      f"{', vocab mapping: ' + info['mapping'] if info.get('mapping') else ''})")
+    lines += [f"- {r['set']}/{r['method']} (`{c.get('llama_spec')}`): the same answer as llama.cpp alone "
+              f"on {r['identical_llama_cpp']} prompts"
+              for r in result["summary"] if r.get("identical_llama_cpp") and r["set"] != "all"]
     lines += [f"- {m}: {note}" for m, note in result["notes"].items()]
     return "\n".join(lines) + "\n"
 

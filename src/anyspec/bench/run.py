@@ -18,7 +18,8 @@ from anyspec.bench.llama import (
     run_llama_cpp,
     target_gguf,
 )
-from anyspec.bench.methods import DRAFT_METHODS, VLLM_METHODS, base
+from anyspec.bench.llama_spec import llama_spec_args
+from anyspec.bench.methods import DRAFT_METHODS, LLAMA_CPP_METHODS, VLLM_METHODS, base
 from anyspec.bench.prompts import conversation, load_prompts, longest_request, prompt_ids
 from anyspec.bench.report import summarize
 from anyspec.bench.timing import engine_timings
@@ -90,6 +91,7 @@ RUNNERS = {
     "vllm-target": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx.target.tokenizer, p), draft=False),
     "vllm": lambda ctx, p: run_vllm(ctx, prompt_ids(ctx.target.tokenizer, p)),
     "llama.cpp": lambda ctx, p: run_llama_cpp(ctx, prompt_ids(ctx.target.tokenizer, p)),
+    "llama.cpp-ngram": lambda ctx, p: run_llama_cpp(ctx, prompt_ids(ctx.target.tokenizer, p), ctx.llama_spec),
 }
 
 
@@ -108,8 +110,9 @@ def available(methods: list[str], vllm_python: str | Path | None = None,
               target: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The methods that can run here, and a note for each one skipped."""
     notes = {}
-    if "llama.cpp" in methods and (note := llama_cpp_problem(target_gguf(target) or target)):
-        notes["llama.cpp"] = note
+    wanted = [m for m in methods if m in LLAMA_CPP_METHODS]
+    if wanted and (note := llama_cpp_problem(target_gguf(target) or target)):
+        notes.update(dict.fromkeys(wanted, note))
     wanted = [m for m in methods if m in VLLM_METHODS]
     note = unavailable(vllm_python) if wanted else None
     if note:
@@ -193,6 +196,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                        "torch": torch.__version__, "python": sys.version.split()[0],
+                       **({"llama_spec": s.llama_spec} if "llama.cpp-ngram" in methods else {}),
                        "hf_uag": "transformers generate() defaults (adaptive number of assistant tokens)"
                        if s.hf_assistant == "default" else f"fixed {k} assistant tokens",
                        **({"vllm": ctx.vllm_info} if ctx.vllm_info else {})},
@@ -212,7 +216,8 @@ def context(s: BenchSettings, plan, target, draft) -> BenchContext:
                         target_spec=s.target, draft_spec=s.draft,
                         target_path=resolve_model(s.target) if s.target in MODELS else s.target,
                         draft_path=resolve_model(s.draft) if s.draft in MODELS else s.draft,
-                        llama_cpp_gguf=target_gguf(s.target), vllm_python=s.vllm_python)
+                        llama_cpp_gguf=target_gguf(s.target), llama_spec=tuple(llama_spec_args(s.llama_spec)),
+                        vllm_python=s.vllm_python)
 
 
 def failure(exc: BaseException) -> str:
@@ -291,8 +296,13 @@ def run_turn(ctx: BenchContext, method: str, prompt, p: dict) -> dict:
 
 def compare(ctx: BenchContext, runs: list[dict], asked: dict) -> None:
     """Mark each run ``identical`` to its reference (the target alone, or sampled alone with the same
-    seed) on the same request, else where they part and the target's logit margin there."""
+    seed) on the same request, else where they part and the target's logit margin there; and
+    ``llama.cpp-ngram`` ``identical_llama_cpp`` where its answer equals ``llama.cpp``'s."""
     for r in runs:
+        if r["method"] == "llama.cpp-ngram":
+            plain = next((x for x in runs if x["prompt"] == r["prompt"] and x["method"] == "llama.cpp"), None)
+            if plain is not None:
+                r["identical_llama_cpp"] = plain["ids"] == r["ids"]
         # a sampled answer is the target alone's for the same seed (algorithms/gumbel.py)
         ref_method = "target-sampled" if base(r["method"]) == "anyspec-sampled" else "target"
         ref = next((x for x in runs if x["prompt"] == r["prompt"] and x["method"] == ref_method), None)

@@ -20,6 +20,7 @@ FIXED = ("algorithm", "draft_sample_method", "draft_context", "prefix_cache")  #
 
 
 def add_parser(sub) -> None:
+    from anyspec.bench.llama_spec import DEFAULT_LLAMA_SPEC
     from anyspec.bench.methods import DEFAULT_METHODS, METHODS
 
     p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines")
@@ -44,6 +45,10 @@ def add_parser(sub) -> None:
     p.add_argument("--vllm-python", default=os.environ.get("ANYSPEC_VLLM_PYTHON") or None, metavar="PATH",
                    help="run the vllm methods in a subprocess of this python (a venv with vLLM, e.g. "
                         ".venv-vllm/bin/python; default: $ANYSPEC_VLLM_PYTHON, else vLLM in this process)")
+    p.add_argument("--llama-spec", default=DEFAULT_LLAMA_SPEC, metavar="ARGS",
+                   help="llama-server's lookup speculation for the llama.cpp-ngram method: --spec-type "
+                        "(ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) and its "
+                        f"--spec-ngram-* sizes, as one string (default: {DEFAULT_LLAMA_SPEC!r})")
     p.add_argument("--json", type=Path, default=None, help="write the full result here")
     p.add_argument("--markdown", type=Path, default=None, help="write the table here (it is printed anyway)")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here (needs matplotlib)")
@@ -66,7 +71,8 @@ def run(args) -> int:
                              dtype=args.dtype, draft_dtype=args.draft_dtype,
                              also_draft_dtypes=args.also_draft_dtype, temperature=args.temperature,
                              seed=args.seed, threads=args.threads, limit=args.limit, repeat=args.repeat,
-                             hf_assistant=args.hf_assistant, vllm_python=args.vllm_python)
+                             hf_assistant=args.hf_assistant, vllm_python=args.vllm_python,
+                             llama_spec=args.llama_spec)
     result = run_bench(settings, log=lambda s: print(s, file=sys.stderr, flush=True))
     table = markdown(result)
     print(table)
