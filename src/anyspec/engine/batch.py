@@ -35,7 +35,7 @@ class Forward(NamedTuple):
     ids: list[int]
     last: int | None = None  # logits of only the last rows
     head: object = None  # the model's ``restricted_head``: logits of its rows only, -inf elsewhere
-    parents: list[int] | None = None  # the ids are a tree (``GGUFModel.forward``): each one's parent
+    parents: list[int] | None = None  # the ids are a tree (``StackModel.forward``): each one's parent
 
 
 Steps = Generator["str | Forward", "torch.Tensor | None", object]
