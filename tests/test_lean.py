@@ -161,7 +161,8 @@ ROWWISE = [pytest.param(kernel, marks=needs_rowwise) for kernel in ("bf16", "int
 
 @pytest.mark.parametrize("kernel", ROWWISE)
 def test_lean_forward_of_two_sequences_gives_each_the_bits_it_gets_alone(tok_qwen2, kernel):
-    """Rows of two sequences at other positions in one pass, as the GGUF models batch them."""
+    """Rows of two sequences at other positions in one pass, as the GGUF models batch them; a third
+    sequence that adopts one's prompt continues it with the same bits."""
     _, lean = pair("qwen2", tok_qwen2, kernel)
     ids = ids_of(tok_qwen2, 60)
     prompts, more = [ids[:23], ids[23:40]], [ids[40:43], ids[50:52]]
@@ -176,6 +177,9 @@ def test_lean_forward_of_two_sequences_gives_each_the_bits_it_gets_alone(tok_qwe
         assert torch.equal(a, x) and torch.equal(b, y)
     assert [s.cached_ids for s in seqs] == [p + a for p, a in zip(prompts, more, strict=True)]
     assert isinstance(lean, MultiSequence) and isinstance(seqs[0], PrefixSharing)
+    fresh = lean.new_sequence()
+    fresh.adopt(seqs[0], len(prompts[0]))  # the prompt's keys and values, copied, not computed
+    assert torch.equal(fresh.extend(more[0], last=1), alone[0][1])
 
 
 @pytest.mark.parametrize("kernel", ROWWISE)
