@@ -202,17 +202,21 @@ def test_a_model_with_one_cache_cannot_batch(tok_qwen2, tmp_path):
     from anyspec.backends.load import load_model
     from anyspec.errors import ConfigError
 
-    target = load_model(str(save_tiny_model(tok_qwen2, tmp_path / "t", arch="qwen2")), name="target")
+    folder = save_tiny_model(tok_qwen2, tmp_path / "t", arch="qwen2")
+    target = load_model(str(folder), dtype="fp32", name="target")  # transformers' forward
     with pytest.raises(ConfigError, match="one at a time"):
         Engine(target).new_slot()
 
 
 def test_the_model_protocols_tell_the_backends_apart(tok_qwen2, tmp_path):
-    """A GGUF model holds several caches and its sequences share prefixes; a transformers model
-    holds one cache and shares nothing: what the loop and the scheduler decide batching by."""
+    """A GGUF model holds several caches and its sequences share prefixes, and so does a lean model
+    on the row-wise kernels; a transformers model holds one cache and shares nothing: what the loop
+    and the scheduler decide batching by."""
     from tiny_models import save_tiny_model
 
     from anyspec.backends.gguf import GGUFModel
+    from anyspec.backends.lean import LeanModel
+    from anyspec.backends.linear import rowwise_available
     from anyspec.backends.load import load_model
     from anyspec.engine.model import Model, MultiSequence, PrefixSharing
     from anyspec.models import gguf_path
@@ -221,9 +225,15 @@ def test_the_model_protocols_tell_the_backends_apart(tok_qwen2, tmp_path):
     seq = gguf.new_sequence()
     assert isinstance(gguf, MultiSequence) and isinstance(seq, PrefixSharing)
     assert not isinstance(seq, MultiSequence)
-    folder = load_model(str(save_tiny_model(tok_qwen2, tmp_path / "t", arch="qwen2")), name="target")
+    saved = save_tiny_model(tok_qwen2, tmp_path / "t", arch="qwen2")
+    folder = load_model(str(saved), dtype="fp32", name="target")
     assert isinstance(folder, Model) and not isinstance(folder, (MultiSequence, PrefixSharing))
     assert Engine(gguf).batchable and not Engine(folder).batchable
+    if rowwise_available():
+        lean = load_model(str(saved), dtype="int8", name="target")
+        assert isinstance(lean, LeanModel) and isinstance(lean, MultiSequence)
+        assert isinstance(lean.new_sequence(), PrefixSharing)
+        assert Engine(lean).batchable
 
 
 def test_a_forward_is_what_a_generation_yields(engine):

@@ -141,7 +141,7 @@ def test_branches_beside_the_chain_keep_greedy_answers_those_of_the_target_alone
 
     target, draft = pair
     if not getattr(target, "tree_attention", False):
-        pytest.skip("only the GGUF models verify a tree in one forward")
+        pytest.skip("only models on the C++ decoder stack verify a tree in one forward")
     monkeypatch.setattr(loop, "branch_worth", lambda meter, target, output: lambda *_: True)
     prompts = [[{"role": "user", "content": c}] for c in ("Write a Python function that reverses a string.",
                                                           "Explain photosynthesis in two sentences.")]

@@ -13,6 +13,7 @@ from anyspec.backends.linear import swap_linears
 from anyspec.backends.load import load_model
 from anyspec.backends.transformers import TransformersModel
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+from anyspec.engine.model import MultiSequence, PrefixSharing
 
 
 def pair(arch, tokenizer, kernel=None, seed=0):
@@ -153,3 +154,75 @@ def test_prefix_cache_reuses_what_requests_share_and_changes_no_token(tok_qwen2,
     plain = TransformersModel(tiny("qwen2", tok_qwen2, seed=0).model, tok_qwen2)  # not row-invariant
     alone = Engine(plain, None)
     assert [alone.generate(first, runs[0]).stats.prompt_cached for _ in range(2)] == [0, 0]
+
+
+ROWWISE = [pytest.param(kernel, marks=needs_rowwise) for kernel in ("bf16", "int8")]
+
+
+@pytest.mark.parametrize("kernel", ROWWISE)
+def test_lean_forward_of_two_sequences_gives_each_the_bits_it_gets_alone(tok_qwen2, kernel):
+    """Rows of two sequences at other positions in one pass, as the GGUF models batch them; a third
+    sequence that adopts one's prompt continues it with the same bits."""
+    _, lean = pair("qwen2", tok_qwen2, kernel)
+    ids = ids_of(tok_qwen2, 60)
+    prompts, more = [ids[:23], ids[23:40]], [ids[40:43], ids[50:52]]
+    alone = []
+    for prompt, after in zip(prompts, more, strict=True):
+        lean.reset()
+        alone.append((lean.extend(prompt), lean.extend(after, last=1)))
+    seqs = [lean.new_sequence() for _ in prompts]
+    first = lean.forward([(s, p, None) for s, p in zip(seqs, prompts, strict=True)])
+    second = lean.forward([(s, a, 1) for s, a in zip(seqs[::-1], more[::-1], strict=True)])[::-1]
+    for (a, b), x, y in zip(alone, first, second, strict=True):
+        assert torch.equal(a, x) and torch.equal(b, y)
+    assert [s.cached_ids for s in seqs] == [p + a for p, a in zip(prompts, more, strict=True)]
+    assert isinstance(lean, MultiSequence) and isinstance(seqs[0], PrefixSharing)
+    fresh = lean.new_sequence()
+    fresh.adopt(seqs[0], len(prompts[0]))  # the prompt's keys and values, copied, not computed
+    assert torch.equal(fresh.extend(more[0], last=1), alone[0][1])
+
+
+@pytest.mark.parametrize("kernel", ROWWISE)
+def test_lean_tree_rows_equal_each_branch_as_a_chain(tok_qwen2, kernel):
+    """A tree of rows (two branches from one root): each row the same bits as its branch alone, and
+    ``keep_rows`` keeps one branch's keys and values."""
+    _, lean = pair("llama", tok_qwen2, kernel)
+    ids = ids_of(tok_qwen2, 30)
+    a, b, c, d, e, after = ids[20:26]
+    tree, parents = [a, b, c, d, e], [-1, 0, 0, 1, 2]
+    lean.extend(ids[:20])
+    rows = lean.extend(tree, parents=parents)
+    assert lean.tree_attention
+    for branch in ([0, 1, 3], [0, 2, 4]):
+        lean.crop(20)
+        assert torch.equal(rows[branch], lean.extend([tree[j] for j in branch]))
+    lean.crop(20)
+    lean.extend(tree, parents=parents)
+    lean.keep_rows(20, [0, 2, 4])
+    assert lean.cached_ids == ids[:20] + [a, c, e]
+    kept = lean.extend([after])
+    lean.crop(20)
+    lean.extend([a, c, e])
+    assert torch.equal(kept, lean.extend([after]))
+
+
+@needs_rowwise
+@pytest.mark.parametrize("tree", [0, 2])
+def test_batched_generation_on_lean_models_equals_each_request_alone(tok_qwen2, tree):
+    """``generate_batch`` with a lean target and draft: every request's ids as ``generate`` alone,
+    with requests joining as others end (two at a time for four)."""
+    _, target = pair("qwen2", tok_qwen2, "bf16")
+    close = noisy_copy(tiny("qwen2", tok_qwen2, seed=0), 0.3, seed=5)
+    swap_linears(close.model, "int8")
+    # batch_k off: the rounds draft k tokens, whatever the tiny models' measured passes cost
+    engine = Engine(target, LeanModel(close.model, tok_qwen2),
+                    SpeculativeConfig(num_speculative_tokens=4, tree=tree, batch_k=False))
+    assert engine.batchable
+    requests = [(p, SamplingParams(temperature=0.0, max_new_tokens=10 + 5 * i))
+                for i, p in enumerate(PROMPTS[:4])]
+    alone = [engine.generate(p, params) for p, params in requests]
+    together = engine.generate_batch(requests, max_batch=2)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert sum(r.stats.accepted for r in together) > 0
+    target_alone = Engine(target, None)
+    assert [r.token_ids for r in alone] == [target_alone.generate(*request).token_ids for request in requests]

@@ -88,7 +88,8 @@ class SpeculativeConfig:
     tree: int | None = _flag(
         None, "up to N branches beside the draft's chain, at its second "
         f"choices where they pay for their rows (0 = the chain alone; default: {TREE_BRANCHES} where the "
-        "target is a GGUF model on anyspec's kernels at their AVX-512 level, else 0; algorithms/tree.py)",
+        "target runs on anyspec's kernels (GGUF, or lean int8 or bf16) at their AVX-512 level, else 0; "
+        "algorithms/tree.py)",
         type=int, metavar="N")
 
     def __post_init__(self):

@@ -8,7 +8,7 @@ draft's tokens did, and be longer than one token).
 
 ``trie`` merges the branches into one tree of target tokens, the chain first. The target scores
 the root (the pending token) and every node in ONE forward, each row attending to its own
-ancestors only (``GGUFModel.forward`` with parents), so each row's logits are exactly those the
+ancestors only (``StackModel.forward`` with parents), so each row's logits are exactly those the
 target gives that branch alone. Verification is exact match, walking from the root:
 
 * greedy (``verify_greedy``): at each node the target's argmax, if it is a child, is accepted and

@@ -16,14 +16,12 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-import weakref
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from anyspec.algorithms.tree import depths
 from anyspec.backends.arch import (
     arch_problem,
     describe,
@@ -34,7 +32,7 @@ from anyspec.backends.arch import (
 )
 from anyspec.backends.gguf_file import read_gguf
 from anyspec.backends.linear import rowwise_kernel, rowwise_problem
-from anyspec.backends.stack import KVCache, Sequence
+from anyspec.backends.stack import Rows, StackModel
 from anyspec.errors import ConfigError
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, BF16 = (
@@ -106,13 +104,14 @@ DEQUANTIZABLE_NAMES = ("F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_
                        "IQ3_XXS IQ3_S IQ1_S IQ1_M IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4 NVFP4").split()
 
 
-class GGUFModel:
+class GGUFModel(StackModel):
     """A GGUF decoder and its KV cache: ``extend`` appends tokens and returns their logits.
 
     It can hold more sequences than its own (``new_sequence``), each with its own cache, and
-    ``forward`` extends several of them in one pass over the weights; a row's logits are the same
-    bits whatever else is in the pass. ``kernel`` is a build of ``csrc/`` other than the cached
-    one (``benchmarks/kernel_ab.py``); its weights, layers and arch are that build's objects.
+    ``forward`` extends several of them in one pass over the weights (``stack.StackModel``); a
+    row's logits are the same bits whatever else is in the pass. ``kernel`` is a build of
+    ``csrc/`` other than the cached one (``benchmarks/kernel_ab.py``); its weights, layers and
+    arch are that build's objects.
     """
 
     row_invariant = True  # every product and the attention compute each row alone (tested)
@@ -144,8 +143,7 @@ class GGUFModel:
         self.layers = [self._layer(tensors, i) for i in range(d.n_layers)]
         self.tokenizer = load_tokenizer(self.path)
         self._eos = {int(v) for v in [field_of(reader, "tokenizer.ggml.eos_token_id")] if v is not None}
-        self.sequences: weakref.WeakSet[Sequence] = weakref.WeakSet()  # every live one
-        self.own = self.new_sequence()
+        self.hold_sequences()
 
     def _layer(self, tensors: dict, i: int):
         """Layer ``i`` as the stack takes it: its norms, its products (quantized rows regrouped)."""
@@ -164,35 +162,9 @@ class GGUFModel:
         layer.window = self.description.layer_window[i]
         return layer
 
-    def new_sequence(self) -> Sequence:
-        """Another sequence with its own (empty) KV cache."""
-        seq = Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim))
-        self.sequences.add(seq)
-        return seq
-
     @property
     def kernel_level(self) -> int:
         return self.kernel.isa()
-
-    @property
-    def cached_ids(self) -> list[int]:
-        return self.own.cached_ids
-
-    @property
-    def num_cached(self) -> int:
-        return self.own.num_cached
-
-    def reset(self) -> None:
-        self.own.reset()
-
-    def crop(self, n: int) -> None:
-        self.own.crop(n)
-
-    def donors(self) -> list[Sequence]:
-        return self.own.donors()
-
-    def adopt(self, donor: Sequence, n: int) -> None:
-        self.own.adopt(donor, n)
 
     def eos_ids(self) -> set[int]:
         """The file's end-of-sequence id and the chat turn's end tokens its vocabulary has."""
@@ -201,66 +173,20 @@ class GGUFModel:
         ids.update(vocab[t] for t in EOS_NAMES if t in vocab and vocab[t] < self.vocab_size)
         return ids
 
-    def extend(self, ids: list[int], last: int | None = None, head: Head | None = None,
-               parents: list[int] | None = None) -> torch.Tensor:
-        """Append ``ids`` to the cache; fp32 logits ``[len(ids), V]`` (or of the ``last`` rows);
-        ``parents``: the ids are a tree (``forward``)."""
-        return self.own.extend(ids, last, head, parents)
-
-    def keep_rows(self, start: int, rows: list[int]) -> None:
-        self.own.keep_rows(start, rows)
-
     def restricted_head(self, ids: torch.Tensor) -> Head:
         """The LM head's rows ``ids`` alone, for forwards whose caller reads no other logits (TLI's
         draft, confined to the intersection). Each row is the same bits as in the whole head."""
         ids = torch.as_tensor(ids, dtype=torch.long).sort().values
         return Head(ids, _product(self.kernel, self._head_tensor, ids))
 
-    @torch.no_grad()  # not inference_mode: its tensors (caches, logits) could not be written later
-    def forward(self, batch: list[tuple], head: Head | None = None) -> list[torch.Tensor]:
-        """Append each ``(sequence, ids, last)``'s ids to its sequence in one pass; for each, the fp32
-        logits of its ids (or of its ``last`` rows), ``[rows, V]``. With a ``head``
-        (``restricted_head``) only its rows are computed, and the others are -inf.
-
-        An entry ``(sequence, ids, last, parents)`` is a tree: ``parents[j]`` is the index in ``ids``
-        of id j's parent (-1 for the first, which follows the cache). Each id then sits at the
-        position after its parent and attends to its own ancestors only, so its logits are the same
-        bits as for its branch alone; ``Sequence.keep_rows`` keeps one branch."""
-        if len({id(entry[0]) for entry in batch}) != len(batch):
-            raise ValueError("forward: a sequence appears twice in one batch")
-        positions, owners, ids, picked, keeps, slots, parents = [], [], [], [], [], [], []
-        trees = any(len(entry) > 3 and entry[3] is not None for entry in batch)
-        for i, (seq, new, last, *tree) in enumerate(batch):
-            start, m = seq.num_cached, len(new)
-            seq.cache.reserve(start, start + m)
-            tree = tree[0] if tree else None
-            if tree is None:
-                positions += range(start, start + m)
-                parents += [-1] * m if trees else []
-            else:
-                positions += [start + d for d in depths(tree)]
-                parents += [-1 if up < 0 else len(ids) + up for up in tree]
-            slots += range(start, start + m) if trees else []
-            owners += [i] * m
-            keeps.append(m if last is None else min(last, m))
-            picked += range(len(ids) + m - keeps[-1], len(ids) + m)
-            ids += new
-        positions = torch.tensor(positions)
-        tables = [rotary.angles(positions) for rotary in self.description.rotary]
-        keys = [t for seq, *_ in batch for t in seq.cache.keys]
-        values = [t for seq, *_ in batch for t in seq.cache.values]
+    def decode(self, rows: Rows, head: Head | None) -> torch.Tensor:
+        """The logits of ``rows.picked`` (``StackModel.forward``). With a ``head``
+        (``restricted_head``) only its rows are computed, and the others are -inf."""
         weight, kind, k = self.embed
-        x = self.kernel.dequant_rows(weight, kind, k, torch.tensor(ids))
+        x = self.kernel.dequant_rows(weight, kind, k, rows.ids)
         if self.description.embed_scale != 1.0:
             x = x * self.description.embed_scale
-        cos, sin = [c for c, _ in tables], [s for _, s in tables]
-        x = self.kernel.decoder_forward(x, positions, torch.tensor(owners), self.arch, self.layers, keys,
-                                        values, cos, sin, slots, parents)
-        if picked and picked == list(range(picked[0], picked[0] + len(picked))):
-            x = x[picked[0]:picked[0] + len(picked)]  # a view: a list index costs a copy and more
-        else:
-            x = x[picked]
-        h = self.kernel.rms_norm_rows(x, self.final_norm, self.eps)
+        h = self.kernel.rms_norm_rows(self.run_stack(x, rows, self.layers), self.final_norm, self.eps)
         weight, kind, k = self.lm_head if head is None else head.product
         logits = self.kernel.typed_linear(h, weight, kind, k, None, None)
         width = self.vocab_size if head is None else len(head.ids)
@@ -272,11 +198,9 @@ class GGUFModel:
             cap = self.description.final_softcap
             logits = torch.tanh(logits / cap) * cap
         if head is not None:
-            part, logits = logits, logits.new_full((len(picked), self.vocab_size), float("-inf"))
+            part, logits = logits, logits.new_full((len(rows.picked), self.vocab_size), float("-inf"))
             logits[:, head.ids] = part
-        for seq, new, *_ in batch:
-            seq.cached_ids.extend(new)
-        return [logits] if len(keeps) == 1 else list(logits.split(keeps))
+        return logits
 
 
 class Head(NamedTuple):

@@ -11,12 +11,15 @@ computation, written out once:
   concatenated, scales included, so the numbers are those of the separate products; the
   original modules become views of the fused weights, one copy in memory);
 * the KV cache (``stack.KVCache``) is one preallocated tensor per layer, grown by doubling;
-  ``crop`` only forgets positions, and the next ``extend`` writes over them;
+  ``crop`` only forgets positions, and the next ``extend`` writes over them; the model holds
+  several sequences, each with its own cache (``stack.StackModel``);
 * norms, rotary embeddings and attention run in fp32.
 
 With anyspec's row-wise kernel in every product (int8 and bf16 models) the whole stack is one C++ call
-(``decoder_forward`` in ``csrc/decoder.cpp``); otherwise ``extend`` runs the same steps in
-Python below, the readable reference that the tests compare with transformers.
+(``decoder_forward`` in ``csrc/decoder.cpp``), the GGUF models' own: rows of several sequences
+run together and a tree of rows attends along its branches, each row the same bits as alone.
+Otherwise each sequence runs the same steps in Python below, the readable reference that the
+tests compare with transformers, one sequence after another and as a chain only.
 
 Used for int8 and bf16 model folders on anyspec's row-wise kernel (GGUF files run the same C++
 stack from ``backends/gguf.py``). The numbers differ from transformers' in rounding only
@@ -36,8 +39,8 @@ from torch import nn
 
 from anyspec.backends.arch import describe_hf, hf_problem, kernel_arch
 from anyspec.backends.linear import RowwiseLinear, rowwise_kernel
-from anyspec.backends.stack import KVCache
-from anyspec.backends.transformers import TransformersModel
+from anyspec.backends.stack import Rows, Sequence, StackModel, check_distinct
+from anyspec.backends.transformers import Pretrained
 
 BF16, I8S = 30, 1000  # decoder_forward's type codes (csrc/quant.h) for the row-wise kernels' weights
 
@@ -132,13 +135,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + turned * sin
 
 
-class LeanModel(TransformersModel):
-    """``TransformersModel``'s interface (extend, crop, reset) over the lean forward."""
+class LeanModel(StackModel, Pretrained):
+    """A transformers model's weights run by the lean forward: ``extend``, ``crop`` and ``reset`` on
+    its own sequence, ``new_sequence`` and ``forward`` for several (``stack.StackModel``)."""
 
     def __init__(self, model, tokenizer, name: str = "model", dtype: str | None = None):
         super().__init__(model, tokenizer, name=name, dtype=dtype)
         d = self.description = describe_hf(model.config)
         self.heads, self.kv_heads, self.head_dim, self.eps = d.heads, d.kv_heads, d.head_dim, d.eps
+        self.n_layers = d.n_layers
         inner = model.model
         self.embed = inner.embed_tokens.weight.detach()  # rows widened to fp32 as they are looked up
         self.final_norm = inner.norm.weight.detach().float()
@@ -151,13 +156,13 @@ class LeanModel(TransformersModel):
             gate_up=fuse(layer.mlp.gate_proj, layer.mlp.up_proj),
             down=layer.mlp.down_proj,
         ) for layer in inner.layers]
-        self.cache = KVCache(len(self.layers), self.kv_heads, self.head_dim)
-        self.rotary = d.rotary[0]
         self.native = None  # the whole stack in one C++ call, when every product is the row-wise kernel
         products = ("qkv", "o", "gate_up", "down")
         if all(isinstance(layer[p], RowwiseLinear) for layer in self.layers for p in products):
             self.native = native_layers(self.layers, d)
-            self.arch = kernel_arch(rowwise_kernel(), d)
+            self.kernel = rowwise_kernel()
+            self.arch = kernel_arch(self.kernel, d)
+        self.hold_sequences()
 
     @property
     def row_invariant(self) -> bool:
@@ -165,35 +170,41 @@ class LeanModel(TransformersModel):
         return self.native is not None
 
     @property
+    def tree_attention(self) -> bool:
+        """Whether forward takes a tree of rows: on the C++ stack only."""
+        return self.native is not None
+
+    @property
     def kernel_level(self) -> int | None:
-        return rowwise_kernel().isa() if self.native is not None else None
+        return self.kernel.isa() if self.native is not None else None
 
-    def reset(self) -> None:
-        self.cached_ids = []
+    def forward(self, batch: list[tuple], head=None) -> list[torch.Tensor]:
+        if self.native is not None:
+            return super().forward(batch, head)
+        if any(len(entry) > 3 and entry[3] is not None for entry in batch):
+            raise ValueError("forward: a tree of rows needs the C++ stack (row-wise kernels)")
+        check_distinct(batch)
+        return [self._reference(seq, ids, last) for seq, ids, last, *_ in batch]
 
-    def crop(self, n: int) -> None:
-        del self.cached_ids[n:]
+    def decode(self, rows: Rows, head=None) -> torch.Tensor:
+        """The logits of ``rows.picked`` on the C++ stack (``StackModel.forward``)."""
+        x = self.run_stack(self.embed[rows.ids].float(), rows, self.native)
+        return self.lm_head(rms_norm(x, self.final_norm, self.eps)).float()
 
-    @torch.no_grad()  # not inference_mode: its tensors (caches, logits) could not be written later
-    def extend(self, ids: list[int], last: int | None = None) -> torch.Tensor:
-        start, m = self.num_cached, len(ids)
+    @torch.no_grad()
+    def _reference(self, seq: Sequence, ids: list[int], last: int | None) -> torch.Tensor:
+        """``ids`` through the Python steps, over ``seq``'s cache."""
+        start, m = seq.num_cached, len(ids)
         end = start + m
-        self.cache.reserve(start, end)
-        cos, sin = self.rotary.angles(torch.arange(start, end))
+        seq.cache.reserve(start, end)
+        cos, sin = self.description.rotary[0].angles(torch.arange(start, end))
+        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)  # transformers' halves
         mask = None
         if m > 1:
             mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-
         x = self.embed[torch.tensor(ids)].float()
-        if self.native is not None:
-            cache = self.cache
-            rows = torch.arange(start, end)
-            x = rowwise_kernel().decoder_forward(x, rows, torch.zeros_like(rows), self.arch, self.native,
-                                                 cache.keys, cache.values, [cos], [sin])
-            return self._logits(x, m if last is None else last, ids)
-        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)  # transformers' halves
-        for layer, keys, values in zip(self.layers, self.cache.keys, self.cache.values, strict=True):
+        for layer, keys, values in zip(self.layers, seq.cache.keys, seq.cache.values, strict=True):
             qkv = layer["qkv"](rms_norm(x, layer["attn_norm"], self.eps))
             q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
             q = rotate(q.view(m, self.heads, self.head_dim).transpose(0, 1), cos, sin)
@@ -204,9 +215,6 @@ class LeanModel(TransformersModel):
             x = x + layer["o"](attn[0].transpose(0, 1).reshape(m, q_size))
             gate, up = layer["gate_up"](rms_norm(x, layer["mlp_norm"], self.eps)).chunk(2, dim=-1)
             x = x + layer["down"](F.silu(gate) * up)
-        return self._logits(x, m if last is None else last, ids)
-
-    def _logits(self, x: torch.Tensor, keep: int, ids: list[int]) -> torch.Tensor:
-        logits = self.lm_head(rms_norm(x[len(ids) - keep:], self.final_norm, self.eps))
-        self.cached_ids.extend(ids)
-        return logits.float()
+        keep = m if last is None else last
+        seq.cached_ids.extend(ids)
+        return self.lm_head(rms_norm(x[m - keep:], self.final_norm, self.eps)).float()

@@ -1,13 +1,19 @@
-"""The KV caches of anyspec's C++ decoder stack (lean and GGUF models); the rotary angles are arch.py's.
+"""What the lean and GGUF models share around anyspec's C++ decoder stack: the KV caches, the
+sequences and a batch's rows; the rotary angles are arch.py's.
 
-A model that holds several sequences at once (``GGUFModel.new_sequence``) gives each its own
+A model that holds several sequences at once (``StackModel.new_sequence``) gives each its own
 ``KVCache``; one ``decoder_forward`` then computes new rows of any of them together, each row over
-its own sequence's cache.
+its own sequence's cache (``assemble`` lays them out, ``StackModel.forward`` runs them).
 """
 
 from __future__ import annotations
 
+import weakref
+from typing import NamedTuple
+
 import torch
+
+from anyspec.algorithms.tree import depths
 
 
 class KVCache:
@@ -111,3 +117,128 @@ class Sequence:
             for t in self.cache.keys + self.cache.values:
                 t[:, start:start + len(rows)] = t[:, at]
         self.cached_ids[start:] = [self.cached_ids[start + r] for r in rows]
+
+
+class Rows(NamedTuple):
+    """One ``decoder_forward``'s rows: the new ids of several sequences, one entry after another."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor  # each row's position in its sequence
+    owners: torch.Tensor  # each row's entry in the batch
+    keys: list[torch.Tensor]  # each entry's cache, layer by layer
+    values: list[torch.Tensor]
+    slots: list[int]  # each row's place in its cache, where an entry is a tree (else empty)
+    parents: list[int]  # each row's parent row, -1 for one that follows its cache (trees only)
+    picked: list[int]  # the rows whose logits are returned
+    keeps: list[int]  # how many of those each entry has
+
+
+def check_distinct(batch: list[tuple]) -> None:
+    if len({id(entry[0]) for entry in batch}) != len(batch):
+        raise ValueError("forward: a sequence appears twice in one batch")
+
+
+def assemble(batch: list[tuple]) -> Rows:
+    """The rows of ``StackModel.forward``'s entries ``(sequence, ids, last[, parents])``, each
+    cache with room for its new ids."""
+    check_distinct(batch)
+    positions, owners, ids, picked, keeps, slots, parents = [], [], [], [], [], [], []
+    trees = any(len(entry) > 3 and entry[3] is not None for entry in batch)
+    for i, (seq, new, last, *tree) in enumerate(batch):
+        start, m = seq.num_cached, len(new)
+        seq.cache.reserve(start, start + m)
+        tree = tree[0] if tree else None
+        if tree is None:
+            positions += range(start, start + m)
+            parents += [-1] * m if trees else []
+        else:
+            positions += [start + d for d in depths(tree)]
+            parents += [-1 if up < 0 else len(ids) + up for up in tree]
+        slots += range(start, start + m) if trees else []
+        owners += [i] * m
+        keeps.append(m if last is None else min(last, m))
+        picked += range(len(ids) + m - keeps[-1], len(ids) + m)
+        ids += new
+    keys = [t for seq, *_ in batch for t in seq.cache.keys]
+    values = [t for seq, *_ in batch for t in seq.cache.values]
+    ids, positions, owners = (torch.tensor(v, dtype=torch.long) for v in (ids, positions, owners))
+    return Rows(ids, positions, owners, keys, values, slots, parents, picked, keeps)
+
+
+class StackModel:
+    """A decoder on the C++ stack that holds several sequences (``new_sequence``) and runs rows of
+    many in one ``forward``; ``extend``, ``crop``, ``reset``, ``donors``, ``adopt`` and
+    ``keep_rows`` work on its own sequence, ``own``.
+
+    A subclass has ``kernel``, ``arch``, ``description``, the cache's sizes (``n_layers``,
+    ``kv_heads``, ``head_dim``), and ``decode(rows, head)``, the logits of ``rows.picked``.
+    """
+
+    sequences: weakref.WeakSet[Sequence]  # every live one
+    own: Sequence
+
+    def hold_sequences(self) -> None:
+        self.sequences = weakref.WeakSet()
+        self.own = self.new_sequence()
+
+    def new_sequence(self) -> Sequence:
+        """Another sequence with its own (empty) KV cache."""
+        seq = Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim))
+        self.sequences.add(seq)
+        return seq
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return self.own.cached_ids
+
+    @property
+    def num_cached(self) -> int:
+        return self.own.num_cached
+
+    def reset(self) -> None:
+        self.own.reset()
+
+    def crop(self, n: int) -> None:
+        self.own.crop(n)
+
+    def donors(self) -> list[Sequence]:
+        return self.own.donors()
+
+    def adopt(self, donor: Sequence, n: int) -> None:
+        self.own.adopt(donor, n)
+
+    def extend(self, ids: list[int], last: int | None = None, head=None,
+               parents: list[int] | None = None) -> torch.Tensor:
+        """Append ``ids`` to the cache; fp32 logits ``[len(ids), V]`` (or of the ``last`` rows);
+        ``parents``: the ids are a tree (``forward``)."""
+        return self.own.extend(ids, last, head, parents)
+
+    def keep_rows(self, start: int, rows: list[int]) -> None:
+        self.own.keep_rows(start, rows)
+
+    @torch.no_grad()  # not inference_mode: its tensors (caches, logits) could not be written later
+    def forward(self, batch: list[tuple], head=None) -> list[torch.Tensor]:
+        """Append each ``(sequence, ids, last)``'s ids to its sequence in one pass; for each, the fp32
+        logits of its ids (or of its ``last`` rows), ``[rows, V]``. ``head``: the subclass's
+        restricted head, where it has one (``model.RestrictedHead``).
+
+        An entry ``(sequence, ids, last, parents)`` is a tree: ``parents[j]`` is the index in ``ids``
+        of id j's parent (-1 for the first, which follows the cache). Each id then sits at the
+        position after its parent and attends to its own ancestors only, so its logits are the same
+        bits as for its branch alone; ``Sequence.keep_rows`` keeps one branch."""
+        rows = assemble(batch)
+        logits = self.decode(rows, head)
+        for seq, new, *_ in batch:
+            seq.cached_ids.extend(new)
+        return [logits] if len(rows.keeps) == 1 else list(logits.split(rows.keeps))
+
+    def run_stack(self, x: torch.Tensor, rows: Rows, layers: list) -> torch.Tensor:
+        """The decoder stack over the embedded ``rows`` ``x``; the hidden states of the picked rows."""
+        tables = [rotary.angles(rows.positions) for rotary in self.description.rotary]
+        cos, sin = [c for c, _ in tables], [s for _, s in tables]
+        x = self.kernel.decoder_forward(x, rows.positions, rows.owners, self.arch, layers, rows.keys,
+                                        rows.values, cos, sin, rows.slots, rows.parents)
+        picked = rows.picked
+        if picked and picked == list(range(picked[0], picked[0] + len(picked))):
+            return x[picked[0]:picked[0] + len(picked)]  # a view: a list index costs a copy and more
+        return x[picked]

@@ -45,12 +45,11 @@ def cache_argument(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-class TransformersModel:
-    """One model, its tokenizer and its KV cache. ``cached_ids`` are the tokens in the cache."""
+class Pretrained:
+    """A transformers model and its tokenizer, without a cache: its name, dtype, vocabulary size,
+    context length, device and end-of-sequence ids."""
 
     def __init__(self, model, tokenizer, name: str = "model", dtype: str | None = None):
-        from transformers import DynamicCache
-
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -58,6 +57,26 @@ class TransformersModel:
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.context_length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         self.device = next(model.parameters()).device
+
+    def eos_ids(self) -> set[int]:
+        """End-of-sequence ids from the generation config and the tokenizer."""
+        ids: set[int] = set()
+        gen = getattr(self.model, "generation_config", None)
+        for value in (getattr(gen, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif value is not None:
+                ids.update(int(v) for v in value)
+        return ids
+
+
+class TransformersModel(Pretrained):
+    """One model, its tokenizer and its KV cache. ``cached_ids`` are the tokens in the cache."""
+
+    def __init__(self, model, tokenizer, name: str = "model", dtype: str | None = None):
+        from transformers import DynamicCache
+
+        super().__init__(model, tokenizer, name=name, dtype=dtype)
         self._new_cache = lambda: DynamicCache(config=model.config)
         self.cache = self._new_cache()
         self.cached_ids: list[int] = []
@@ -91,14 +110,3 @@ class TransformersModel:
         if n < self.num_cached:
             self.cache.crop(n - self.num_cached)
             del self.cached_ids[n:]
-
-    def eos_ids(self) -> set[int]:
-        """End-of-sequence ids from the generation config and the tokenizer."""
-        ids: set[int] = set()
-        gen = getattr(self.model, "generation_config", None)
-        for value in (getattr(gen, "eos_token_id", None), getattr(self.tokenizer, "eos_token_id", None)):
-            if isinstance(value, int):
-                ids.add(value)
-            elif value is not None:
-                ids.update(int(v) for v in value)
-        return ids

@@ -35,7 +35,7 @@ class Forward(NamedTuple):
     ids: list[int]
     last: int | None = None  # logits of only the last rows
     head: object = None  # the model's ``restricted_head``: logits of its rows only, -inf elsewhere
-    parents: list[int] | None = None  # the ids are a tree (``GGUFModel.forward``): each one's parent
+    parents: list[int] | None = None  # the ids are a tree (``StackModel.forward``): each one's parent
 
 
 Steps = Generator["str | Forward", "torch.Tensor | None", object]
@@ -125,9 +125,9 @@ class Meter:
     adds each one; ``timing`` adds work of the generation's own), beside the batch's ``PassCosts``
     of each model's passes by their rows."""
 
-    def __init__(self, costs: dict[int, PassCosts]):
+    def __init__(self, costs_of: Callable[[object], PassCosts]):
         self.spent: dict[int, float] = {}
-        self.batch_costs = costs
+        self.costs_of = costs_of
 
     def add(self, model, seconds: float) -> None:
         self.spent[id(model)] = self.spent.get(id(model), 0.0) + seconds
@@ -153,7 +153,7 @@ class Meter:
 
     def costs(self, seq) -> PassCosts:
         """The passes of ``seq``'s model in this batch, by their rows."""
-        return self.batch_costs.setdefault(id(model_of(seq)), PassCosts())
+        return self.costs_of(model_of(seq))
 
 
 class Batch:
@@ -186,7 +186,7 @@ class Batch:
         generations already here."""
         peers = self._peers()
         mean = sum(p.acceptance.rate for p in peers) / len(peers) if peers else 0.5
-        costs = [self.costs.setdefault(id(m), PassCosts()) for m in (target, draft)]
+        costs = [self.costs_of(m) for m in (target, draft)]
         schedule = BatchSchedule(k_max, self._peers, *costs, Acceptance(2 * mean, 2 * (1 - mean)), shared,
                                  adaptive)
         self.schedules[key] = schedule
@@ -194,7 +194,11 @@ class Batch:
 
     def meter(self, key) -> Meter:
         """What generation ``key``'s passes cost it (``Batch.step`` measures each pass)."""
-        return self.meters.setdefault(key, Meter(self.costs))
+        return self.meters.setdefault(key, Meter(self.costs_of))
+
+    def costs_of(self, model) -> PassCosts:
+        """The measured seconds of ``model``'s passes in this batch, by their rows."""
+        return self.costs.setdefault(id(model), PassCosts())
 
     def _peers(self) -> list[BatchSchedule]:
         return [self.schedules[k] for k in self.members if k in self.schedules]
@@ -233,7 +237,7 @@ class Batch:
         else:  # a model with one cache: its forwards one by one
             logits = [extend(f) for f in forwards]
         seconds = time.perf_counter() - t0
-        self.costs.setdefault(id(model), PassCosts()).record(rows, seconds)
+        self.costs_of(model).record(rows, seconds)
         for key in keys:
             if key in self.meters:
                 self.meters[key].add(model, seconds)

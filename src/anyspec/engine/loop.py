@@ -60,7 +60,8 @@ class Engine:
             self.config = replace(self.config, tree=tuned_tree(target))
         elif self.config.tree and not target.tree_attention:
             raise ConfigError(f"tree={self.config.tree} needs a target whose forward takes a tree of rows "
-                              "(a GGUF model on anyspec's kernels); use tree=0 (--tree 0)")
+                              "(a GGUF, or lean int8 or bf16, model on anyspec's kernels); "
+                              "use tree=0 (--tree 0)")
         self.proposers: dict[str, Proposer] = {}
         bridge = None
         if draft is not None:
@@ -120,8 +121,8 @@ class Engine:
         """A sequence of the target and one of the draft (None without a draft), each with its own
         KV cache, for one generation of a batch."""
         if not self.batchable:
-            raise ConfigError("batched generation needs models that hold several KV caches (GGUF models "
-                              "on anyspec's kernels); run these requests one at a time")
+            raise ConfigError("batched generation needs models that hold several KV caches (GGUF, or lean "
+                              "int8 or bf16, models on anyspec's kernels); run these requests one at a time")
         return self.target.new_sequence(), self.draft.new_sequence() if self.draft is not None else None
 
     def generate_batch(self, requests: list[tuple[str | list[dict], SamplingParams]],

@@ -9,7 +9,8 @@ scheduler check these instead of probing for attributes one by one.
 - ``RestrictedHead``: a model that can compute the logits of some vocabulary rows only
   (``restricted_head``), for TLI's draft, which reads only the intersection's;
 - ``MultiSequence``: a model that holds several caches (``new_sequence``) and runs rows of many in one
-  ``forward``, as anyspec's GGUF models do; generations can then be batched.
+  ``forward``, as anyspec's GGUF and lean models do (``stack.StackModel``); generations can then
+  be batched.
 """
 
 from __future__ import annotations
