@@ -33,7 +33,7 @@ def test_spec_args_are_split_and_checked():
         "--spec-type", "ngram-mod,ngram-simple", "--spec-ngram-mod-n-min", "0",
         "--spec-ngram-simple-size-m", "8"]
     assert llama_spec_args("--spec-type none") == ["--spec-type", "none"]
-    assert llama_spec_args(DEFAULT_LLAMA_SPEC)[:2] == ["--spec-type", "ngram-map-k"]
+    assert llama_spec_args(DEFAULT_LLAMA_SPEC)[:2] == ["--spec-type", "ngram-mod"]
 
 
 @pytest.mark.parametrize("text, says", [

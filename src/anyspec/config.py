@@ -69,6 +69,9 @@ class SpeculativeConfig:
     draft_context: str = _flag(
         "retokenize", f"{' | '.join(DRAFT_CONTEXTS)}: the draft reads its own tokenization, or the "
         "target's tokens mapped one by one (vLLM's)")
+    draft_window: int = _flag(
+        0, "the draft reads at most the last 2N tokens of a long prompt, from a multiple of N (0 = all "
+        "of it); the target always reads all", metavar="N")
     adaptive_k: bool = _flag(
         False, "choose k (0 = target alone) each round from measured acceptance and speed")
     draft_confidence: float | None = _flag(
@@ -111,6 +114,9 @@ class SpeculativeConfig:
                                                   or not 0 <= self.draft_confidence < 1):
             raise ConfigError(f"draft_confidence must be a probability in [0, 1) (0 = off), got "
                               f"{self.draft_confidence!r}")
+        if not _is_int(self.draft_window) or self.draft_window < 0:
+            raise ConfigError(f"draft_window must be an integer >= 0 (0 = the whole prompt), "
+                              f"got {self.draft_window!r}")
         if not _is_int(self.ngram) or not 0 <= self.ngram <= MAX_NGRAM:
             raise ConfigError(f"ngram must be an integer from 0 (off) to {MAX_NGRAM}, got {self.ngram!r}")
         if self.tree is not None and (not _is_int(self.tree) or not 0 <= self.tree <= MAX_TREE_BRANCHES):

@@ -28,9 +28,9 @@ SIZE_OPTIONS = {
     "--spec-ngram-mod-n-min": ("ngram-mod", 0),
     "--spec-ngram-mod-n-max": ("ngram-mod", 1),
 }
-# a lookup of 3 tokens, drafts of up to 8: llama.cpp's defaults (12 and 48) rarely match in a short
-# answer, and on a CPU every drafted row costs a forward row
-DEFAULT_LLAMA_SPEC = "--spec-type ngram-map-k --spec-ngram-map-k-size-n 3 --spec-ngram-map-k-size-m 8"
+# the fastest setting of benchmarks/llama_ngram_sweep.py on the edit set (docs/benchmarks.md)
+DEFAULT_LLAMA_SPEC = ("--spec-type ngram-mod --spec-ngram-mod-n-match 8 --spec-ngram-mod-n-min 1 "
+                      "--spec-ngram-mod-n-max 16")
 
 
 def _pairs(text: str, option: str) -> list[tuple[str, str]]:

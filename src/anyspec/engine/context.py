@@ -114,20 +114,23 @@ def longest_prefix(seqs, ids: list[int]) -> tuple[object | None, int]:
 class DraftReader:
     """The draft's side of a request: its context at the prompt, then after each committed round."""
 
-    def __init__(self, draft, bridge, own_tokenization: bool):
+    def __init__(self, draft, bridge, own_tokenization: bool, window: int = 0):
         self.tokenizer = draft.tokenizer
         self.bridge = bridge
         self.own = own_tokenization
+        self.window = window
         self.anchor_ids = self.tokenizer.encode(ANCHOR, add_special_tokens=False)
 
     def start(self, prompt: str | list[dict], target_text: str, target_ids: list[int]) -> DraftContext:
         """Its own tokenization of the prompt (its chat template, else the target's text), or the
-        target's ids mapped one by one."""
+        target's ids mapped one by one; past ``window`` tokens, only its end (``prompt_window``)."""
         if self.own:
             ids = encode_prompt(self.tokenizer, prompt, fallback_text=target_text)[0]
+            ids = prompt_window(ids, self.window)
             return DraftContext(ids=ids, n_fixed=len(ids))
         ctx = DraftContext(ids=[], n_fixed=0, policy="token-map")
         append_token_map(ctx, target_ids, self.bridge.target_to_draft, self.bridge.unk_id)
+        ctx.ids = prompt_window(ctx.ids, self.window)
         ctx.n_fixed = len(ctx.ids)
         return ctx
 
@@ -136,3 +139,15 @@ class DraftReader:
             append_retokenize(ctx, new_bytes, self.tokenizer, self.bridge.draft_bytes, self.anchor_ids)
         else:
             append_token_map(ctx, target_ids, self.bridge.target_to_draft, self.bridge.unk_id)
+
+
+def prompt_window(ids: list[int], window: int) -> list[int]:
+    """The end of a prompt the draft reads: from the last multiple of ``window`` at least ``window``
+    tokens before its end (so ``window`` to ``2 * window - 1`` tokens), all of it when shorter or
+    with ``window`` 0. A draft's prefill of a long prompt costs about as much as its rounds save,
+    and the end of the prompt is what its next tokens depend on most; starting at a multiple keeps
+    the start still while a conversation grows, so the draft's cache keeps its prefix. Only what
+    the draft proposes depends on it: the target reads the whole prompt."""
+    if not window or len(ids) < 2 * window:
+        return ids
+    return ids[(len(ids) - window) // window * window:]

@@ -67,7 +67,7 @@ class Engine:
         if draft is not None:
             bridge = build_bridge(draft, target, self.config)
             own = self.config.use_heterogeneous_vocab and self.config.draft_context == "retokenize"
-            self.reader = DraftReader(draft, bridge, own)
+            self.reader = DraftReader(draft, bridge, own, self.config.draft_window)
             self.proposers["tli"] = TLI(bridge, draft)
             if bridge.target_bytes is not None:
                 self.proposers["slem"] = SLEM(bridge, target.tokenizer)
