@@ -140,7 +140,7 @@ def test_branches_beside_the_chain_keep_greedy_answers_those_of_the_target_alone
     from anyspec.engine import loop
 
     target, draft = pair
-    if not getattr(target, "tree_attention", False):
+    if not target.tree_attention:
         pytest.skip("only models on the C++ decoder stack verify a tree in one forward")
     monkeypatch.setattr(loop, "branch_worth", lambda meter, target, output: lambda *_: True)
     prompts = [[{"role": "user", "content": c}] for c in ("Write a Python function that reverses a string.",

@@ -24,6 +24,7 @@ TREE_BRANCHES = 2  # a round's branches beside its chain, at most, where the tar
 #                    verified rows are cheap: proposers.tuned_tree)
 MAX_TREE_BRANCHES = 8
 MAX_LOGPROBS = 20  # the most of the likeliest tokens reported beside each token (OpenAI's top_logprobs)
+DRAFT_WINDOW = 256  # the draft reads a long prompt's last 256 to 511 tokens (engine/context.py prompt_window)
 MAX_NGRAM = 4  # the longest context suffix prompt lookup matches (algorithms/ngram.py MAX_N)
 # Sampling settings below these are refused: logits / temperature and the top-p mass are float32,
 # where smaller values overflow or round to 0 (temperature 0 is greedy; top_p 1e-6 is greedy already).
@@ -70,8 +71,8 @@ class SpeculativeConfig:
         "retokenize", f"{' | '.join(DRAFT_CONTEXTS)}: the draft reads its own tokenization, or the "
         "target's tokens mapped one by one (vLLM's)")
     draft_window: int = _flag(
-        0, "the draft reads at most the last 2N tokens of a long prompt, from a multiple of N (0 = all "
-        "of it); the target always reads all", metavar="N")
+        DRAFT_WINDOW, "the draft reads at most the last 2N tokens of a long prompt, from a multiple of N "
+        "(0 = all of it; default %(default)s); the target always reads all", metavar="N")
     adaptive_k: bool = _flag(
         False, "choose k (0 = target alone) each round from measured acceptance and speed")
     draft_confidence: float | None = _flag(
