@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import platform
 import statistics
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from anyspec.bench.llama import forward_cost_by_rows, llama_cpp_problem, target_gguf
+from anyspec.cli.bench import publish
 from anyspec.engine.batch import PREFILL_CHUNK
 
 
@@ -230,12 +230,7 @@ def main(argv=None) -> int:
                               "prefill_ms": median_of(rounds, "prefill_ms"),
                               "prefill_rounds": [r.get("prefill_ms") for r in rounds],
                               **({"build": rounds[-1]["build"]} if engine == "llama.cpp" else {})}
-    table = markdown(result)
-    print(table)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    if args.markdown:
-        args.markdown.write_text(table)
+    publish(result, markdown(result), args.json, args.markdown)
     return 0
 
 

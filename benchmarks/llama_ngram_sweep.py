@@ -20,7 +20,6 @@ share accepted, and how many answers equal the ``none`` setting's.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from anyspec.bench.llama import LlamaCppUnavailable, complete, llama_cpp_problem
 from anyspec.bench.llama_spec import llama_spec_args
 from anyspec.bench.prompts import load_prompts, prompt_file, prompt_ids
 from anyspec.bench.timing import timing_summary
+from anyspec.cli.bench import publish
 from anyspec.errors import ConfigError
 
 NONE = "--spec-type none"
@@ -170,12 +170,7 @@ def main(argv=None) -> int:
                          "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
                          "threads": args.threads, "settings": settings},
               "notes": notes, "summary": summarize(runs, settings), "runs": runs}
-    table = markdown(result)
-    print(table)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    if args.markdown:
-        args.markdown.write_text(table)
+    publish(result, markdown(result), args.json, args.markdown)
     return 0
 
 

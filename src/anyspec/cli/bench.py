@@ -74,15 +74,20 @@ def run(args) -> int:
                              hf_assistant=args.hf_assistant, vllm_python=args.vllm_python,
                              llama_spec=args.llama_spec)
     result = run_bench(settings, log=lambda s: print(s, file=sys.stderr, flush=True))
-    table = markdown(result)
-    print(table)
-    if args.json:
-        with write_atomically(args.json, "--json") as tmp:
-            tmp.write_text(json.dumps(result, indent=1) + "\n")
-    if args.markdown:
-        with write_atomically(args.markdown, "--markdown") as tmp:
-            tmp.write_text(table)
+    publish(result, markdown(result), args.json, args.markdown)
     if args.plot:
         with write_atomically(args.plot, "--plot") as tmp:
             plot(result, tmp)
     return 0
+
+
+def publish(result: dict, table: str, json_path: Path | None, markdown_path: Path | None) -> None:
+    """A bench's ``table`` to stdout, and with it ``result`` and ``table`` into the files named,
+    each written whole or not at all (``write_atomically``); the benchmarks' scripts end so too."""
+    print(table)
+    if json_path:
+        with write_atomically(json_path, "--json") as tmp:
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+    if markdown_path:
+        with write_atomically(markdown_path, "--markdown") as tmp:
+            tmp.write_text(table)
