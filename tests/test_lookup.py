@@ -39,3 +39,20 @@ def test_a_continuation_is_as_long_as_pays_at_the_measured_costs():
     unknown = Lookup(2, PROMPT, PassCosts(), k=5)
     assert len(unknown.find(100)) == 5  # the draft's k until the costs are measured
     assert len(cheap.find(3)) == 3  # never past the limit (the tokens left to generate)
+
+
+def test_the_continuation_goes_alone_where_it_beats_a_draft_round_with_its_catch_up():
+    target = costs(0.05, 0.002)  # a verify: 50 ms and 2 ms a row
+    draft = costs(0.005, 0.001)  # a draft pass: 5 ms and 1 ms a token it reads
+    lookup = Lookup(2, PROMPT, target, k=5, draft_costs=draft)
+    found = lookup.find(4)
+    assert found and not lookup.alone_pays(found, behind=1)  # no draft round measured yet
+    for _ in range(5):  # draft rounds: 3 tokens in 80 ms, 5 ms of it the catch-up on 1 token
+        lookup.drafted(3, 0.080, behind=1)
+    # alone: 1 + 0.5 + 0.25 + ... tokens (acceptance 0.5) in one verify of up to 5 rows, against
+    # 3 tokens in 80 ms, plus the catch-up of the tokens the draft has not read
+    assert not lookup.alone_pays(found, behind=1)  # 3 / 80 ms beats 1.875 / 56 ms (3 tokens)
+    assert lookup.alone_pays(found, behind=60)  # 3 / 139 ms does not
+    no_draft = Lookup(2, PROMPT, target, k=5)
+    no_draft.drafted(3, 0.080, behind=1)
+    assert not no_draft.alone_pays(found, behind=60)  # without a draft nothing is measured

@@ -73,7 +73,7 @@ class Acceptance:
         self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
 
 
-def _mix(old: float | None, new: float, weight: float = 0.3) -> float:
+def mix(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
@@ -85,7 +85,7 @@ class PassCosts:
         self.mean: dict[int, float] = {}
 
     def record(self, rows: int, seconds: float) -> None:
-        self.mean[rows] = _mix(self.mean.get(rows), seconds)
+        self.mean[rows] = mix(self.mean.get(rows), seconds)
 
     def known(self) -> bool:
         return len(self.mean) >= 2

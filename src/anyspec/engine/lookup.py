@@ -8,7 +8,12 @@ better, so the draft proposes and the continuation rides beside its chain as a b
 round's trie (``tree.py``), where the target takes a tree and its rows pay.
 
 Whether the text "copies" is read from the last round, verified or not: the continuation found then
-agreed with every token the round committed. The same comparison counts the continuations'
+agreed with every token the round committed. Otherwise the continuation is still proposed alone
+where that is expected to commit more tokens a second than a round of the draft: its tokens at
+their acceptance over one verify of its rows, against the draft rounds' measured tokens and
+seconds, with the draft's catch-up on text it has not read (what earlier rounds copied) counted at
+the draft's measured pass costs. So a draft far behind a long copy is not brought up to date for
+a round that the continuation does as well. The same comparison counts the continuations'
 acceptance, and a continuation is cut to the length with the most expected tokens per second of
 verify at the measured costs (``adaptive_k.expected_tokens``); since accepted rows cost little, that
 can be more than the draft's k.
@@ -20,17 +25,21 @@ lossless as with any other proposal.
 from __future__ import annotations
 
 from anyspec.algorithms import ngram
-from anyspec.algorithms.adaptive_k import Acceptance, PassCosts, expected_tokens
+from anyspec.algorithms.adaptive_k import Acceptance, PassCosts, expected_tokens, mix
 from anyspec.engine.context import common_prefix
 
 SPAN = 32  # the most tokens a continuation proposes in one round
 
 
 class Lookup:
-    def __init__(self, min_n: int, prompt_ids: list[int], costs: PassCosts, k: int):
+    def __init__(self, min_n: int, prompt_ids: list[int], costs: PassCosts, k: int,
+                 draft_costs: PassCosts | None = None):
         self.index = ngram.Index(min_n)
         self.index.extend(prompt_ids)
         self.costs = costs  # the target's passes, by their rows
+        self.draft_costs = draft_costs  # the draft's, None without a draft
+        self.draft_tokens: float | None = None  # a draft round's committed tokens, decayed mean
+        self.draft_seconds: float | None = None  # and its seconds but for the draft's catch-up
         self.k = k  # the most tokens proposed before those costs are known
         self.acceptance = Acceptance()
         self.copying = False
@@ -47,6 +56,21 @@ class Lookup:
                                key=lambda m: expected_tokens(a, m) / self.costs(m + 1))]
         self.found = found
         return found
+
+    def alone_pays(self, found: list[int], behind: int) -> bool:
+        """Whether ``found`` alone is expected to commit more tokens a second than a draft round
+        whose draft has ``behind`` tokens to read first (False until both are measured)."""
+        if self.draft_tokens is None or not self.costs.known() or not self.draft_costs.known():
+            return False
+        alone = expected_tokens(self.acceptance.rate, len(found)) / self.costs(len(found) + 1)
+        return alone > self.draft_tokens / (self.draft_seconds + self.draft_costs(max(1, behind)))
+
+    def drafted(self, committed: int, seconds: float, behind: int) -> None:
+        """A draft round: it committed ``committed`` tokens in ``seconds``, its draft ``behind``."""
+        if self.draft_costs is not None and self.draft_costs.known():
+            catch_up = self.draft_costs(max(1, behind))
+            self.draft_tokens = mix(self.draft_tokens, committed)
+            self.draft_seconds = mix(self.draft_seconds, max(0.0, seconds - catch_up))
 
     def commit(self, committed: list[int]) -> None:
         """The round's committed tokens: into the index, and against the continuation found for it."""

@@ -183,24 +183,27 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                                                   encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
     logprobs = [] if params.logprobs is not None else None
-    lookup = Lookup(engine.config.ngram, prompt_ids, meter.costs(target), k) if engine.config.ngram else None
+    lookup = Lookup(engine.config.ngram, prompt_ids, meter.costs(target), k,
+                    meter.costs(draft) if proposer else None) if engine.config.ngram else None
     worth = branch_worth(meter, target, output) if engine.config.tree and proposer else None
 
     while output.finish is None:
         stats.rounds += 1
-        behind = len(ctx.ids) - common_prefix(draft.cached_ids, ctx.ids) if schedule else 0
+        behind = len(ctx.ids) - common_prefix(draft.cached_ids, ctx.ids) if proposer else 0
+        started = meter.total()
         budget = params.max_new_tokens - len(output.ids) - 1
         k_round = min(schedule.choose(behind) if schedule else k, budget)
 
         # 1. Propose target tokens (possibly none): what the grammar forces; a continuation found
-        #    earlier in the context, alone while the text copies it (no draft forward); else up to
-        #    k_round of the draft's, with that continuation beside them where it pays.
+        #    earlier in the context, alone while the text copies it or where that beats the draft
+        #    (no draft forward); else up to k_round of the draft's, with it beside them where it pays.
         proposal = Proposal([])
         forced = constraint.forced(k_round if proposer else 0)
         found = lookup.find(budget) if lookup and not forced else []
         if forced:
             proposal = Proposal(forced, source="grammar")
-        elif found and (proposer is None or k_round == 0 or lookup.copying):
+        elif found and (proposer is None or k_round == 0 or lookup.copying
+                        or lookup.alone_pays(found, behind)):
             proposal = Proposal(found, source="ngram", found=tuple(found))
         elif k_round > 0 and proposer is not None:
             rate = lookup.acceptance.rate if lookup else 0.0
@@ -229,6 +232,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         if output.finish is None and proposer is not None:
             with meter.timing(draft):
                 engine.reader.commit(ctx, committed, b"".join(engine.target_bytes[t] for t in committed))
+        if lookup and proposal.source == "draft":
+            lookup.drafted(len(committed), meter.total() - started, behind)
 
     if ctx is not None:
         stats.draft_fallbacks = ctx.fallbacks
