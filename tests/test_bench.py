@@ -9,7 +9,7 @@ from anyspec.bench import report
 from anyspec.bench import run as bench_run
 from anyspec.bench import vllm as bench_vllm
 from anyspec.bench.context import BenchSettings
-from anyspec.config import SpeculativeConfig
+from anyspec.config import AUTO_NGRAM, SpeculativeConfig
 from anyspec.errors import ConfigError
 
 
@@ -440,7 +440,15 @@ def test_rounds_by_cause_and_the_ngram_methods_reach_the_summary(tmp_path, tok_q
         assert rows[m]["identical"] == "1/1" and sum(rows[m]["ended_by"].values()) == rows[m]["rounds"]
     assert set(rows["target"]["ended_by"]) == {"none"}
     assert any(c.startswith("ngram:") for c in rows["target-ngram"]["ended_by"])
-    assert not any(c.startswith("ngram:") for c in rows["anyspec-slem"]["ended_by"])
     assert rows["target-ngram"]["ngram_acceptance"] is not None
     table = report.markdown(result)
     assert "Why rounds ended" in table and "| anyspec-slem | " in table.split("Why rounds ended")[1]
+
+
+def test_the_ngram_methods_always_look_up_and_the_others_run_as_configured():
+    assert bench_run.lookup_setting(None, draft=True, forced=True) == AUTO_NGRAM
+    assert bench_run.lookup_setting(0, draft=True, forced=True) == AUTO_NGRAM
+    assert bench_run.lookup_setting(3, draft=False, forced=True) == 3
+    assert bench_run.lookup_setting(None, draft=True, forced=False) is None  # the engine's default
+    assert bench_run.lookup_setting(3, draft=True, forced=False) == 3  # --ngram as in generate
+    assert bench_run.lookup_setting(3, draft=False, forced=False) == 0  # the target alone

@@ -26,6 +26,8 @@ MAX_TREE_BRANCHES = 8
 MAX_LOGPROBS = 20  # the most of the likeliest tokens reported beside each token (OpenAI's top_logprobs)
 DRAFT_WINDOW = 256  # the draft reads a long prompt's last 256 to 511 tokens (engine/context.py prompt_window)
 MAX_NGRAM = 4  # the longest context suffix prompt lookup matches (algorithms/ngram.py MAX_N)
+AUTO_NGRAM, AUTO_NGRAM_PROMPT = 2, 256  # lookup by default: prompts this long (pasted files, documents,
+#                                         conversations) are what answers copy; on short ones it costs
 # Sampling settings below these are refused: logits / temperature and the top-p mass are float32,
 # where smaller values overflow or round to 0 (temperature 0 is greedy; top_p 1e-6 is greedy already).
 MIN_TEMPERATURE = 1e-4
@@ -85,10 +87,11 @@ class SpeculativeConfig:
     batch_k: bool = _flag(
         True, "in a batch, draft each generation's configured k every round (default: its k per round "
         "from the batch's pass costs and its acceptance)", "--no-batch-k")
-    ngram: int = _flag(
-        0, "prompt lookup: where the last N or more tokens occurred earlier in the context, propose what "
+    ngram: int | None = _flag(
+        None, "prompt lookup: where the last N or more tokens occurred earlier in the context, propose what "
         "followed them: alone while the text copies it, else beside the draft's chain; with --no-draft too "
-        "(0 = off; engine/lookup.py)", metavar="N")
+        f"(0 = off; default: {AUTO_NGRAM} where a draft runs and the prompt has at least "
+        f"{AUTO_NGRAM_PROMPT} tokens, else off; engine/lookup.py)", type=int, metavar="N")
     tree: int | None = _flag(
         None, "up to N branches beside the draft's chain, at its second "
         f"choices where they pay for their rows (0 = the chain alone; default: {TREE_BRANCHES} where the "
@@ -118,7 +121,7 @@ class SpeculativeConfig:
         if not _is_int(self.draft_window) or self.draft_window < 0:
             raise ConfigError(f"draft_window must be an integer >= 0 (0 = the whole prompt), "
                               f"got {self.draft_window!r}")
-        if not _is_int(self.ngram) or not 0 <= self.ngram <= MAX_NGRAM:
+        if self.ngram is not None and (not _is_int(self.ngram) or not 0 <= self.ngram <= MAX_NGRAM):
             raise ConfigError(f"ngram must be an integer from 0 (off) to {MAX_NGRAM}, got {self.ngram!r}")
         if self.tree is not None and (not _is_int(self.tree) or not 0 <= self.tree <= MAX_TREE_BRANCHES):
             raise ConfigError(f"tree must be an integer from 0 (the chain alone) to {MAX_TREE_BRANCHES} "

@@ -21,9 +21,9 @@ class BenchSettings:
     prompt_files: list[Path]
     methods: list[str]
     max_new_tokens: int = 64
-    speculative: SpeculativeConfig = field(default_factory=lambda: SpeculativeConfig(ngram=2))  # every
-    #   anyspec method's engine starts from it; its ngram is the *-ngram methods' (the others: 0), a
-    #   draft_confidence or tree of None the engine's default (proposers.tuned_confidence, tuned_tree)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # every anyspec method's
+    #   engine starts from it (its ngram as run.lookup_setting says); a draft_confidence, tree or ngram
+    #   of None is the engine's default (proposers.tuned_confidence, tuned_tree, lookup.start)
     dtype: str | None = None
     draft_dtype: str | None = None
     also_draft_dtypes: list[str] = field(default_factory=list)  # each draft method again, as METHOD@DTYPE

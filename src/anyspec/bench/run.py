@@ -24,6 +24,7 @@ from anyspec.bench.prompts import conversation, load_prompts, longest_request, p
 from anyspec.bench.report import summarize
 from anyspec.bench.timing import engine_timings
 from anyspec.bench.vllm import VllmUnavailable, close_all, run_vllm, unavailable, vllm_max_model_len
+from anyspec.config import AUTO_NGRAM
 from anyspec.engine.prompt import end_ids
 from anyspec.errors import ConfigError
 
@@ -35,7 +36,7 @@ UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli",
                 draft_dtype: str | None = None, ngram: bool = False, chain: bool = False) -> dict:
     """``draft_dtype``: one of ``ctx.drafts``, the draft loaded again in that dtype (else the pair's);
-    ``ngram``: with prompt lookup (``ctx.speculative.ngram``); ``chain``: no branches beside the
+    ``ngram``: with prompt lookup always (``lookup_setting``); ``chain``: no branches beside the
     chain (tree=0). The prefix cache is on only where ``ctx.prefix_cache`` says (a conversation's
     later turns)."""
     from anyspec.engine import Engine, SamplingParams
@@ -46,7 +47,7 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
         config = replace(ctx.speculative, algorithm=algorithm,
                          draft_sample_method="sample" if sampled else "greedy",
                          prefix_cache=ctx.prefix_cache,  # else the whole prompt, as HF's
-                         ngram=ctx.speculative.ngram if ngram else 0, **chained)
+                         ngram=lookup_setting(ctx.speculative.ngram, draft, ngram), **chained)
         model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
@@ -60,6 +61,15 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
             "accepted": res.stats.accepted if draft else None,
             "draft_seconds": res.stats.draft_seconds if draft else None,
             **{key: getattr(res.stats, key) for key in ROUND_STATS}, **engine_timings(res.stats)}
+
+
+def lookup_setting(configured: int | None, draft: bool, forced: bool) -> int | None:
+    """A method's ``ngram``: the *-ngram methods' lookup on every prompt (``--ngram``, else
+    ``AUTO_NGRAM``), the other draft methods' as configured (None: the engine's default, on long
+    prompts), and none for the target alone."""
+    if forced:
+        return configured or AUTO_NGRAM
+    return configured if draft else 0
 
 
 ROUND_STATS = ("rounds", "ended_by", "rejected_at", "ngram_proposed", "ngram_accepted", "branch_rows",

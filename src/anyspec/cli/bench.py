@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the full result here")
     p.add_argument("--markdown", type=Path, default=None, help="write the table here (it is printed anyway)")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here (needs matplotlib)")
-    p.set_defaults(func=run, ngram=2)  # the bench's --ngram: for target-ngram and anyspec-slem-ngram
+    p.set_defaults(func=run)
 
 
 def run(args) -> int:

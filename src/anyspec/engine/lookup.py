@@ -26,9 +26,23 @@ from __future__ import annotations
 
 from anyspec.algorithms import ngram
 from anyspec.algorithms.adaptive_k import Acceptance, PassCosts, expected_tokens, mix
+from anyspec.config import AUTO_NGRAM, AUTO_NGRAM_PROMPT
 from anyspec.engine.context import common_prefix
 
 SPAN = 32  # the most tokens a continuation proposes in one round
+
+
+def start(configured: int | None, prompt_ids: list[int], costs: PassCosts, k: int,
+          draft_costs: PassCosts | None) -> Lookup | None:
+    """A request's lookup (None: none), matching suffixes of ``configured`` tokens or more; where that
+    is None (the default), of ``AUTO_NGRAM`` for a prompt of ``AUTO_NGRAM_PROMPT`` tokens or more
+    beside a draft (``draft_costs``), where answers copy their prompt. On short prompts chance
+    repeats cost more than they gain, and without a draft the target runs alone unless lookup is
+    asked for."""
+    min_n = configured
+    if min_n is None:
+        min_n = AUTO_NGRAM if draft_costs is not None and len(prompt_ids) >= AUTO_NGRAM_PROMPT else 0
+    return Lookup(min_n, prompt_ids, costs, k, draft_costs) if min_n else None
 
 
 class Lookup:
@@ -41,7 +55,7 @@ class Lookup:
         self.draft_tokens: float | None = None  # a draft round's committed tokens, decayed mean
         self.draft_seconds: float | None = None  # and its seconds but for the draft's catch-up
         self.k = k  # the most tokens proposed before those costs are known
-        self.acceptance = Acceptance()
+        self.acceptance = Acceptance(1.0, 3.0)  # a prior of 0.25: chance repeats are common
         self.copying = False
         self.found: list[int] = []
 
@@ -78,7 +92,7 @@ class Lookup:
         if self.found:
             n, seen = common_prefix(committed, self.found), min(len(committed), len(self.found))
             self.acceptance.count(n, seen)
-            self.copying = n == seen
+            self.copying = n == seen and n >= 2  # one token agreeing may be chance
         else:
             self.copying = False
         self.found = []

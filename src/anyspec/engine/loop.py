@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 from anyspec.algorithms import tli, tree
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
+from anyspec.engine import lookup as prompt_lookup
 from anyspec.engine.batch import Batch, Driver, Forward, Meter, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.grammar import Free, masked
-from anyspec.engine.lookup import Lookup
 from anyspec.engine.model import MultiSequence, PrefixSharing
 from anyspec.engine.output import Output
 from anyspec.engine.prompt import check_room, encode_prompt, end_ids
@@ -183,8 +183,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                                                   encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
     logprobs = [] if params.logprobs is not None else None
-    lookup = Lookup(engine.config.ngram, prompt_ids, meter.costs(target), k,
-                    meter.costs(draft) if proposer else None) if engine.config.ngram else None
+    lookup = prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
+                                 meter.costs(draft) if proposer else None)
     worth = branch_worth(meter, target, output) if engine.config.tree and proposer else None
 
     while output.finish is None:
