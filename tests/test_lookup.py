@@ -30,6 +30,9 @@ def test_copying_is_read_from_the_last_round_whether_proposed_or_not():
     assert once.find(100)[0] == 3
     once.commit([3])
     assert not once.copying  # one token that agrees may be chance
+    assert once.find(100)[0] == 4
+    once.commit([4])
+    assert once.copying  # a second one, the round after
 
 
 def test_a_continuation_is_as_long_as_pays_at_the_measured_costs():

@@ -7,13 +7,15 @@ forward, so it is proposed alone. Where the copy ends (an edit, the end of a quo
 better, so the draft proposes and the continuation rides beside its chain as a branch of the
 round's trie (``tree.py``), where the target takes a tree and its rows pay.
 
-Whether the text "copies" is read from the last round, verified or not: the continuation found then
-agreed with every token the round committed. Otherwise the continuation is still proposed alone
-where that is expected to commit more tokens a second than a round of the draft: its tokens at
-their acceptance over one verify of its rows, against the draft rounds' measured tokens and
-seconds, with the draft's catch-up on text it has not read (what earlier rounds copied) counted at
-the draft's measured pass costs. So a draft far behind a long copy is not brought up to date for
-a round that the continuation does as well. The same comparison counts the continuations'
+Whether the text "copies" is read from the last rounds, verified or not: the continuations found
+for them agreed with every token they committed, two at least (one may be chance). Otherwise the
+continuation is still proposed alone where that is expected to commit more tokens a second than a
+round of the draft: its tokens at their acceptance over one verify of its rows, against the draft
+rounds' measured tokens and seconds, with the draft's catch-up on text it has not read (what
+earlier rounds copied) counted at the draft's measured pass costs. So a draft far behind a long
+copy is not brought up to date for a round that the continuation does as well.
+
+Comparing each round's continuation with what it committed also counts the continuations'
 acceptance, and a continuation is cut to the length with the most expected tokens per second of
 verify at the measured costs (``adaptive_k.expected_tokens``); since accepted rows cost little, that
 can be more than the draft's k.
@@ -57,6 +59,7 @@ class Lookup:
         self.k = k  # the most tokens proposed before those costs are known
         self.acceptance = Acceptance(1.0, 3.0)  # a prior of 0.25: chance repeats are common
         self.copying = False
+        self.agreed = 0  # tokens the continuations found agreed with, in a row, up to the last round
         self.found: list[int] = []
 
     def find(self, limit: int) -> list[int]:
@@ -92,7 +95,8 @@ class Lookup:
         if self.found:
             n, seen = common_prefix(committed, self.found), min(len(committed), len(self.found))
             self.acceptance.count(n, seen)
-            self.copying = n == seen and n >= 2  # one token agreeing may be chance
+            self.agreed = self.agreed + n if n == seen else 0
         else:
-            self.copying = False
+            self.agreed = 0
+        self.copying = self.agreed >= 2  # one token agreeing may be chance
         self.found = []
