@@ -58,7 +58,6 @@ class Lookup:
         self.draft_seconds: float | None = None  # and its seconds but for the draft's catch-up
         self.k = k  # the most tokens proposed before those costs are known
         self.acceptance = Acceptance(1.0, 3.0)  # a prior of 0.25: chance repeats are common
-        self.copying = False
         self.agreed = 0  # tokens the continuations found agreed with, in a row, up to the last round
         self.found: list[int] = []
 
@@ -98,5 +97,8 @@ class Lookup:
             self.agreed = self.agreed + n if n == seen else 0
         else:
             self.agreed = 0
-        self.copying = self.agreed >= 2  # one token agreeing may be chance
         self.found = []
+
+    @property
+    def copying(self) -> bool:
+        return self.agreed >= 2  # one token agreeing may be chance
