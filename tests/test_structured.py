@@ -13,7 +13,8 @@ pytest.importorskip("llguidance")
 
 from anyspec.engine.grammar import Grammars  # noqa: E402
 from anyspec.engine.loop import Stats  # noqa: E402
-from anyspec.engine.proposers import Proposal  # noqa: E402
+from anyspec.engine.proposers import Proposal, after_forced  # noqa: E402
+from anyspec.engine.stats import count  # noqa: E402
 from anyspec.server.structured import CallStream, read_tool_calls  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -61,6 +62,53 @@ def test_a_grammar_is_compiled_once_and_its_forced_tokens_are_proposed(grammars,
     forced = constraint.forced(16)
     assert tok_qwen2.decode(forced).startswith('{"k":"fixed"')
     assert constraint.forced(0) == []
+
+
+FIXED = {"type": "object", "properties": {"k": {"const": "fixed"}, "n": {"type": "integer"}},
+         "required": ["k", "n"], "additionalProperties": False}
+
+
+def test_the_tokens_the_grammar_forces_follow_a_chain(grammars, tok_qwen2):
+    chain = tok_qwen2.encode('{"', add_special_tokens=False)
+    constraint = grammars.json(FIXED, "schema").start(Stats())
+    proposal, masks = constraint.rows(Proposal(chain), 16)
+    tail = proposal.ids[len(chain):]
+    assert proposal.ids[:len(chain)] == chain and proposal.tail == len(tail) >= 2
+    assert tok_qwen2.decode(proposal.ids).startswith('{"k":"fixed","n')
+    assert masks.shape[0] == len(proposal.ids) + 1
+    for row, token in enumerate(proposal.ids):
+        assert allowed(masks, row, token)
+    assert constraint.rows(Proposal(chain), 2)[0].ids == chain + tail[:2]
+    assert constraint.rows(Proposal(chain), 0)[0].ids == chain  # a verify of the target alone
+    bad = tok_qwen2.encode(" oops", add_special_tokens=False)
+    assert constraint.rows(Proposal(chain + bad), 16)[0].ids == chain + tail  # cut, then followed
+
+
+def test_forced_tokens_after_a_trie_chain_hang_from_its_last_node(grammars, tok_qwen2):
+    chain = tok_qwen2.encode('{"', add_special_tokens=False)
+    other = tok_qwen2.encode("[", add_special_tokens=False)
+    constraint = grammars.json(FIXED, "schema").start(Stats())
+    tokens, parents = chain + other, list(range(-1, len(chain) - 1)) + [-1]
+    proposal, masks = constraint.rows(Proposal(chain, trie=(tokens, parents)), 3)
+    tail = proposal.ids[len(chain):]
+    assert len(tail) == 3 and proposal.trie[0] == tokens + tail
+    n = len(tokens)
+    assert proposal.trie[1] == parents + [len(chain) - 1, n, n + 1]
+    assert masks.shape[0] == n + 4 and allowed(masks, n + 1, tail[1])
+
+
+def test_the_grammars_tokens_around_the_drafts_are_not_counted_as_the_drafts():
+    proposal = after_forced([1, 2], Proposal([3, 4], drafted=2, trie=([3, 4, 5], [-1, 0, -1])))
+    assert proposal.ids == [1, 2, 3, 4] and proposal.lead == 2
+    assert proposal.trie == ([1, 2, 3, 4, 5], [-1, 0, 1, 2, 1])
+    proposal = proposal._replace(ids=[1, 2, 3, 4, 9], tail=1)
+    spelled = [bytes([65 + i]) for i in range(16)]
+    whole, cut = Stats(accepted_hist=[0] * 6), Stats(accepted_hist=[0] * 6)
+    count(whole, proposal, [1, 2, 3, 4, 9], 7, spelled)
+    count(cut, proposal, [1, 2, 3], 7, spelled)
+    assert (whole.drafted, whole.accepted, whole.forced, whole.accepted_hist[2]) == (2, 2, 3, 1)
+    assert (cut.drafted, cut.accepted, cut.forced, cut.rejected_at) == (2, 1, 2, [0, 1])
+    assert proposal.drafted_part(5) == (2, 2) and proposal.drafted_part(1) == (0, 2)
 
 
 @pytest.mark.parametrize(("schema", "says"), [

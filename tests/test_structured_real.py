@@ -239,3 +239,40 @@ def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
         jsonschema.validate(json.loads(spec.text), schema)
         forced += spec.stats.forced
     assert forced > 0  # the property names the schema fixes were proposed without the draft
+
+
+AUTO_WEATHER = {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}
+
+
+def test_with_tool_choice_auto_text_is_free_and_an_opened_call_is_held_to_its_schema(pair):
+    """The grammar a request with tools gets by default (``tool_choice: "auto"``), on the target's
+    tokenizer, where ``<tool_call>`` is one token."""
+    from anyspec.engine.grammar import Grammars
+    from anyspec.engine.proposers import Proposal
+    from anyspec.engine.stats import Stats
+    from anyspec.server.structured import structure
+
+    tok_qwen2 = pair[0].tokenizer
+    grammars = Grammars(tok_qwen2, pair[0].vocab_size, {tok_qwen2.eos_token_id})
+
+    def allowed(masks, row: int, token: int) -> bool:
+        return bool((int(masks[row, token >> 5]) >> (token & 31)) & 1)
+
+    text = tok_qwen2.encode("Sure, I will look that up.\n", add_special_tokens=False)
+    opener = tok_qwen2.convert_tokens_to_ids("<tool_call>")
+    call = tok_qwen2.encode('\n{"name":"get_weather","arguments":{"city":"Paris"}}\n',
+                            add_special_tokens=False)
+    wrong = tok_qwen2.encode('\n{"name":"get_time"', add_special_tokens=False)
+    tools = [{"type": "function", "function": AUTO_WEATHER}]
+    auto = structure({"tools": tools}, True, tok_qwen2, lambda: grammars).grammar.start(Stats())
+    proposal, masks = auto.rows(Proposal(text + [opener] + call))
+    assert proposal.ids == text + [opener] + call
+    assert allowed(masks, len(text), tok_qwen2.eos_token_id)  # the answer may end after its text
+    kept = auto.rows(Proposal(text + [opener] + wrong))[0].ids[len(text) + 1:]
+    assert kept != wrong and '\n{"name":"get_weather"'.startswith(tok_qwen2.decode(kept))
+    auto.advance(text + [opener])
+    assert auto.rows(Proposal(text))[0].ids == []  # inside the call, no free text
+    required = grammars.tool_calls([AUTO_WEATHER], one=True, field="tools").start(Stats())
+    assert required.rows(Proposal(text))[0].ids == []

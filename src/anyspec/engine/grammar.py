@@ -60,9 +60,11 @@ class Grammars:
         """Any JSON object (``schema=None``, JSON mode) or a value matching ``schema``."""
         return self._compile(schema_grammar(schema, field), field)
 
-    def tool_calls(self, functions: list[dict], one: bool, field: str) -> Grammar:
+    def tool_calls(self, functions: list[dict], one: bool, field: str, text: bool = False) -> Grammar:
         """One ``<tool_call>`` block (``one``) or several, each ``{"name": ..., "arguments": ...}`` of
-        one of ``functions`` (OpenAI's ``{"name", "parameters"}``), as Qwen2.5's template asks."""
+        one of ``functions`` (OpenAI's ``{"name", "parameters"}``), as Qwen2.5's template asks.
+        ``text``: any text first, the calls optional (``tool_choice: "auto"``): free until the
+        model opens a call, which is then held to the functions' schemas."""
         calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
                                                    "arguments": f.get("parameters") or {"type": "object"}},
                   "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
@@ -72,8 +74,8 @@ class Grammars:
                                f"most {MAX_SCHEMA_BYTES} are compiled.", field)
         marks = [self.tokenizer.convert_tokens_to_ids(t) for t in (TOOL_OPEN, TOOL_CLOSE)]
         more = "" if one else ' ("\\n" call)*'
-        lark = (f"start: call{more}\n"
-                f'call: <[{marks[0]}]> "\\n" body "\\n" <[{marks[1]}]>\n'
+        start = f"start: TEXT (call{more})?\nTEXT: /(?s:.*)/\n" if text else f"start: call{more}\n"
+        lark = (start + f'call: <[{marks[0]}]> "\\n" body "\\n" <[{marks[1]}]>\n'
                 f"body: %json {body}\n")
         return self._compile(_llguidance().LLMatcher.grammar_from_lark(lark), field)
 
@@ -140,7 +142,7 @@ class Free:
     def forced(self, limit: int) -> list[int]:
         return []
 
-    def rows(self, proposal: Proposal) -> tuple[Proposal, None]:
+    def rows(self, proposal: Proposal, more: int = 0) -> tuple[Proposal, None]:
         return proposal, None
 
     def advance(self, committed: list[int]) -> None:
@@ -162,19 +164,37 @@ class Constraint(Free):
         self.stats.grammar_seconds += time.perf_counter() - t0
         return forced
 
-    def rows(self, proposal: Proposal) -> tuple[Proposal, torch.Tensor]:
-        """The proposal cut at the first token the grammar rejects (a chain; a trie stays whole), and
-        the bitmask of every row a verify of it computes, in the verify's order."""
+    def rows(self, proposal: Proposal, more: int = 0) -> tuple[Proposal, torch.Tensor]:
+        """The proposal cut at the first token the grammar rejects (a chain; a trie stays whole), then
+        up to ``more`` tokens the grammar forces after its chain (accepted whenever the chain is),
+        and the bitmask of every row a verify of it computes, in the verify's order."""
         t0 = time.perf_counter()
-        if proposal.trie:
-            masks = self._tree(*proposal.trie)
-        else:
-            proposal = proposal._replace(ids=proposal.ids[:self.matcher.validate_tokens(proposal.ids)])
-            masks = self._walk(proposal.ids)
+        ids = proposal.ids
+        valid = self.matcher.validate_tokens(ids)
+        if not proposal.trie:
+            ids = ids[:valid]
+        tail = self._forced_after(ids, more) if valid == len(ids) else []
+        if tail:
+            proposal = proposal._replace(ids=ids + tail, tail=proposal.tail + len(tail))
+            if proposal.trie:
+                tokens, parents = proposal.trie
+                ups = [len(ids) - 1] + list(range(len(tokens), len(tokens) + len(tail) - 1))  # the chain's
+                proposal = proposal._replace(trie=(tokens + tail, parents + ups))  # nodes come first
+        elif len(ids) < len(proposal.ids) and not proposal.trie:
+            proposal = proposal._replace(ids=ids)
+        masks = self._tree(*proposal.trie) if proposal.trie else self._walk(proposal.ids)
         self.stats.grammar_seconds += time.perf_counter() - t0
         if self.matcher.is_error():
             raise ConfigError(f"the answer's grammar failed: {_reason(self.matcher.get_error())}")
         return proposal, masks
+
+    def _forced_after(self, ids: list[int], limit: int) -> list[int]:
+        if limit <= 0:
+            return []
+        self.matcher.consume_tokens(ids)
+        forced = self.matcher.compute_ff_tokens()[:limit]
+        self.matcher.rollback(len(ids))
+        return forced
 
     def _walk(self, ids: list[int]) -> torch.Tensor:
         ll = _llguidance()

@@ -31,6 +31,7 @@ from anyspec.engine.proposers import (
     TLI,
     Proposal,
     Proposer,
+    after_forced,
     algorithm_for,
     propose,
     tuned_confidence,
@@ -194,28 +195,33 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         budget = params.max_new_tokens - len(output.ids) - 1
         k_round = min(schedule.choose(behind) if schedule else k, budget)
 
-        # 1. Propose target tokens (possibly none): what the grammar forces; a continuation found
-        #    earlier in the context, alone while the text copies it or where that beats the draft
-        #    (no draft forward); else up to k_round of the draft's, with it beside them where it pays.
+        # 1. Propose target tokens (possibly none): what the grammar forces, with the draft's behind
+        #    them; a continuation found earlier in the context, alone while the text copies it or
+        #    where that beats the draft (no draft forward); else up to k_round of the draft's, with
+        #    it beside them where it pays. The grammar's forced tokens follow the chain's end.
         proposal = Proposal([])
-        forced = constraint.forced(k_round if proposer else 0)
+        forced = constraint.forced(budget if proposer else 0)
         found = lookup.find(budget) if lookup and not forced else []
-        if forced:
+        if forced and (k_round == 0 or len(forced) >= budget):
             proposal = Proposal(forced, source="grammar")
         elif found and (proposer is None or k_round == 0 or lookup.copying
                         or lookup.alone_pays(found, behind)):
             proposal = Proposal(found, source="ngram", found=tuple(found))
         elif k_round > 0 and proposer is not None:
+            if forced:  # the masked target can only write them: the draft reads them now
+                with meter.timing(draft):
+                    engine.reader.commit(ctx, forced, b"".join(engine.target_bytes[t] for t in forced))
             rate = lookup.acceptance.rate if lookup else 0.0
-            proposal = yield from propose(proposer, draft, ctx, k_round, sampler, len(output.ids),
-                                          engine.config, worth, found, rate)
+            proposal = yield from propose(proposer, draft, ctx, min(k_round, budget - len(forced)), sampler,
+                                          len(output.ids) + len(forced), engine.config, worth, found, rate)
+            proposal = after_forced(forced, proposal)
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
-        proposal, mask = constraint.rows(proposal)
+        proposal, mask = constraint.rows(proposal, budget - len(proposal.ids) if proposer else 0)
         accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids), mask)
         count(stats, proposal, accepted, pending, engine.target_bytes)
         if schedule and proposal.source == "draft":
-            schedule.update(proposal.drafted, len(accepted), len(proposal.ids))
+            schedule.update(proposal.drafted, *proposal.drafted_part(len(accepted)))
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
@@ -228,10 +234,11 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         if piece := output.ready():
             yield piece
 
-        # 5. The draft's context follows the committed text.
+        # 5. The draft's context follows the committed text (it read the forced lead already).
         if output.finish is None and proposer is not None:
+            read = committed[proposal.lead:]
             with meter.timing(draft):
-                engine.reader.commit(ctx, committed, b"".join(engine.target_bytes[t] for t in committed))
+                engine.reader.commit(ctx, read, b"".join(engine.target_bytes[t] for t in read))
         if lookup and proposal.source == "draft":
             lookup.drafted(len(committed), meter.total() - started, behind)
 

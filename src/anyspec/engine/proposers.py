@@ -46,6 +46,24 @@ class Proposal(NamedTuple):
     trie: tuple = ()  # (tokens, parents) of ids and the branches beside them (algorithms/tree.py); ()
     #                   for the chain alone
     found: tuple = ()  # a continuation found in the context (engine/lookup.py): ids, or a branch of the trie
+    lead: int = 0  # tokens the grammar forces before the draft's (engine/grammar.py), first in ids
+    tail: int = 0  # and after them, last in ids: neither counts as the draft's
+
+    def drafted_part(self, accepted: int) -> tuple[int, int]:
+        """Of ``accepted`` proposed tokens on the chain: those of the draft's own (not the grammar's
+        ``lead`` or ``tail``), and how many of its own the chain held."""
+        own = len(self.ids) - self.lead - self.tail
+        return min(max(accepted - self.lead, 0), own), own
+
+
+def after_forced(forced: list[int], proposal: Proposal) -> Proposal:
+    """``proposal``, written by a draft that read the grammar's ``forced`` tokens first, behind them."""
+    m = len(forced)
+    trie = ()
+    if proposal.trie:
+        tokens, parents = proposal.trie
+        trie = (forced + tokens, list(range(-1, m - 1)) + [p + m if p >= 0 else m - 1 for p in parents])
+    return proposal._replace(ids=forced + proposal.ids, trie=trie, lead=m)
 
 
 class Proposer(Protocol):

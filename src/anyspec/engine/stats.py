@@ -35,7 +35,7 @@ class Stats:
     branch_rows: int = 0  # target rows verified on branches beside the chain (algorithms/tree.py)
     branch_rounds: int = 0  # rounds whose accepted tokens left the chain for a branch
     seed: int | None = None  # what a sampled answer is reproduced with (its noise: algorithms/gumbel.py)
-    forced: int = 0  # tokens the grammar allowed alone, proposed without the draft (engine/grammar.py)
+    forced: int = 0  # accepted tokens the grammar allowed alone, proposed without the draft (grammar.py)
     grammar_seconds: float = 0.0  # masks and grammar steps
 
     @property
@@ -73,11 +73,10 @@ def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
     elif proposal.source == "ngram":
         cause = f"ngram:{cause}"
     else:
-        mine = n  # the draft's: not the part of a path only the continuation beside it proposed
         chain, found = common_prefix(accepted, proposal.ids), common_prefix(accepted, list(proposal.found))
-        if found > chain:
-            mine = chain
-        stats.drafted += len(proposal.ids)
+        mine, own = proposal.drafted_part(chain if found > chain else n)  # not the continuation's beside
+        stats.forced += min(n, chain) - mine if on_chain else min(n, proposal.lead)
+        stats.drafted += own
         stats.accepted += mine
         stats.accepted_hist[min(mine, len(stats.accepted_hist) - 1)] += 1
     if proposal.found:
@@ -85,7 +84,7 @@ def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
         stats.ngram_accepted += common_prefix(accepted, list(proposal.found))
     stats.ended_by[cause] = stats.ended_by.get(cause, 0) + 1
     if not on_chain or n < len(proposal.ids):
-        first = n if on_chain else common_prefix(accepted, proposal.ids)
+        first = (n if on_chain else common_prefix(accepted, proposal.ids)) - proposal.lead
         stats.rejected_at += [0] * (first + 1 - len(stats.rejected_at))
         stats.rejected_at[first] += 1
 

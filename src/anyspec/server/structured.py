@@ -6,8 +6,9 @@ back into OpenAI's ``tool_calls``, whole or streamed.
 Tool calls use the target's chat template: the tools go to it as ``tools=``, and a template that
 ignores them is refused. The calls are read in the format of Qwen2.5's template (the default
 target): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``. ``tool_choice``:
-``"auto"`` (the default with tools) lets the model answer or call; ``"required"`` and a named
-function constrain the answer to calls; ``"none"`` answers text.
+``"auto"`` (the default with tools) lets the model answer or call, and holds a call it opens to
+the functions' schemas; ``"required"`` and a named function constrain the answer to calls;
+``"none"`` answers text.
 """
 
 from __future__ import annotations
@@ -144,10 +145,11 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
         return Structure(grammar=fmt)
     _check_template(tokenizer, tools)
     grammar = fmt
-    if choice in ("required", "function"):
+    if choice in ("required", "function") or choice == "auto" and fmt is None:
         chosen = [f for f in functions if name is None or f["name"] == name]
         try:
-            grammar = grammars().tool_calls(chosen, one=name is not None or not parallel, field="tools")
+            grammar = grammars().tool_calls(chosen, one=name is not None or not parallel, field="tools",
+                                            text=choice == "auto")
         except GrammarError as exc:
             raise StructuredError(str(exc), exc.field) from None
     return Structure(grammar=grammar, tools=tools, read_calls=choice != "none", functions=functions)
