@@ -31,7 +31,7 @@ def allowed(masks: torch.Tensor, row: int, token: int) -> bool:
 
 
 def test_a_chain_is_cut_at_the_first_token_the_grammar_rejects(grammars, tok_qwen2):
-    good = tok_qwen2.encode('{"name":"Bo",', add_special_tokens=False)
+    good = tok_qwen2.encode('{"name": "Bo",', add_special_tokens=False)
     bad = tok_qwen2.encode(" oops", add_special_tokens=False)
     constraint = grammars.json(PERSON, "schema").start(Stats())
     proposal, masks = constraint.rows(Proposal(good + bad + good))
@@ -41,6 +41,15 @@ def test_a_chain_is_cut_at_the_first_token_the_grammar_rejects(grammars, tok_qwe
     assert not allowed(masks, len(good), bad[0])
     constraint.advance(good)  # the rows were computed without moving the state
     assert constraint.rows(Proposal(good))[0].ids == []
+
+
+def test_json_is_written_as_json_dumps_writes_it(grammars, tok_qwen2):
+    constraint = grammars.json(PERSON, "schema").start(Stats())
+    spaced = tok_qwen2.encode(json.dumps({"name": "Bo", "age": 3}), add_special_tokens=False)
+    assert constraint.rows(Proposal(spaced))[0].ids == spaced
+    for other in ('{"name":"Bo","age":3}', '{"name":  "Bo", "age": 3}', '{\n  "name": "Bo", "age": 3}'):
+        ids = tok_qwen2.encode(other, add_special_tokens=False)
+        assert len(constraint.rows(Proposal(ids))[0].ids) < len(ids) - 4  # cut at its first difference
 
 
 def test_each_tree_row_follows_its_own_path(grammars, tok_qwen2):
@@ -60,7 +69,7 @@ def test_a_grammar_is_compiled_once_and_its_forced_tokens_are_proposed(grammars,
     assert grammars.json(schema, "schema") is first
     constraint = first.start(Stats())
     forced = constraint.forced(16)
-    assert tok_qwen2.decode(forced).startswith('{"k":"fixed"')
+    assert tok_qwen2.decode(forced).startswith('{"k": "fixed"')
     assert constraint.forced(0) == []
 
 
@@ -74,7 +83,7 @@ def test_the_tokens_the_grammar_forces_follow_a_chain(grammars, tok_qwen2):
     proposal, masks = constraint.rows(Proposal(chain), 16)
     tail = proposal.ids[len(chain):]
     assert proposal.ids[:len(chain)] == chain and proposal.tail == len(tail) >= 2
-    assert tok_qwen2.decode(proposal.ids).startswith('{"k":"fixed","n')
+    assert tok_qwen2.decode(proposal.ids).startswith('{"k": "fixed", "n')
     assert masks.shape[0] == len(proposal.ids) + 1
     for row, token in enumerate(proposal.ids):
         assert allowed(masks, row, token)

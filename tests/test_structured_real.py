@@ -262,16 +262,16 @@ def test_with_tool_choice_auto_text_is_free_and_an_opened_call_is_held_to_its_sc
 
     text = tok_qwen2.encode("Sure, I will look that up.\n", add_special_tokens=False)
     opener = tok_qwen2.convert_tokens_to_ids("<tool_call>")
-    call = tok_qwen2.encode('\n{"name":"get_weather","arguments":{"city":"Paris"}}\n',
+    call = tok_qwen2.encode('\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n',
                             add_special_tokens=False)
-    wrong = tok_qwen2.encode('\n{"name":"get_time"', add_special_tokens=False)
+    wrong = tok_qwen2.encode('\n{"name": "get_time"', add_special_tokens=False)
     tools = [{"type": "function", "function": AUTO_WEATHER}]
     auto = structure({"tools": tools}, True, tok_qwen2, lambda: grammars).grammar.start(Stats())
     proposal, masks = auto.rows(Proposal(text + [opener] + call))
     assert proposal.ids == text + [opener] + call
     assert allowed(masks, len(text), tok_qwen2.eos_token_id)  # the answer may end after its text
     kept = auto.rows(Proposal(text + [opener] + wrong))[0].ids[len(text) + 1:]
-    assert kept != wrong and '\n{"name":"get_weather"'.startswith(tok_qwen2.decode(kept))
+    assert kept != wrong and '\n{"name": "get_weather"'.startswith(tok_qwen2.decode(kept))
     auto.advance(text + [opener])
     assert auto.rows(Proposal(text))[0].ids == []  # inside the call, no free text
     required = grammars.tool_calls([AUTO_WEATHER], one=True, field="tools").start(Stats())

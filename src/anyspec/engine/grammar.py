@@ -27,6 +27,7 @@ MAX_SCHEMA_BYTES = 65_536
 LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=200_000,
               max_lexer_states=50_000)  # what bounds compile and mask time (llguidance's fuel: ~50k/ms)
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+STYLE = dict(whitespace_flexible=False, item_separator=", ", key_separator=": ")  # as json.dumps writes
 
 
 class GrammarError(ConfigError):
@@ -68,7 +69,7 @@ class Grammars:
         calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
                                                    "arguments": f.get("parameters") or {"type": "object"}},
                   "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
-        body = json.dumps({"anyOf": calls} if len(calls) > 1 else calls[0])
+        body = json.dumps(({"anyOf": calls} if len(calls) > 1 else calls[0]) | {"x-guidance": STYLE})
         if len(body) > MAX_SCHEMA_BYTES:
             raise GrammarError(f"The function parameters in '{field}' are {len(body)} bytes as JSON; at "
                                f"most {MAX_SCHEMA_BYTES} are compiled.", field)
@@ -96,7 +97,9 @@ class Grammars:
 
 
 def schema_grammar(schema: dict | bool | None, field: str) -> str:
-    """The llguidance grammar of a JSON schema (None: any JSON object), in compact JSON."""
+    """The llguidance grammar of a JSON schema (None: any JSON object), written as ``json.dumps``
+    writes it: ``{"a": 1, "b": [2, 3]}``. Models write JSON so; a draft more often agrees with the
+    target under it than under compact JSON, and neither can run on in whitespace."""
     if schema is None:
         schema = {"type": "object"}
     if not isinstance(schema, dict | bool):
@@ -105,7 +108,7 @@ def schema_grammar(schema: dict | bool | None, field: str) -> str:
     if len(text) > MAX_SCHEMA_BYTES:
         raise GrammarError(f"'{field}' is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are "
                            "compiled.", field)
-    return _llguidance().LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
+    return _llguidance().LLMatcher.grammar_from_json_schema(text, defaults=STYLE)
 
 
 def check_schema(schema, field: str) -> None:
