@@ -38,7 +38,7 @@ from anyspec.engine.proposers import (
     tuned_tree,
 )
 from anyspec.engine.sampler import Sampler, request_seed
-from anyspec.engine.stats import Stats, count, count_commit
+from anyspec.engine.stats import Stats, count, count_commit, count_end
 from anyspec.errors import ConfigError
 
 
@@ -208,9 +208,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                         or lookup.alone_pays(found, behind)):
             proposal = Proposal(found, source="ngram", found=tuple(found))
         elif k_round > 0 and proposer is not None:
-            if forced:  # the masked target can only write them: the draft reads them now
-                with meter.timing(draft):
-                    engine.reader.commit(ctx, forced, b"".join(engine.target_bytes[t] for t in forced))
+            follow(engine, meter, draft, ctx, forced)  # the masked target can write nothing else
             rate = lookup.acceptance.rate if lookup else 0.0
             proposal = yield from propose(proposer, draft, ctx, min(k_round, budget - len(forced)), sampler,
                                           len(output.ids) + len(forced), engine.config, worth, found, rate)
@@ -236,19 +234,20 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 5. The draft's context follows the committed text (it read the forced lead already).
         if output.finish is None and proposer is not None:
-            read = committed[proposal.lead:]
-            with meter.timing(draft):
-                engine.reader.commit(ctx, read, b"".join(engine.target_bytes[t] for t in read))
+            follow(engine, meter, draft, ctx, committed[proposal.lead:])
         if lookup and proposal.source == "draft":
             lookup.drafted(len(committed), meter.total() - started, behind)
 
-    if ctx is not None:
-        stats.draft_fallbacks = ctx.fallbacks
-    stats.draft_seconds = meter.seconds(draft) if draft is not None else 0.0
-    stats.target_seconds = meter.seconds(target)
-    stats.total_seconds = time.perf_counter() - t_start
+    count_end(stats, meter, target, draft, ctx, t_start)
     return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats,
                             logprobs=logprobs)
+
+
+def follow(engine: Engine, meter: Meter, draft, ctx, ids: list[int]) -> None:
+    """The draft's context reads ``ids``, target tokens now committed (or forced on the target)."""
+    if ids:
+        with meter.timing(draft):
+            engine.reader.commit(ctx, ids, b"".join(engine.target_bytes[t] for t in ids))
 
 
 def branch_worth(meter: Meter, target, output: Output):

@@ -95,3 +95,13 @@ def count_commit(stats: Stats, generated: int, start: float) -> None:
     if not stats.first_tokens and generated:
         stats.first_token_seconds, stats.first_tokens = time.perf_counter() - start, generated
     stats.generated = generated
+
+
+def count_end(stats: Stats, meter, target, draft, ctx, start: float) -> None:
+    """A finished generation's measured seconds (``meter``: its passes) and the draft context's
+    fallbacks."""
+    if ctx is not None:
+        stats.draft_fallbacks = ctx.fallbacks
+    stats.draft_seconds = meter.seconds(draft) if draft is not None else 0.0
+    stats.target_seconds = meter.seconds(target)
+    stats.total_seconds = time.perf_counter() - start
