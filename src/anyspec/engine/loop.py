@@ -236,7 +236,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         if output.finish is None and proposer is not None:
             follow(engine, meter, draft, ctx, committed[proposal.lead:])
         if lookup and proposal.source == "draft":
-            lookup.drafted(len(committed), meter.total() - started, behind)
+            lookup.drafted(len(committed) - proposal.lead, meter.total() - started, behind)
 
     count_end(stats, meter, target, draft, ctx, t_start)
     return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats,
