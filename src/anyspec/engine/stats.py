@@ -84,7 +84,7 @@ def count(stats: Stats, proposal: Proposal, accepted: list[int], token: int,
         stats.ngram_accepted += common_prefix(accepted, list(proposal.found))
     stats.ended_by[cause] = stats.ended_by.get(cause, 0) + 1
     if not on_chain or n < len(proposal.ids):
-        first = (n if on_chain else common_prefix(accepted, proposal.ids)) - proposal.lead
+        first = max(0, (n if on_chain else common_prefix(accepted, proposal.ids)) - proposal.lead)
         stats.rejected_at += [0] * (first + 1 - len(stats.rejected_at))
         stats.rejected_at[first] += 1
 
