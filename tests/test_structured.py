@@ -15,6 +15,8 @@ from anyspec.engine.grammar import Grammars  # noqa: E402
 from anyspec.engine.loop import Stats  # noqa: E402
 from anyspec.engine.proposers import Proposal, after_forced  # noqa: E402
 from anyspec.engine.stats import count  # noqa: E402
+from anyspec.server.answers import full_response, stream_chunks  # noqa: E402
+from anyspec.server.scheduler import Outcome  # noqa: E402
 from anyspec.server.structured import CallStream, read_tool_calls  # noqa: E402
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -159,6 +161,27 @@ def test_tool_call_blocks_are_read_into_openai_calls():
     assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
     broken = "<tool_call>\nnot json\n</tool_call>"
     assert read_tool_calls(broken) == (broken, [])
+
+
+@pytest.mark.parametrize(("ended", "finish"), [("stop", "tool_calls"), ("length", "length")])
+def test_an_answer_cut_by_max_tokens_says_length_beside_the_calls_it_finished(ended, finish):
+    import asyncio
+
+    done = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    text = done + ("\n<tool_call>\n{\"name\": \"f" if ended == "length" else "")
+    outcome = Outcome(text, ended, 30, 10, None, True)
+    whole = full_response({}, True, outcome, read_calls=True)["choices"][0]
+    assert whole["finish_reason"] == finish and len(whole["message"]["tool_calls"]) == 1
+    events = iter([("text", text), ("done", outcome)])
+
+    async def next_event():
+        return next(events)
+
+    async def chunks():
+        return [c async for c in stream_chunks(next_event, {}, True, False, read_calls=True)]
+
+    last = json.loads(asyncio.run(chunks())[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] == finish
 
 
 def test_streamed_text_holds_back_only_what_may_begin_a_call():

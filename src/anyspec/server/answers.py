@@ -86,13 +86,19 @@ async def stream_chunks(next_event, head: dict, chat: bool, include_usage: bool,
                 content, found = calls.finish()
                 for delta in _call_deltas(content, found):
                     yield sse(head | {"choices": [_choice(chat, None, None) | {"delta": delta}]} | extra)
-                finish = "tool_calls" if found else finish
+                finish = call_finish(found, finish)
             yield sse(head | {"choices": [_choice(chat, None, finish)]} | extra
                       | {"anyspec": anyspec_stats(value)})
             if include_usage:
                 yield sse(head | {"choices": [], "usage": usage(value)})
             break
     yield "data: [DONE]\n\n"
+
+
+def call_finish(calls: list[dict], finish: str) -> str:
+    """An answer's ``finish_reason``: ``"tool_calls"`` where it ended after its calls, but
+    ``"length"`` where ``max_tokens`` cut it (the calls it finished still go out)."""
+    return "tool_calls" if calls and finish == "stop" else finish
 
 
 def _call_deltas(content: str | None, calls: list[dict]) -> list[dict]:
@@ -134,7 +140,7 @@ def full_response(head: dict, chat: bool, outcome: Outcome, read_calls: bool = F
     if chat:
         message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
         result = {"index": 0, "message": message, "logprobs": logprobs,
-                  "finish_reason": "tool_calls" if calls else outcome.finish_reason}
+                  "finish_reason": call_finish(calls, outcome.finish_reason)}
     else:
         result = {"index": 0, "text": outcome.text, "logprobs": logprobs,
                   "finish_reason": outcome.finish_reason}
