@@ -110,8 +110,9 @@ def test_while_the_text_copies_the_continuation_is_proposed_alone(qwen_target, l
     assert got.token_ids == want
     assert s.ngram_accepted == s.ngram_proposed > 30  # nearly all of it copied
     assert s.rounds < 40 / 4  # rounds of more than k + 1 tokens
-    draft_rounds = s.rounds - s.ended_by.get("ngram:k", 0) - s.ended_by.get("ngram:none", 0)
-    assert 1 <= draft_rounds <= 2 and s.drafted <= 3 * draft_rounds
+    # the last round may have nothing to propose: one token left, the target's own
+    draft_rounds = s.rounds - sum(s.ended_by.get(cause, 0) for cause in ("ngram:k", "ngram:none", "none"))
+    assert 1 <= draft_rounds <= 2 and s.drafted <= 3 * draft_rounds, s.ended_by
 
 
 def test_the_index_finds_what_a_scan_finds_as_the_context_grows():
