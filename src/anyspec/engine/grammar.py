@@ -172,19 +172,14 @@ class Constraint(Free):
         up to ``more`` tokens the grammar forces after its chain (accepted whenever the chain is),
         and the bitmask of every row a verify of it computes, in the verify's order."""
         t0 = time.perf_counter()
-        ids = proposal.ids
-        valid = self.matcher.validate_tokens(ids)
-        if not proposal.trie:
-            ids = ids[:valid]
+        valid = self.matcher.validate_tokens(proposal.ids)
+        ids = proposal.ids if proposal.trie else proposal.ids[:valid]
         tail = self._forced_after(ids, more) if valid == len(ids) else []
-        if tail:
-            proposal = proposal._replace(ids=ids + tail, tail=proposal.tail + len(tail))
-            if proposal.trie:
-                tokens, parents = proposal.trie
-                ups = [len(ids) - 1] + list(range(len(tokens), len(tokens) + len(tail) - 1))  # the chain's
-                proposal = proposal._replace(trie=(tokens + tail, parents + ups))  # nodes come first
-        elif len(ids) < len(proposal.ids) and not proposal.trie:
-            proposal = proposal._replace(ids=ids)
+        proposal = proposal._replace(ids=ids + tail, tail=proposal.tail + len(tail))
+        if tail and proposal.trie:
+            tokens, parents = proposal.trie
+            ups = [len(ids) - 1] + list(range(len(tokens), len(tokens) + len(tail) - 1))  # the chain's
+            proposal = proposal._replace(trie=(tokens + tail, parents + ups))  # nodes come first
         masks = self._tree(*proposal.trie) if proposal.trie else self._walk(proposal.ids)
         self.stats.grammar_seconds += time.perf_counter() - t0
         if self.matcher.is_error():
