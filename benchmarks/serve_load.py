@@ -1,14 +1,16 @@
 """Concurrent streaming clients against OpenAI-compatible servers on loopback, on the same GGUF target.
 
     python benchmarks/serve_load.py [--clients 1 2 4 8] [--rounds 3] [--max-tokens 64] [--threads 2]
+        [--prompts code prose]
         [--methods batched one-at-a-time llama.cpp] [--anyspec-args="..."] [--llama-args="..."]
 
 Each method is a server started here on a free port and stopped at the end, on errors and Ctrl-C too:
 ``batched`` (``anyspec serve --max-batch N``), ``one-at-a-time`` (``--max-batch 1``, started once)
 and ``llama.cpp`` (``llama-server -np N``: the target's GGUF alone, continuous batching, ``--ctx``
 tokens per slot). For each client count N and round, each method in turn (the order rotates) gets N
-concurrent greedy streaming ``/v1/completions`` requests of the same texts: the ``code`` and
-``prose`` prompts through the target's chat template. Reported: tokens/s of the round (every token
+concurrent greedy streaming ``/v1/completions`` requests of the same texts: the prompts of
+``--prompts`` (sets shipped with anyspec, or JSONL files; ``code`` and ``prose`` by default) through
+the target's chat template, taken in turn. Reported: tokens/s of the round (every token
 over the time from its first request sent to its last finished), time to first token, latency, the
 ratios batched ÷ one-at-a-time and ÷ llama.cpp, and whether every batched answer equals the
 one-at-a-time answer to the same prompt (greedy: it must).
@@ -33,7 +35,7 @@ import time
 from pathlib import Path
 
 from anyspec.bench.llama import _env, _free_port, _program, _request, _stop, llama_cpp_problem, target_gguf
-from anyspec.bench.prompts import DEFAULT_PROMPTS, load_prompts
+from anyspec.bench.prompts import SETS, load_prompts, prompt_file
 from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from anyspec.vocab.loading import load_tokenizer
 
@@ -251,7 +253,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8], help="concurrency levels")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prompts-limit", type=int, default=None, help="prompts per set (code, prose)")
+    ap.add_argument("--prompts", nargs="+", default=["code", "prose"],
+                    help=f"prompt sets ({', '.join(s for s in SETS if s != 'chat')}) or JSONL files of "
+                         "single prompts (default code prose)")
+    ap.add_argument("--prompts-limit", type=int, default=None, help="prompts per set")
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out")
     ap.add_argument("--ctx", type=int, default=4096, help="llama-server context per slot (default 4096)")
@@ -269,8 +274,10 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
 
     methods = [m for m in METHODS if m in args.methods and not (args.no_llama and m == "llama.cpp")]
+    prompts = [p for name in args.prompts for p in load_prompts(prompt_file(name))[:args.prompts_limit]]
+    if turns := [p["id"] for p in prompts if "turns" in p]:
+        ap.error(f"--prompts: {turns[0]} is a conversation; this load sends single prompts")
     tok = load_tokenizer(resolve_model(args.target))
-    prompts = [p for f in DEFAULT_PROMPTS for p in load_prompts(f)[:args.prompts_limit]]
     texts = [(p["id"], p["prompt"] if isinstance(p["prompt"], str) else  # the chat template, as the engine
               tok.apply_chat_template(p["prompt"], tokenize=False, add_generation_prompt=True))
              for p in prompts]
@@ -344,7 +351,7 @@ def main(argv=None) -> int:
               "cpu": f"{cpu_model()} ({os.cpu_count()} CPUs)", "notes": notes, "servers": cmds,
               "settings": {"target": args.target, "draft": args.draft, "threads": args.threads,
                            "max_tokens": args.max_tokens, "rounds": args.rounds, "clients": args.clients,
-                           "prompts": len(texts), "methods": ran},
+                           "prompts": f"{len(texts)} ({' '.join(args.prompts)})", "methods": ran},
               "table": table,
               "ratios": {n: {"batched/one-at-a-time": ratio(table, n, "batched", "one-at-a-time"),
                              "batched/llama.cpp": ratio(table, n, "batched", "llama.cpp")} for n in table},
