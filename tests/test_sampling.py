@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anyspec.algorithms import gumbel, tli
-from anyspec.algorithms.sampling import argmax, logits_to_probs, top_ids
+from anyspec.algorithms.sampling import argmax, filtered_logits, logits_to_probs, top_ids
 from anyspec.config import SamplingParams
 from anyspec.engine.sampler import Sampler
 
@@ -92,6 +92,36 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert torch.allclose(probs, torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
     probs = logits_to_probs(torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])), 1.0, 2, 1.0)
     assert torch.allclose(probs, torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
+
+
+def test_top_p_keeps_every_token_as_probable_as_the_last_in_its_nucleus():
+    probs = logits_to_probs(torch.log(torch.tensor([0.4, 0.3, 0.3])), 1.0, 0, 0.5)
+    assert torch.allclose(probs, torch.tensor([0.4, 0.3, 0.3]))  # 0.4 + 0.3 reach 0.5; the tied 0.3 too
+
+
+def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``filtered_logits`` at temperature 1, written plainly: each row sorted whole."""
+    probs, rows = torch.softmax(logits, dim=-1), []
+    for row, p in zip(logits, probs, strict=True):
+        ordered = torch.sort(p, descending=True).values.double()
+        kept = int(((torch.cumsum(ordered, 0) - ordered) < top_p).sum())
+        rows.append(row.masked_fill(p < ordered[kept - 1].float(), -math.inf))
+    return torch.stack(rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.05, 12.0), min_size=1, max_size=4), st.sampled_from([0.3, 0.9, 0.95, 0.999]),
+       st.integers(0, 2**31))
+def test_top_p_over_the_largest_probabilities_is_the_whole_rows_sort_and_each_rows_own(scales, top_p, seed):
+    """Rows whose nuclei hold from one token to most of the vocabulary, so that the search for the
+    nucleus among the largest probabilities grows to the whole row: each row as a full sort gives
+    it, and the same alone as beside the others."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(scales), 5000, generator=g) * torch.tensor(scales)[:, None]
+    logits[:, :3] += 6.0
+    together = filtered_logits(logits, 1.0, 0, top_p)
+    assert torch.equal(together, nucleus_by_sorting(logits, top_p))
+    assert torch.equal(together, torch.cat([filtered_logits(row[None], 1.0, 0, top_p) for row in logits]))
 
 
 @settings(max_examples=200, deadline=None)

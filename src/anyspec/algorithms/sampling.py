@@ -36,13 +36,27 @@ def filtered_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int =
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= top_p  # keep the smallest prefix whose mass reaches top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < nucleus_floor(probs, top_p), float("-inf"))
     return logits
+
+
+def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The smallest probability in each row's nucleus ``[..., 1]``, of ``probs [..., V]``: the fewest
+    largest probabilities whose sum reaches ``top_p``; every token as probable as the last of them
+    is in too, so ties never depend on an order; the sums run in float64. Looked for among the row's
+    64 largest, then four times as many until their sum reaches ``top_p``: a nucleus is mostly a
+    small part of a vocabulary, which is slow to sort whole."""
+    size, n = probs.shape[-1], 64
+    while True:
+        largest = torch.topk(probs, n, dim=-1) if n < size else torch.sort(probs, dim=-1, descending=True)
+        top = largest.values
+        mass = torch.cumsum(top.double(), dim=-1)
+        if n >= size or bool((mass[..., -1] >= top_p).all()):
+            break
+        n = 4 * n if 4 * n <= size // 16 else size  # a large nucleus: the whole row at once
+    inside = ((mass - top.double()) < top_p).sum(dim=-1, keepdim=True)  # at least the first: 0 before it
+    return torch.gather(top, -1, inside - 1)
 
 
 def argmax(logits: torch.Tensor) -> list[int]:
