@@ -80,6 +80,9 @@ def test_the_header_names_a_temperature_only_when_a_sampled_method_ran():
     head = report.markdown({"config": config, "notes": {}, "runs": sampled,
                             "summary": report.summarize(sampled)}).splitlines()[0]
     assert head.endswith("2 threads, sampled at T=0.7")
+    head = report.markdown({"config": config | {"top_p": 0.9}, "notes": {}, "runs": sampled,
+                            "summary": report.summarize(sampled)}).splitlines()[0]
+    assert head.endswith("2 threads, sampled at T=0.7, top-p 0.9")
 
 
 def test_plot_writes_png(tmp_path):

@@ -28,6 +28,7 @@ class BenchSettings:
     draft_dtype: str | None = None
     also_draft_dtypes: list[str] = field(default_factory=list)  # each draft method again, as METHOD@DTYPE
     temperature: float = 0.7  # for anyspec-sampled
+    top_p: float = 1.0  # for anyspec-sampled
     seed: int = 0
     threads: int | None = None
     limit: int | None = None  # at most this many prompts from each file
@@ -38,7 +39,8 @@ class BenchSettings:
 
     def __post_init__(self):
         llama_spec_args(self.llama_spec)
-        SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed)
+        SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+                       seed=self.seed)
         for name, value in (("--repeat", self.repeat), ("--limit", 1 if self.limit is None else self.limit)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -53,6 +55,7 @@ class BenchContext:
     draft: object
     speculative: SpeculativeConfig  # BenchSettings.speculative
     temperature: float  # for anyspec-sampled
+    top_p: float
     seed: int
     max_new_tokens: int
     eos: set[int]  # the ids that end a generation (every method's output is cut at the first)

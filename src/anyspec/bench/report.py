@@ -120,9 +120,13 @@ def turns_markdown(summary: list[dict]) -> list[str]:
 
 
 def sampled_at(result: dict) -> str:
-    """The header's word on sampling: its temperature when a sampled method ran, else greedy."""
-    ran = {base(r["method"]) for r in result["summary"]}
-    return f"sampled at T={result['config']['temperature']}" if "anyspec-sampled" in ran else "greedy"
+    """The header's word on sampling: its temperature (and top-p below 1) when a sampled method ran,
+    else greedy."""
+    ran, config = {base(r["method"]) for r in result["summary"]}, result["config"]
+    if "anyspec-sampled" not in ran:
+        return "greedy"
+    top_p = config.get("top_p", 1.0)
+    return f"sampled at T={config['temperature']}" + (f", top-p {top_p}" if top_p < 1.0 else "")
 
 
 def markdown(result: dict) -> str:

@@ -51,7 +51,8 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
         model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
-                            max_new_tokens=ctx.max_new_tokens, seed=ctx.seed if sampled else None,
+                            top_p=ctx.top_p if sampled else 1.0, max_new_tokens=ctx.max_new_tokens,
+                            seed=ctx.seed if sampled else None,
                             grammar=schema_grammar(ctx) if ctx.schema is not None else None)
     t = time.perf_counter()
     res = ctx.engines[key].generate(prompt, params)
@@ -202,7 +203,8 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
                        "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": k,
                        "ngram": spec.ngram, "adaptive_k": spec.adaptive_k, "draft_confidence": confidence,
                        "tree": branches, "repeat": s.repeat,
-                       "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
+                       "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+                       "seed": s.seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                        "torch": torch.__version__, "python": sys.version.split()[0],
@@ -220,7 +222,7 @@ def context(s: BenchSettings, plan, target, draft) -> BenchContext:
     from anyspec.models import MODELS, resolve_model
 
     return BenchContext(target=target, draft=draft, speculative=s.speculative, temperature=s.temperature,
-                        seed=s.seed, max_new_tokens=s.max_new_tokens, eos=end_ids(target),
+                        top_p=s.top_p, seed=s.seed, max_new_tokens=s.max_new_tokens, eos=end_ids(target),
                         dtype_name=plan.dtype, draft_dtype=plan.draft_dtype,
                         threads=s.threads or torch.get_num_threads(), hf_assistant=s.hf_assistant,
                         target_spec=s.target, draft_spec=s.draft,
