@@ -99,6 +99,14 @@ def test_top_p_keeps_every_token_as_probable_as_the_last_in_its_nucleus():
     assert torch.allclose(probs, torch.tensor([0.4, 0.3, 0.3]))  # 0.4 + 0.3 reach 0.5; the tied 0.3 too
 
 
+def test_min_p_keeps_the_tokens_near_the_likeliest_of_what_is_left():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.allclose(logits_to_probs(logits, min_p=0.2), torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
+    assert torch.allclose(logits_to_probs(logits, min_p=0.7), torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    after_top_k = logits_to_probs(logits, top_k=3, min_p=0.3)  # 0.15 is 0.3 of 0.5: it stays
+    assert torch.allclose(after_top_k, torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
+
+
 def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """``filtered_logits`` at temperature 1, written plainly: each row sorted whole."""
     probs, rows = torch.softmax(logits, dim=-1), []

@@ -40,7 +40,9 @@ def prompts() -> list[list[dict]]:
 
 
 def requests() -> list[tuple[list[dict], SamplingParams]]:
-    return [(messages, SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=20, seed=seed))
+    """Each prompt at each seed; at the second seed with min-p too."""
+    return [(messages, SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05 if seed == SEEDS[1] else 0.0,
+                                      max_new_tokens=20, seed=seed))
             for messages in prompts()[:10] for seed in SEEDS]
 
 
@@ -75,7 +77,8 @@ def test_the_server_answers_a_seed_alike_with_and_without_speculation(pair, refe
         def ask(messages, params, **extra):
             return client.chat.completions.create(
                 model="tiny-qwen2", messages=messages, max_tokens=params.max_new_tokens,
-                temperature=params.temperature, top_p=params.top_p, seed=params.seed, extra_body=extra)
+                temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+                extra_body=extra | {"min_p": params.min_p})
 
         for messages, params in asked:
             spec, alone = ask(messages, params), ask(messages, params, speculative=False)

@@ -116,6 +116,9 @@ def test_seeded_sampling_is_reproducible(client, reference):
         temperature=0.9, top_p=0.95, max_new_tokens=10, seed=7)).text
     assert c == reference.generate("Once upon a time", SamplingParams(
         temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=10, seed=8)).text
+    d = client.completions.create(seed=7, extra_body={"min_p": 0.5}, **kw).choices[0].text
+    assert d != a and d == reference.generate("Once upon a time", SamplingParams(
+        temperature=0.9, top_p=0.95, min_p=0.5, max_new_tokens=10, seed=7)).text
 
 
 @pytest.mark.parametrize("as_list", [False, True])

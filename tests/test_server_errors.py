@@ -163,6 +163,12 @@ def test_seed_beyond_64_bits(post, seed):
     assert_error(post("/v1/completions", json=OK | {"seed": seed}), 400, "seed", "invalid_value", "64 bits")
 
 
+@pytest.mark.parametrize("value", [-0.1, 1.5])
+def test_min_p_out_of_range(post, value):
+    r = post("/v1/completions", json=OK | {"min_p": value})
+    assert_error(r, 400, "min_p", "invalid_value", "from 0 to 1")
+
+
 def test_top_k_below_minus_one(post):
     assert_error(post("/v1/completions", json=OK | {"top_k": -5}), 400, "top_k", "invalid_value", "top_k")
 
@@ -406,11 +412,16 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
 
 
 @pytest.mark.parametrize(("field", "value"), [("logit_bias", {"15": 100}), ("presence_penalty", 1.5),
-                                              ("frequency_penalty", -0.5), ("suffix", " end")])
+                                              ("frequency_penalty", -0.5), ("suffix", " end"),
+                                              ("repetition_penalty", 1.1), ("repeat_penalty", 1.2),
+                                              ("typical_p", 0.9), ("ignore_eos", True)])
 def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
+    """OpenAI's, and other servers' that would change the answer: refused, not ignored, unless they
+    change nothing."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
                  "not supported")
-    defaults = {"logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": ""}
+    defaults = {"logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": "",
+                "repetition_penalty": 1.0, "repeat_penalty": 1, "typical_p": 1.0, "ignore_eos": False}
     assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
 
 

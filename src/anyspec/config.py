@@ -139,6 +139,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
     max_new_tokens: int = 128
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
@@ -159,6 +160,8 @@ class SamplingParams:
         if self.top_p < MIN_TOP_P:
             raise ConfigError(f"top_p must be at least {MIN_TOP_P:g} (smaller keeps only the top token "
                               f"anyway), got {self.top_p}", "top_p")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ConfigError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}", "min_p")
         if not _is_int(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:

@@ -1,5 +1,5 @@
-"""Logits to a probability distribution: temperature, then top-k, then top-p (nucleus); and the
-largest entries of a vocabulary row.
+"""Logits to a probability distribution: temperature, then top-k, then top-p (nucleus), then min-p;
+and the largest entries of a vocabulary row.
 
 The draft and the target go through the same filter (``filtered_logits``), so the draft chooses
 from a distribution shaped by the same settings as the target's (``engine/sampler.py``).
@@ -18,18 +18,19 @@ import torch
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
-                    top_p: float = 1.0) -> torch.Tensor:
+                    top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
     """``logits [..., V]`` -> float32 probabilities ``[..., V]``: the softmax of ``filtered_logits``."""
-    return torch.softmax(filtered_logits(logits, temperature, top_k, top_p), dim=-1)
+    return torch.softmax(filtered_logits(logits, temperature, top_k, top_p, min_p), dim=-1)
 
 
 def filtered_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
-                    top_p: float = 1.0) -> torch.Tensor:
-    """``logits [..., V]`` / ``temperature`` (> 0) as float32, -inf where top-k or top-p (nucleus)
-    leave a token out.
+                    top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+    """``logits [..., V]`` / ``temperature`` (> 0) as float32, -inf where top-k, top-p (nucleus) or
+    min-p leave a token out. Min-p keeps the tokens at least ``min_p`` times as probable as the
+    likeliest, in what top-k and top-p left.
 
-    ``top_k = 0`` and ``top_p = 1`` switch those filters off. Tokens at ``-inf`` (e.g. outside the
-    intersection) stay there.
+    ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` switch those filters off. Tokens at ``-inf`` (e.g.
+    outside the intersection) stay there.
     """
     logits = logits.float() / temperature
     if top_k > 0 and top_k < logits.shape[-1]:
@@ -38,6 +39,9 @@ def filtered_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int =
     if top_p < 1.0:
         probs = torch.softmax(logits, dim=-1)
         logits = logits.masked_fill(probs < nucleus_floor(probs, top_p), float("-inf"))
+    if min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     return logits
 
 

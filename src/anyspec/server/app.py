@@ -15,9 +15,11 @@ request leaves the queue at once, a running one before the worker's next pass.
 ``anyspec.timed_out: true``). Models that hold one KV cache (transformers models) run one request
 at a time.
 
-Request extensions: ``top_k``, ``speculative: false`` (target only, for comparison). Responses carry
-``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Unknown fields are ignored;
-fields the server cannot honour (``functions``, ``logit_bias``, ...) answer 400.
+Request extensions: ``top_k``, ``min_p``, ``speculative: false`` (target only, for comparison).
+Responses carry ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Fields the
+server cannot honour (``functions``, ``logit_bias``, ...) answer 400, as do other servers' sampling
+fields (``repetition_penalty``, ``repeat_penalty``, ``typical_p``, ``ignore_eos``, ...) unless their
+value changes nothing; other unknown fields are ignored.
 ``response_format`` (``json_object``, ``json_schema``) and ``tools``/``tool_choice`` constrain the
 answer by a grammar compiled against the target's tokenizer (``structured.py``, ``engine/grammar.py``).
 Chat roles are ``system``, ``user``, ``assistant`` and ``tool``; message contents are read as plain

@@ -23,7 +23,13 @@ from anyspec.server.structured import (
 
 UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
                "functions": (None, []), "function_call": (None, "none", "auto"), "logit_bias": (None, {}),
-               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "suffix": (None, "")}
+               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "suffix": (None, ""),
+               # other servers' fields that would change the answer: refused unless they change nothing
+               "repetition_penalty": (None, 1), "repeat_penalty": (None, 1), "typical_p": (None, 1),
+               "min_tokens": (None, 0), "ignore_eos": (None, False), "mirostat": (None, 0),
+               "tfs_z": (None, 1), "top_a": (None, 0), "dry_multiplier": (None, 0),
+               "xtc_probability": (None, 0), "dynatemp_range": (None, 0), "use_beam_search": (None, False),
+               "length_penalty": (None, 1)}
 ROLES = ("system", "user", "assistant", "tool")
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
@@ -143,8 +149,8 @@ def _prompt(body: dict) -> str:
     return _text(prompt, "prompt")
 
 
-def _shaping(body: dict) -> tuple[float, float, int]:
-    """``temperature``, ``top_p`` and ``top_k``, each checked against its range."""
+def _shaping(body: dict) -> tuple[float, float, int, float]:
+    """``temperature``, ``top_p``, ``top_k`` and ``min_p``, each checked against its range."""
     temperature = _field(body, "temperature", (int, float), 1.0)
     if not 0 <= temperature <= 2:
         raise ApiError(400, f"'temperature' must be between 0 and 2, got {_number(temperature)}.",
@@ -156,7 +162,11 @@ def _shaping(body: dict) -> tuple[float, float, int]:
     top_k = _field(body, "top_k", (int,), 0)
     if top_k < -1:
         raise ApiError(400, f"'top_k' must be >= 0 (0 or -1 = off), got {top_k}.", "top_k", "invalid_value")
-    return temperature, top_p, top_k
+    min_p = _field(body, "min_p", (int, float), 0.0)
+    if not 0 <= min_p <= 1:
+        raise ApiError(400, f"'min_p' must be from 0 to 1 (0 = off), got {_number(min_p)}.", "min_p",
+                       "invalid_value")
+    return temperature, top_p, top_k, min_p
 
 
 def _stop(body: dict) -> str | list[str]:
@@ -190,7 +200,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                            "unsupported_parameter")
     prompt = _messages(body) if chat else _prompt(body)
     wanted = _checked(structure, body, chat, tokenizer, grammars)
-    temperature, top_p, top_k = _shaping(body)
+    temperature, top_p, top_k, min_p = _shaping(body)
     max_tokens = _field(body, "max_completion_tokens", (int,)) if chat else None
     max_tokens = _field(body, "max_tokens", (int,), max_tokens)
     stop = _stop(body)
@@ -230,8 +240,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                        "max_tokens", "context_length_exceeded")
     try:
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
-                                max_new_tokens=max_tokens, seed=seed, stop=stop, logprobs=logprobs,
-                                grammar=wanted.grammar)
+                                min_p=float(min_p), max_new_tokens=max_tokens, seed=seed, stop=stop,
+                                logprobs=logprobs, grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
     return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text, wanted)
