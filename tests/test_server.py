@@ -121,6 +121,18 @@ def test_seeded_sampling_is_reproducible(client, reference):
         temperature=0.9, top_p=0.95, min_p=0.5, max_new_tokens=10, seed=7)).text
 
 
+def test_penalties_and_logit_bias_are_the_engines(client, reference):
+    kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=12, temperature=0)
+    token = 1000
+    forced = client.completions.create(logit_bias={str(token): 100}, **kw).choices[0].text
+    assert forced == reference.target.tokenizer.decode([token] * 12)  # the bias is applied
+    got = client.completions.create(frequency_penalty=1.5, presence_penalty=0.5,
+                                    logit_bias={str(token): 10, "15": -100}, **kw).choices[0].text
+    want = reference.generate("Once upon a time", SamplingParams(
+        max_new_tokens=12, frequency_penalty=1.5, presence_penalty=0.5, logit_bias={token: 10.0, 15: -100.0}))
+    assert got != forced and got == want.text
+
+
 @pytest.mark.parametrize("as_list", [False, True])
 def test_stop_strings(client, reference, as_list):
     prompt = "SELECT * FROM"

@@ -163,6 +163,15 @@ def test_seed_beyond_64_bits(post, seed):
     assert_error(post("/v1/completions", json=OK | {"seed": seed}), 400, "seed", "invalid_value", "64 bits")
 
 
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("presence_penalty", 2.5, "from -2 to 2"), ("frequency_penalty", -3, "from -2 to 2"),
+    ("logit_bias", {"abc": 1}, "token ids from 0 to"), ("logit_bias", {"99999999": 1}, "token ids from 0 to"),
+    ("logit_bias", {"-1": 1}, "token ids from 0 to"), ("logit_bias", {"15": 101}, "from -100 to 100"),
+    ("logit_bias", {"15": "1"}, "from -100 to 100"), ("logit_bias", {"15": True}, "from -100 to 100")])
+def test_penalties_and_logit_bias_out_of_range(post, field, value, says):
+    assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
+
+
 @pytest.mark.parametrize("value", [-0.1, 1.5])
 def test_min_p_out_of_range(post, value):
     r = post("/v1/completions", json=OK | {"min_p": value})
@@ -411,8 +420,7 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
     assert "has more than 4300 digits" in str(err.value) and "not valid JSON" not in str(err.value)
 
 
-@pytest.mark.parametrize(("field", "value"), [("logit_bias", {"15": 100}), ("presence_penalty", 1.5),
-                                              ("frequency_penalty", -0.5), ("suffix", " end"),
+@pytest.mark.parametrize(("field", "value"), [("suffix", " end"),
                                               ("repetition_penalty", 1.1), ("repeat_penalty", 1.2),
                                               ("typical_p", 0.9), ("ignore_eos", True)])
 def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
@@ -420,8 +428,8 @@ def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value
     change nothing."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
                  "not supported")
-    defaults = {"logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": "",
-                "repetition_penalty": 1.0, "repeat_penalty": 1, "typical_p": 1.0, "ignore_eos": False}
+    defaults = {"suffix": "", "repetition_penalty": 1.0, "repeat_penalty": 1, "typical_p": 1.0,
+                "ignore_eos": False}
     assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
 
 

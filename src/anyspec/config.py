@@ -140,6 +140,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # 0 = off
+    presence_penalty: float = 0.0  # OpenAI's: off at 0, each from -2 to 2
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)  # target token id -> added to its logit
     max_new_tokens: int = 128
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
@@ -162,6 +165,15 @@ class SamplingParams:
                               f"anyway), got {self.top_p}", "top_p")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}", "min_p")
+        for name, value in (("presence_penalty", self.presence_penalty),
+                            ("frequency_penalty", self.frequency_penalty)):
+            if not _is_number(value) or not -2 <= value <= 2:
+                raise ConfigError(f"{name} must be from -2 to 2, got {value}", name)
+        bias = self.logit_bias
+        if not isinstance(bias, dict) or not all(_is_int(t) and t >= 0 and _is_number(b) and -100 <= b <= 100
+                                                 for t, b in bias.items()):
+            raise ConfigError("logit_bias must map token ids (integers >= 0) to numbers from -100 to 100",
+                              "logit_bias")
         if not _is_int(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:

@@ -63,6 +63,21 @@ def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.gather(top, -1, inside - 1)
 
 
+def penalized(logits: torch.Tensor, counts: list[dict[int, int]], presence: float, frequency: float,
+              bias: dict[int, float]) -> torch.Tensor:
+    """``logits [R, V]`` as float32 with OpenAI's logit bias and penalties: token t gains ``bias[t]``
+    in every row, then loses ``frequency * n + presence`` in row r where it was written n > 0 times
+    before that row (``counts[r]``). Each row by itself, whatever the rows beside it."""
+    out = logits.float().clone()
+    if bias:
+        out[:, list(bias)] += torch.tensor(list(bias.values()), dtype=torch.float32)
+    for r, seen in enumerate(counts):
+        if seen:
+            times = torch.tensor(list(seen.values()), dtype=torch.float32)
+            out[r, list(seen)] -= frequency * times + presence
+    return out
+
+
 def argmax(logits: torch.Tensor) -> list[int]:
     """Each row's index of its largest value along the last dimension, as ``torch.argmax`` gives
     it: the first of equal maxima, and the first NaN where there is one."""

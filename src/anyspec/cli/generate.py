@@ -38,6 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--min-p", type=float, default=0.0, help="0 = off (default)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
@@ -72,8 +74,9 @@ def run(args) -> int:
 
     config = speculative_config(args)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            min_p=args.min_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                            stop=args.stop, logprobs=args.logprobs)
+                            min_p=args.min_p, presence_penalty=args.presence_penalty,
+                            frequency_penalty=args.frequency_penalty, max_new_tokens=args.max_new_tokens,
+                            seed=args.seed, stop=args.stop, logprobs=args.logprobs)
     if args.logprobs is not None and not args.json:
         raise ConfigError("--logprobs needs --json, which prints them")
     check_prompt_text(args.prompt)

@@ -25,6 +25,7 @@ from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.grammar import Free, masked
 from anyspec.engine.model import MultiSequence, PrefixSharing
 from anyspec.engine.output import Output
+from anyspec.engine.penalties import Penalties
 from anyspec.engine.prompt import check_room, encode_prompt, end_ids
 from anyspec.engine.proposers import (
     SLEM,
@@ -179,6 +180,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if engine.config.ngram else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
+    penalties = Penalties.start(params, engine.target.vocab_size)
     t_start = time.perf_counter()
     pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, meter,
                                                   encoded)
@@ -216,7 +218,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
         # 2. Verify them in one target forward over [pending, t1..tm]; 3. accept n, plus one token.
         proposal, mask = constraint.rows(proposal, budget - len(proposal.ids) if proposer else 0)
-        accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids), mask)
+        accepted, pending, rows = yield from verify(target, pending, proposal, sampler, len(output.ids), mask,
+                                                    penalties.rows(proposal) if penalties else None)
         count(stats, proposal, accepted, pending, engine.target_bytes)
         if schedule and proposal.source == "draft":
             schedule.update(proposal.drafted, *proposal.drafted_part(len(accepted)))
@@ -224,8 +227,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
         committed = output.commit(accepted + [pending])
         constraint.advance(committed)
-        if lookup:
-            lookup.commit(committed)
+        for follower in filter(None, (lookup, penalties)):
+            follower.commit(committed)
         count_commit(stats, len(output.ids), t_start)
         if logprobs is not None:
             logprobs += token_logprobs(rows[:len(committed)], committed, params.logprobs)
@@ -286,16 +289,18 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
 
 
 def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,
-           mask=None) -> Steps:
+           mask=None, penalize=None) -> Steps:
     """The proposed tokens the target accepts, the token it adds, and the logits rows that chose
     them (``[accepted + 1, V]``); its cache keeps those tokens. Each
     row's choice is the target's own at its generated position (the first at ``position``): its
     argmax, or with a ``sampler`` its Gumbel-max choice. A proposed token is accepted when it is
-    that choice. ``mask``: each row's grammar mask (``grammar.Constraint.rows``), applied first."""
+    that choice. ``mask``: each row's grammar mask (``grammar.Constraint.rows``), applied first;
+    ``penalize``: the rows' penalties and logit bias (``Penalties.rows``), then."""
     if proposal.trie:
-        return (yield from verify_tree(target, pending, proposal, sampler, position, mask))
+        return (yield from verify_tree(target, pending, proposal, sampler, position, mask, penalize))
     proposed = proposal.ids
     logits = masked((yield Forward(target, [pending] + proposed)), mask)
+    logits = penalize(logits) if penalize else logits
     rows = range(position, position + len(proposed) + 1)
     n, token = tli.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), proposed)
     target.crop(target.num_cached - (len(proposed) - n))
@@ -303,11 +308,12 @@ def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, po
 
 
 def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,
-                mask=None) -> Steps:
+                mask=None, penalize=None) -> Steps:
     """``verify`` of a chain and its branches in one forward of their trie."""
     tokens, parents = proposal.trie
     rows = [-1] + [up + 1 for up in parents]  # the pending token's row, then the trie's
     logits = masked((yield Forward(target, [pending] + tokens, parents=rows)), mask)
+    logits = penalize(logits) if penalize else logits
     rows = [position + depth for depth in tree.depths(rows)]
     path, token = tree.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), tokens,
                                     parents)

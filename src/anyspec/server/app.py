@@ -16,8 +16,9 @@ request leaves the queue at once, a running one before the worker's next pass.
 at a time.
 
 Request extensions: ``top_k``, ``min_p``, ``speculative: false`` (target only, for comparison).
+``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's (``engine/penalties.py``).
 Responses carry ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Fields the
-server cannot honour (``functions``, ``logit_bias``, ...) answer 400, as do other servers' sampling
+server cannot honour (``functions``, ``echo``, ...) answer 400, as do other servers' sampling
 fields (``repetition_penalty``, ``repeat_penalty``, ``typical_p``, ``ignore_eos``, ...) unless their
 value changes nothing; other unknown fields are ignored.
 ``response_format`` (``json_object``, ``json_schema``) and ``tools``/``tool_choice`` constrain the
@@ -236,7 +237,7 @@ def create_app(engine: Engine, settings: Settings):
             return Response(status_code=499)
         parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
             parse_request, body, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
-            settings.max_prompt_tokens, grammars))
+            settings.max_prompt_tokens, grammars, engine.target.vocab_size))
         job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
                   asyncio.get_running_loop(), ids=parsed.ids, text=parsed.text)
         if not await admit(job, request, scheduler, settings, metrics):

@@ -22,8 +22,7 @@ from anyspec.server.structured import (
 )
 
 UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
-               "functions": (None, []), "function_call": (None, "none", "auto"), "logit_bias": (None, {}),
-               "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "suffix": (None, ""),
+               "functions": (None, []), "function_call": (None, "none", "auto"), "suffix": (None, ""),
                # other servers' fields that would change the answer: refused unless they change nothing
                "repetition_penalty": (None, 1), "repeat_penalty": (None, 1), "typical_p": (None, 1),
                "min_tokens": (None, 0), "ignore_eos": (None, False), "mirostat": (None, 0),
@@ -169,6 +168,28 @@ def _shaping(body: dict) -> tuple[float, float, int, float]:
     return temperature, top_p, top_k, min_p
 
 
+def _penalties(body: dict, vocab: int) -> tuple[float, float, dict[int, float]]:
+    """``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (its keys token ids, as text)."""
+    penalties = []
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _field(body, name, (int, float), 0.0)
+        if not -2 <= value <= 2:
+            raise ApiError(400, f"'{name}' must be from -2 to 2, got {_number(value)}.", name,
+                           "invalid_value")
+        penalties.append(float(value))
+    bias = {}
+    for key, value in _field(body, "logit_bias", (dict,), {}).items():
+        token = int(key) if key.isascii() and key.isdigit() and len(key) < 11 else -1
+        if not 0 <= token < vocab:
+            raise ApiError(400, f"'logit_bias' keys must be token ids from 0 to {vocab - 1}, got {key!r}.",
+                           "logit_bias", "invalid_value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise ApiError(400, f"'logit_bias' values must be numbers from -100 to 100, got {value!r} for "
+                                f"{key}.", "logit_bias", "invalid_value")
+        bias[token] = float(value)
+    return penalties[0], penalties[1], bias
+
+
 def _stop(body: dict) -> str | list[str]:
     stop = _field(body, "stop", (str, list), [])
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
@@ -180,10 +201,12 @@ def _stop(body: dict) -> str | list[str]:
 
 
 def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | None,
-                  default_max_tokens: int, max_prompt_tokens: int | None = None, grammars=None) -> Parsed:
+                  default_max_tokens: int, max_prompt_tokens: int | None = None, grammars=None,
+                  vocab_size: int | None = None) -> Parsed:
     """Check an OpenAI request body; every problem is an ``ApiError`` naming the field.
     ``max_prompt_tokens``: the server's cap on one request's prompt (None: the context only);
-    ``grammars()``: the compiler of ``response_format`` and ``tools`` (``engine.grammar.Grammars``)."""
+    ``grammars()``: the compiler of ``response_format`` and ``tools`` (``engine.grammar.Grammars``);
+    ``vocab_size``: the target's, which ``logit_bias`` keys stay below."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
     model = _field(body, "model", (str,))
@@ -201,6 +224,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     prompt = _messages(body) if chat else _prompt(body)
     wanted = _checked(structure, body, chat, tokenizer, grammars)
     temperature, top_p, top_k, min_p = _shaping(body)
+    presence, frequency, bias = _penalties(body, vocab_size or 2**31)
     max_tokens = _field(body, "max_completion_tokens", (int,)) if chat else None
     max_tokens = _field(body, "max_tokens", (int,), max_tokens)
     stop = _stop(body)
@@ -240,7 +264,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                        "max_tokens", "context_length_exceeded")
     try:
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
-                                min_p=float(min_p), max_new_tokens=max_tokens, seed=seed, stop=stop,
+                                min_p=float(min_p), presence_penalty=presence, frequency_penalty=frequency,
+                                logit_bias=bias, max_new_tokens=max_tokens, seed=seed, stop=stop,
                                 logprobs=logprobs, grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None

@@ -1,0 +1,54 @@
+"""OpenAI's presence and frequency penalties and logit bias in a generation's rounds.
+
+A verify row's logits are penalized by the tokens generated before it: the committed ones, then the
+proposed ones on its own path (a chain's earlier tokens, a trie node's ancestors). So each row is
+shaped exactly as the target alone shapes the row at that position, and the choice stays the
+target's own (``sampling.penalized``). The draft proposes unpenalized; that costs acceptance only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from anyspec.algorithms.sampling import penalized
+from anyspec.config import SamplingParams
+from anyspec.engine.proposers import Proposal
+from anyspec.errors import ConfigError
+
+
+class Penalties:
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.counts: Counter[int] = Counter()  # the tokens generated so far
+
+    @staticmethod
+    def start(params: SamplingParams, vocab_size: int) -> Penalties | None:
+        """A generation's penalties; None where ``params`` ask for none."""
+        if too_large := [t for t in params.logit_bias if t >= vocab_size]:
+            raise ConfigError(f"logit_bias names token {too_large[0]}, beyond the target's {vocab_size} "
+                              "tokens", "logit_bias")
+        if not (params.presence_penalty or params.frequency_penalty or params.logit_bias):
+            return None
+        return Penalties(params)
+
+    def commit(self, ids: list[int]) -> None:
+        self.counts.update(ids)
+
+    def rows(self, proposal: Proposal):
+        """The function that shapes the logits of a verify of ``proposal`` (rows: the pending token's,
+        then one per proposed token, as ``loop.verify`` computes them)."""
+        p = self.params
+        counts = [self.counts + Counter(before) for before in paths(proposal)]
+        return lambda logits: penalized(logits, counts, p.presence_penalty, p.frequency_penalty, p.logit_bias)
+
+
+def paths(proposal: Proposal) -> list[list[int]]:
+    """For each verify row, the proposed tokens before the position it chooses: none for the pending
+    token's row, then a chain's tokens up to each, or each trie node's path from the root."""
+    if not proposal.trie:
+        return [proposal.ids[:i] for i in range(len(proposal.ids) + 1)]
+    tokens, parents = proposal.trie
+    out = [[]]
+    for token, up in zip(tokens, parents, strict=True):
+        out.append(out[up + 1] + [token])
+    return out

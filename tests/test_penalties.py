@@ -1,0 +1,93 @@
+"""OpenAI's presence and frequency penalties and logit bias: each verify row is shaped by the tokens
+generated before it, so a penalized answer is the target alone's with the same settings, on the real
+small pair (Qwen2.5-Coder-0.5B target, SmolLM2-135M draft, GGUF), and the target alone follows
+OpenAI's rule."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from test_long_context import pair  # noqa: F401  (the module's models)
+
+from anyspec.algorithms.sampling import penalized
+from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
+from anyspec.engine.penalties import paths
+from anyspec.engine.prompt import encode_prompt, end_ids
+from anyspec.engine.proposers import Proposal
+from anyspec.errors import ConfigError
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["List the days of the week, one per line, then again in reverse.",
+           "Write a Python function that returns the n-th Fibonacci number, with a docstring."]
+
+
+def test_penalized_adds_the_bias_then_takes_each_rows_counts():
+    out = penalized(torch.zeros(2, 5), [{1: 2}, {1: 3, 4: 1}], presence=0.5, frequency=0.25, bias={2: 3.0})
+    assert out.tolist() == [[0.0, -1.0, 3.0, 0.0, 0.0], [0.0, -1.25, 3.0, 0.0, -0.75]]
+
+
+def test_each_verify_row_counts_the_proposed_tokens_on_its_own_path():
+    assert paths(Proposal([5, 6])) == [[], [5], [5, 6]]
+    # the chain 5, 6; a branch 7 beside 6 and a branch 8 beside 5
+    assert paths(Proposal([5, 6], trie=([5, 6, 7, 8], [-1, 0, 0, -1]))) == [[], [5], [5, 6], [5, 7], [8]]
+
+
+def settings(target) -> list[SamplingParams]:
+    """Greedy and sampled, each penalty alone and with a bias that bans the greedy answer's first
+    word's token."""
+    newline = target.tokenizer.encode("\n")[0]
+    return [SamplingParams(max_new_tokens=40, frequency_penalty=1.5),
+            SamplingParams(max_new_tokens=40, presence_penalty=2.0, logit_bias={newline: -100.0}),
+            SamplingParams(temperature=0.8, seed=3, max_new_tokens=40, frequency_penalty=1.0,
+                           presence_penalty=-0.5, logit_bias={newline: 5.0})]
+
+
+@pytest.mark.parametrize("config", [dict(algorithm="slem"), dict(algorithm="tli", tree=2),
+                                    dict(algorithm="slem", ngram=2, batched=True)])
+def test_a_penalized_answer_is_the_target_alones_with_any_draft(pair, config):  # noqa: F811
+    target, draft = pair
+    batched = config.pop("batched", False)
+    alone, engine = Engine(target, None), Engine(target, draft, SpeculativeConfig(**config))
+    requests = [(prompt, params) for prompt in PROMPTS for params in settings(target)]
+    want = [alone.generate(*request).token_ids for request in requests]
+    got = engine.generate_batch(requests, max_batch=3) if batched else [engine.generate(*r) for r in requests]
+    assert [r.token_ids for r in got] == want
+    assert sum(r.stats.accepted for r in got) > 0
+    plain = {p: alone.generate(p, SamplingParams(max_new_tokens=40)).token_ids for p in PROMPTS}
+    kinds = len(settings(target))
+    changed = {i % kinds for i, (prompt, _) in enumerate(requests) if want[i] != plain[prompt]}
+    assert changed == set(range(kinds))  # each setting changes an answer
+
+
+def test_the_target_alone_follows_openais_rule(pair):  # noqa: F811
+    """Against a plain loop: one forward a token, its logits penalized by hand as OpenAI writes the
+    rule (logit - count * frequency - presence where count > 0, the bias added), then the argmax."""
+    target = pair[0]
+    params = SamplingParams(max_new_tokens=30, frequency_penalty=0.75, presence_penalty=0.5,
+                            logit_bias={target.tokenizer.encode(" Monday")[0]: -2.0})
+    ids = encode_prompt(target.tokenizer, PROMPTS[0])[0]
+    target.reset()
+    row, written = target.extend(ids, last=1)[-1], []
+    while len(written) < params.max_new_tokens:
+        row = row.float().clone()
+        for token, bias in params.logit_bias.items():
+            row[token] += bias
+        for token, n in Counter(written).items():
+            row[token] -= n * params.frequency_penalty + params.presence_penalty
+        written.append(int(row.argmax()))
+        if written[-1] in end_ids(target):
+            break
+        row = target.extend(written[-1:], last=1)[-1]
+    target.reset()
+    assert Engine(target, None).generate(PROMPTS[0], params).token_ids == written
+
+
+def test_a_bias_beyond_the_vocabulary_is_refused_before_any_work(pair):  # noqa: F811
+    target = pair[0]
+    with pytest.raises(ConfigError, match="logit_bias names token"):
+        Engine(target, None).generate("hi", SamplingParams(logit_bias={target.vocab_size: 1.0}))
+    with pytest.raises(ConfigError, match="presence_penalty must be from -2 to 2"):
+        SamplingParams(presence_penalty=2.5)
