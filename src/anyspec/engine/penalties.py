@@ -4,6 +4,7 @@ A verify row's logits are penalized by the tokens generated before it: the commi
 proposed ones on its own path (a chain's earlier tokens, a trie node's ancestors). So each row is
 shaped exactly as the target alone shapes the row at that position, and the choice stays the
 target's own (``sampling.penalized``). The draft proposes unpenalized; that costs acceptance only.
+Logprobs are those of the penalized logits, the distribution each token was chosen from.
 """
 
 from __future__ import annotations
