@@ -55,13 +55,13 @@ class BenchContext:
     draft: object
     speculative: SpeculativeConfig  # BenchSettings.speculative
     temperature: float  # for anyspec-sampled
-    top_p: float
     seed: int
     max_new_tokens: int
     eos: set[int]  # the ids that end a generation (every method's output is cut at the first)
     dtype_name: str  # canonical dtype names (gguf, bf16, fp16, fp32, int8)
     draft_dtype: str | None
     threads: int
+    top_p: float = 1.0  # for anyspec-sampled
     hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k"
     target_spec: str = ""  # as given: a built-in name, a folder or a GGUF file
     draft_spec: str = ""
