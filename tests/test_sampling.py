@@ -107,6 +107,14 @@ def test_min_p_keeps_the_tokens_near_the_likeliest_of_what_is_left():
     assert torch.allclose(after_top_k, torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
 
 
+def test_a_row_with_every_token_out_stays_so_beside_the_others():
+    logits = torch.full((2, 10), -math.inf)
+    logits[1, 3], logits[1, 5] = 1.0, 2.0
+    for top_p, min_p, kept in ((0.9, 0.0, [3, 5]), (1.0, 0.5, [5]), (0.5, 0.5, [5])):
+        out = filtered_logits(logits, 1.0, 0, top_p, min_p)
+        assert torch.isinf(out[0]).all() and torch.isfinite(out[1]).nonzero().flatten().tolist() == kept
+
+
 def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """``filtered_logits`` at temperature 1, written plainly: each row sorted whole."""
     probs, rows = torch.softmax(logits, dim=-1), []

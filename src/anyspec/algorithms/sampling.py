@@ -60,7 +60,7 @@ def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
             break
         n = 4 * n if 4 * n <= size // 16 else size  # a large nucleus: the whole row at once
     inside = ((mass - top.double()) < top_p).sum(dim=-1, keepdim=True)  # at least the first: 0 before it
-    return torch.gather(top, -1, inside - 1)
+    return torch.gather(top, -1, (inside - 1).clamp(min=0))  # a row with nothing left (NaN) stays so
 
 
 def penalized(logits: torch.Tensor, counts: list[dict[int, int]], presence: float, frequency: float,
