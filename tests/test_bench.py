@@ -83,6 +83,9 @@ def test_the_header_names_a_temperature_only_when_a_sampled_method_ran():
     head = report.markdown({"config": config | {"top_p": 0.9}, "notes": {}, "runs": sampled,
                             "summary": report.summarize(sampled)}).splitlines()[0]
     assert head.endswith("2 threads, sampled at T=0.7, top-p 0.9")
+    head = report.markdown({"config": config | {"frequency_penalty": 0.5}, "notes": {}, "runs": greedy,
+                            "summary": report.summarize(greedy)}).splitlines()[0]
+    assert head.endswith("2 threads, greedy, frequency penalty 0.5")
 
 
 def test_plot_writes_png(tmp_path):
@@ -98,6 +101,13 @@ def test_plot_writes_png(tmp_path):
 def test_unknown_method_is_refused_before_loading(monkeypatch):
     with pytest.raises(ConfigError, match="unknown method"):
         BenchSettings("t", "d", [bench_prompts.PROMPTS_DIR / "code.jsonl"], ["target", "magic"])
+
+
+def test_penalties_are_refused_beside_engines_that_would_not_get_them():
+    code = [bench_prompts.PROMPTS_DIR / "code.jsonl"]
+    with pytest.raises(ConfigError, match="anyspec's methods only; leave out llama.cpp, hf-uag"):
+        BenchSettings("t", "d", code, ["target", "llama.cpp", "hf-uag"], penalties=(0.5, 0.0))
+    BenchSettings("t", "d", code, ["target", "anyspec-slem", "anyspec-sampled"], penalties=(0.0, 1.0))
 
 
 def tiny_pair(tmp_path, tok_qwen2, tok_smollm2, contents: list[str]):

@@ -29,6 +29,7 @@ class BenchSettings:
     also_draft_dtypes: list[str] = field(default_factory=list)  # each draft method again, as METHOD@DTYPE
     temperature: float = 0.7  # for anyspec-sampled
     top_p: float = 1.0  # for anyspec-sampled
+    penalties: tuple[float, float] = (0.0, 0.0)  # presence and frequency, anyspec's methods'
     seed: int = 0
     threads: int | None = None
     limit: int | None = None  # at most this many prompts from each file
@@ -40,13 +41,18 @@ class BenchSettings:
     def __post_init__(self):
         llama_spec_args(self.llama_spec)
         SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
-                       seed=self.seed)
+                       seed=self.seed, presence_penalty=self.penalties[0],
+                       frequency_penalty=self.penalties[1])
         for name, value in (("--repeat", self.repeat), ("--limit", 1 if self.limit is None else self.limit)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        others = [m for m in self.methods if not m.startswith(("target", "anyspec"))]
+        if any(self.penalties) and others:
+            raise ConfigError(f"--presence-penalty and --frequency-penalty apply to anyspec's methods only; "
+                              f"leave out {', '.join(others)}")
 
 
 @dataclass
@@ -62,6 +68,7 @@ class BenchContext:
     draft_dtype: str | None
     threads: int
     top_p: float = 1.0  # for anyspec-sampled
+    penalties: tuple[float, float] = (0.0, 0.0)  # presence and frequency
     hf_assistant: str = "default"  # hf-uag: transformers' adaptive default, or "k"
     target_spec: str = ""  # as given: a built-in name, a folder or a GGUF file
     draft_spec: str = ""

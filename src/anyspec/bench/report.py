@@ -121,12 +121,14 @@ def turns_markdown(summary: list[dict]) -> list[str]:
 
 def sampled_at(result: dict) -> str:
     """The header's word on sampling: its temperature (and top-p below 1) when a sampled method ran,
-    else greedy."""
+    else greedy; and the penalties where there are any."""
     ran, config = {base(r["method"]) for r in result["summary"]}, result["config"]
+    top_p, penalties = config.get("top_p", 1.0), ""
+    for name in ("presence_penalty", "frequency_penalty"):
+        penalties += f", {name.replace('_', ' ')} {config[name]}" if config.get(name) else ""
     if "anyspec-sampled" not in ran:
-        return "greedy"
-    top_p = config.get("top_p", 1.0)
-    return f"sampled at T={config['temperature']}" + (f", top-p {top_p}" if top_p < 1.0 else "")
+        return "greedy" + penalties
+    return f"sampled at T={config['temperature']}" + (f", top-p {top_p}" if top_p < 1.0 else "") + penalties
 
 
 def markdown(result: dict) -> str:

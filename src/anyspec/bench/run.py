@@ -52,6 +52,7 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
                             top_p=ctx.top_p if sampled else 1.0, max_new_tokens=ctx.max_new_tokens,
+                            presence_penalty=ctx.penalties[0], frequency_penalty=ctx.penalties[1],
                             seed=ctx.seed if sampled else None,
                             grammar=schema_grammar(ctx) if ctx.schema is not None else None)
     t = time.perf_counter()
@@ -204,6 +205,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
                        "ngram": spec.ngram, "adaptive_k": spec.adaptive_k, "draft_confidence": confidence,
                        "tree": branches, "repeat": s.repeat,
                        "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+                       "presence_penalty": s.penalties[0], "frequency_penalty": s.penalties[1],
                        "seed": s.seed,
                        "threads": torch.get_num_threads(), "prompts": [str(f) for f in s.prompt_files],
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -222,7 +224,8 @@ def context(s: BenchSettings, plan, target, draft) -> BenchContext:
     from anyspec.models import MODELS, resolve_model
 
     return BenchContext(target=target, draft=draft, speculative=s.speculative, temperature=s.temperature,
-                        top_p=s.top_p, seed=s.seed, max_new_tokens=s.max_new_tokens, eos=end_ids(target),
+                        top_p=s.top_p, penalties=s.penalties, seed=s.seed, max_new_tokens=s.max_new_tokens,
+                        eos=end_ids(target),
                         dtype_name=plan.dtype, draft_dtype=plan.draft_dtype,
                         threads=s.threads or torch.get_num_threads(), hf_assistant=s.hf_assistant,
                         target_spec=s.target, draft_spec=s.draft,

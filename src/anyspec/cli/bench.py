@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
     add_engine_options(p, fixed=FIXED)
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled and target-sampled")
     p.add_argument("--top-p", type=float, default=1.0, help="for anyspec-sampled and target-sampled")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="for anyspec's methods (OpenAI's)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="for anyspec's methods (OpenAI's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
                    help="HF assisted generation: its adaptive default, or the same fixed k as anyspec")
@@ -71,7 +73,8 @@ def run(args) -> int:
                              max_new_tokens=args.max_new_tokens, speculative=speculative_config(args),
                              dtype=args.dtype, draft_dtype=args.draft_dtype,
                              also_draft_dtypes=args.also_draft_dtype, temperature=args.temperature,
-                             top_p=args.top_p, seed=args.seed, threads=args.threads, limit=args.limit,
+                             top_p=args.top_p, penalties=(args.presence_penalty, args.frequency_penalty),
+                             seed=args.seed, threads=args.threads, limit=args.limit,
                              repeat=args.repeat,
                              hf_assistant=args.hf_assistant, vllm_python=args.vllm_python,
                              llama_spec=args.llama_spec)
