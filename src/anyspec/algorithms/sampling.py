@@ -54,12 +54,12 @@ def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     size, n = probs.shape[-1], 64
     while True:
         largest = torch.topk(probs, n, dim=-1) if n < size else torch.sort(probs, dim=-1, descending=True)
-        top = largest.values
-        mass = torch.cumsum(top.double(), dim=-1)
+        top, wide = largest.values, largest.values.double()
+        mass = torch.cumsum(wide, dim=-1)
         if n >= size or bool((mass[..., -1] >= top_p).all()):
             break
         n = 4 * n if 4 * n <= size // 16 else size  # a large nucleus: the whole row at once
-    inside = ((mass - top.double()) < top_p).sum(dim=-1, keepdim=True)  # at least the first: 0 before it
+    inside = ((mass - wide) < top_p).sum(dim=-1, keepdim=True)  # at least the first: 0 before it
     return torch.gather(top, -1, (inside - 1).clamp(min=0))  # a row with nothing left (NaN) stays so
 
 

@@ -97,6 +97,18 @@ def verify_exact(choice: list[int], tokens: list[int], parents: list[int]) -> tu
     return path, choice[at + 1]
 
 
+def paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
+    """Each trie node's tokens from the root down, its own last (``parents``: -1 under the root)."""
+    out = []
+    for j in range(len(tokens)):
+        path, at = [], j
+        while at >= 0:
+            path.append(tokens[at])
+            at = parents[at]
+        out.append(path[::-1])
+    return out
+
+
 def depths(parents: list[int]) -> list[int]:
     """Each row's depth in a tree given by its ``parents`` (-1: the root, which follows the cache)."""
     if len(parents) and parents[0] != -1 or any(not 0 <= up < j for j, up in enumerate(parents) if j):

@@ -19,6 +19,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from anyspec.algorithms import tree
 from anyspec.engine.proposers import Proposal
 from anyspec.errors import ConfigError
 
@@ -210,12 +211,7 @@ class Constraint(Free):
         ll = _llguidance()
         masks = ll.torch.allocate_token_bitmask(len(tokens) + 1, self.vocab_size)
         ll.torch.fill_next_token_bitmask(self.matcher, masks, 0)
-        for j in range(len(tokens)):
-            path, at = [], j
-            while at >= 0:
-                path.append(tokens[at])
-                at = parents[at]
-            path.reverse()
+        for j, path in enumerate(tree.paths(tokens, parents)):
             if self.matcher.validate_tokens(path) == len(path):
                 self.matcher.consume_tokens(path)
                 ll.torch.fill_next_token_bitmask(self.matcher, masks, j + 1)

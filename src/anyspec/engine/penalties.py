@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from anyspec.algorithms import tree
 from anyspec.algorithms.sampling import penalized
 from anyspec.config import SamplingParams
 from anyspec.engine.proposers import Proposal
@@ -48,8 +49,4 @@ def paths(proposal: Proposal) -> list[list[int]]:
     token's row, then a chain's tokens up to each, or each trie node's path from the root."""
     if not proposal.trie:
         return [proposal.ids[:i] for i in range(len(proposal.ids) + 1)]
-    tokens, parents = proposal.trie
-    out = [[]]
-    for token, up in zip(tokens, parents, strict=True):
-        out.append(out[up + 1] + [token])
-    return out
+    return [[]] + tree.paths(*proposal.trie)
