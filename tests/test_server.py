@@ -121,6 +121,49 @@ def test_seeded_sampling_is_reproducible(client, reference):
         temperature=0.9, top_p=0.95, min_p=0.5, max_new_tokens=10, seed=7)).text
 
 
+def test_n_choices_are_the_engines_answers_with_seed_plus_i(client, reference):
+    """Choice i is the engine's answer with the request's seed + i: one sampled request with n = 3
+    gives three answers, each the same with or without the others beside it."""
+    prompt, kw = "Once upon a time", dict(temperature=1.0, max_tokens=10)
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, n=3, seed=41, **kw)
+    want = [reference.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=10, seed=41 + i))
+            for i in range(3)]
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert [c.text for c in out.choices] == [w.text for w in want]
+    assert len({c.text for c in out.choices}) > 1, "the choices must not share their noise"
+    assert [c.finish_reason for c in out.choices] == [w.finish_reason for w in want]
+    assert out.usage.prompt_tokens == want[0].stats.prompt_tokens
+    assert out.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+    stats = out.model_extra["anyspec"]
+    assert [c["seed"] for c in stats["choices"]] == [41, 42, 43] and stats["speculative"] is True
+    one = client.completions.create(model=MODEL_NAME, prompt=prompt, seed=42, **kw)
+    assert one.choices[0].text == out.choices[1].text
+
+    unseeded = client.completions.create(model=MODEL_NAME, prompt=prompt, n=2, **kw)
+    seeds = [c["seed"] for c in unseeded.model_extra["anyspec"]["choices"]]
+    assert seeds[0] != seeds[1]
+    assert [c.text for c in unseeded.choices] == [reference.generate(prompt, SamplingParams(
+        temperature=1.0, max_new_tokens=10, seed=s)).text for s in seeds]
+
+
+def test_n_choices_streamed_are_the_whole_answers(client):
+    kw = dict(model=MODEL_NAME, messages=CHAT, max_tokens=8, temperature=0.8, seed=5, n=3)
+    whole = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    texts, roles, finals = ["", "", ""], [0, 0, 0], [[], [], []]
+    for c in chunks[:-1]:
+        (choice,) = c.choices
+        texts[choice.index] += choice.delta.content or ""
+        roles[choice.index] += choice.delta.role == "assistant"
+        if choice.finish_reason:
+            finals[choice.index].append(choice.finish_reason)
+    assert texts == [c.message.content for c in whole.choices]
+    assert roles == [1, 1, 1] and finals == [[c.finish_reason] for c in whole.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    greedy_two = client.chat.completions.create(**(kw | {"temperature": 0, "n": 2}))
+    assert greedy_two.choices[0].message.content == greedy_two.choices[1].message.content
+
+
 def test_penalties_and_logit_bias_are_the_engines(client, reference):
     kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=12, temperature=0)
     token = 1000

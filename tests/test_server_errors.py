@@ -142,8 +142,10 @@ def test_oversized_body_without_content_length(post):
     assert_error(r, 400, None, "request_too_large")
 
 
-def test_n_above_one(post):
-    assert_error(post("/v1/completions", json=OK | {"n": 2}), 400, "n", "invalid_value", "only n=1")
+@pytest.mark.parametrize(("n", "says"), [(0, "from 1 to 128"), (129, "from 1 to 128"),
+                                         (17, "at most 16 on this server (--queue-size)")])
+def test_n_out_of_range(post, n, says):
+    assert_error(post("/v1/completions", json=OK | {"n": n}), 400, "n", "invalid_value", says)
 
 
 @pytest.mark.parametrize(("field", "value"), [("temperature", 2.5), ("temperature", -1)])

@@ -170,7 +170,7 @@ def test_an_answer_cut_by_max_tokens_says_length_beside_the_calls_it_finished(en
     done = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
     text = done + ("\n<tool_call>\n{\"name\": \"f" if ended == "length" else "")
     outcome = Outcome(text, ended, 30, 10, None, True)
-    whole = full_response({}, True, outcome, read_calls=True)["choices"][0]
+    whole = full_response({}, True, [outcome], read_calls=True)["choices"][0]
     assert whole["finish_reason"] == finish and len(whole["message"]["tool_calls"]) == 1
     events = iter([("text", text), ("done", outcome)])
 
@@ -178,7 +178,7 @@ def test_an_answer_cut_by_max_tokens_says_length_beside_the_calls_it_finished(en
         return next(events)
 
     async def chunks():
-        return [c async for c in stream_chunks(next_event, {}, True, False, read_calls=True)]
+        return [c async for c in stream_chunks([next_event], {}, True, False, read_calls=True)]
 
     last = json.loads(asyncio.run(chunks())[-2].removeprefix("data: "))
     assert last["choices"][0]["finish_reason"] == finish

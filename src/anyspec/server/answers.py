@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -12,15 +13,18 @@ from anyspec.server.scheduler import Outcome, ShuttingDown
 from anyspec.server.structured import CallStream, read_tool_calls
 
 
-def usage(outcome: Outcome) -> dict:
-    out = {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-           "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
-    if outcome.stats is not None:  # prompt tokens whose KV was already held (--no-prefix-cache: 0)
-        out["prompt_tokens_details"] = {"cached_tokens": outcome.stats.prompt_cached}
+def usage(outcomes: list[Outcome]) -> dict:
+    """A request's usage: its prompt counted once, every choice's completion."""
+    first = outcomes[0]
+    completion = sum(o.completion_tokens for o in outcomes)
+    out = {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+           "total_tokens": first.prompt_tokens + completion}
+    if first.stats is not None:  # prompt tokens whose KV was already held (--no-prefix-cache: 0)
+        out["prompt_tokens_details"] = {"cached_tokens": first.stats.prompt_cached}
     return out
 
 
-def anyspec_stats(outcome: Outcome) -> dict:
+def choice_stats(outcome: Outcome) -> dict:
     out = {"speculative": outcome.speculative, "timed_out": outcome.timed_out}
     if outcome.stats is not None:
         s = outcome.stats
@@ -30,6 +34,15 @@ def anyspec_stats(outcome: Outcome) -> dict:
         if s.seed is not None:
             out["seed"] = s.seed
     return out
+
+
+def anyspec_stats(outcomes: list[Outcome]) -> dict:
+    """The ``anyspec`` field of an answer: its one choice's statistics, or with ``n`` above 1
+    each choice's under ``choices``."""
+    if len(outcomes) == 1:
+        return choice_stats(outcomes[0])
+    return {"speculative": outcomes[0].speculative, "timed_out": any(o.timed_out for o in outcomes),
+            "choices": [choice_stats(o) for o in outcomes]}
 
 
 def as_api_error(exc: Exception) -> ApiError:
@@ -54,44 +67,78 @@ def response_head(chat: bool, model_name: str) -> dict:
             "model": model_name}
 
 
-def _choice(chat: bool, text: str | None, finish: str | None) -> dict:
+def _choice(chat: bool, text: str | None, finish: str | None, index: int = 0) -> dict:
     if chat:
-        return {"index": 0, "delta": {} if text is None else {"content": text}, "logprobs": None,
+        return {"index": index, "delta": {} if text is None else {"content": text}, "logprobs": None,
                 "finish_reason": finish}
-    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
 
 
-async def stream_chunks(next_event, head: dict, chat: bool, include_usage: bool, read_calls: bool = False):
-    """The server-sent events of a streamed answer, from the job's ``("text" | "error" | "done",
-    value)`` events (``await next_event()``), through ``data: [DONE]``; ``read_calls``: tool calls
-    held back and sent as ``tool_calls`` at the end."""
-    extra = {"usage": None} if include_usage else {}
+async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: dict, read_calls: bool):
+    """One choice's chunks from its job's events: ``("chunk", dict)`` items, then ``("done",
+    outcome)`` or ``("error", exception)``."""
     calls = CallStream() if read_calls else None
     if chat:
-        first = _choice(True, None, None) | {"delta": {"role": "assistant", "content": ""}}
-        yield sse(head | {"choices": [first]} | extra)
+        first = _choice(True, None, None, index) | {"delta": {"role": "assistant", "content": ""}}
+        yield "chunk", head | {"choices": [first]} | extra
     while True:
         kind, value = await next_event()
         if kind == "text" and (value := calls.feed(value) if calls else value):
-            yield sse(head | {"choices": [_choice(chat, value, None)]} | extra)
-        elif kind == "text":
+            yield "chunk", head | {"choices": [_choice(chat, value, None, index)]} | extra
+        elif kind in ("text", "start"):
             continue
         elif kind == "error":
-            exc = as_api_error(value)
-            yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
-            break
+            yield "error", value
+            return
         else:
             finish = value.finish_reason
             if calls is not None:
                 content, found = calls.finish()
                 for delta in _call_deltas(content, found):
-                    yield sse(head | {"choices": [_choice(chat, None, None) | {"delta": delta}]} | extra)
+                    choice = _choice(chat, None, None, index) | {"delta": delta}
+                    yield "chunk", head | {"choices": [choice]} | extra
                 finish = call_finish(found, finish)
-            yield sse(head | {"choices": [_choice(chat, None, finish)]} | extra
-                      | {"anyspec": anyspec_stats(value)})
+            yield "chunk", (head | {"choices": [_choice(chat, None, finish, index)]} | extra
+                            | {"anyspec": choice_stats(value)})
+            yield "done", value
+            return
+
+
+async def stream_chunks(next_events: list, head: dict, chat: bool, include_usage: bool,
+                        read_calls: bool = False):
+    """The server-sent events of a streamed answer through ``data: [DONE]``: choice i's chunks come
+    from ``await next_events[i]()``, each job's ``("start" | "text" | "error" | "done", value)``
+    events, interleaved as they arrive. ``read_calls``: tool calls held back and sent as
+    ``tool_calls`` at the end of their choice."""
+    extra = {"usage": None} if include_usage else {}
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, next_event) -> None:
+        try:
+            async for item in _choice_chunks(next_event, index, head, chat, extra, read_calls):
+                merged.put_nowait(item)
+        except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
+            merged.put_nowait(("error", exc))
+
+    tasks = [asyncio.create_task(pump(i, e)) for i, e in enumerate(next_events)]
+    outcomes = []
+    try:
+        while len(outcomes) < len(tasks):
+            kind, value = await merged.get()
+            if kind == "chunk":
+                yield sse(value)
+            elif kind == "error":
+                exc = as_api_error(value)
+                yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
+                break
+            else:
+                outcomes.append(value)
+        else:
             if include_usage:
-                yield sse(head | {"choices": [], "usage": usage(value)})
-            break
+                yield sse(head | {"choices": [], "usage": usage(outcomes)})
+    finally:
+        for task in tasks:
+            task.cancel()
     yield "data: [DONE]\n\n"
 
 
@@ -132,19 +179,20 @@ def logprobs_field(chat: bool, outcome: Outcome) -> dict | None:
             "text_offset": offsets}
 
 
-def full_response(head: dict, chat: bool, outcome: Outcome, read_calls: bool = False) -> dict:
-    """The answer of a request that does not stream; ``read_calls``: ``<tool_call>`` blocks read
-    into ``tool_calls``."""
+def _full_choice(chat: bool, outcome: Outcome, index: int, read_calls: bool) -> dict:
     logprobs = logprobs_field(chat, outcome)
     content, calls = read_tool_calls(outcome.text) if read_calls else (outcome.text, [])
     if chat:
         message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
-        result = {"index": 0, "message": message, "logprobs": logprobs,
-                  "finish_reason": call_finish(calls, outcome.finish_reason)}
-    else:
-        result = {"index": 0, "text": outcome.text, "logprobs": logprobs,
-                  "finish_reason": outcome.finish_reason}
-    return head | {"object": "chat.completion" if chat else "text_completion", "choices": [result],
-                   "usage": usage(outcome), "anyspec": anyspec_stats(outcome)}
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": call_finish(calls, outcome.finish_reason)}
+    return {"index": index, "text": outcome.text, "logprobs": logprobs,
+            "finish_reason": outcome.finish_reason}
 
 
+def full_response(head: dict, chat: bool, outcomes: list[Outcome], read_calls: bool = False) -> dict:
+    """The answer of a request that does not stream, a choice for each outcome; ``read_calls``:
+    ``<tool_call>`` blocks read into ``tool_calls``."""
+    choices = [_full_choice(chat, o, i, read_calls) for i, o in enumerate(outcomes)]
+    return head | {"object": "chat.completion" if chat else "text_completion", "choices": choices,
+                   "usage": usage(outcomes), "anyspec": anyspec_stats(outcomes)}

@@ -15,6 +15,8 @@ request leaves the queue at once, a running one before the worker's next pass.
 ``anyspec.timed_out: true``). Models that hold one KV cache (transformers models) run one request
 at a time.
 
+``n`` choices are n jobs, queued together, choice i sampled with ``seed + i``
+(``Parsed.choice_params``); a streamed answer interleaves their chunks by ``index``.
 Request extensions: ``top_k``, ``min_p``, ``speculative: false`` (target only, for comparison).
 ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's (``engine/penalties.py``).
 Responses carry ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Fields the
@@ -98,29 +100,37 @@ async def next_event(job: Job, request, deadline: float | None = None):
                 raise
 
 
-async def admit(job: Job, request, scheduler: Scheduler, settings: Settings, metrics: Metrics) -> bool:
-    """Queue the job and wait until the worker starts it: 429 when the queue is full, 503 past
-    ``queue_timeout``; False when the client went away first."""
+async def admit(jobs: list[Job], request, scheduler: Scheduler, settings: Settings, metrics: Metrics) -> bool:
+    """Queue a request's jobs and wait until the worker starts the first: 429 when the queue has no
+    room for them all, 503 past ``queue_timeout``; False when the client went away first. The
+    others follow it in the queue and start as slots free."""
     retry = str(min(60, math.ceil(metrics.mean_generation_seconds() * (scheduler.depth + 1))))
     try:
-        scheduler.submit(job)
+        scheduler.submit(*jobs)
     except ShuttingDown as exc:
         raise as_api_error(exc) from None
     except QueueFull:
-        raise ApiError(429, f"The server is busy: {settings.queue_size} requests are already waiting. "
+        raise ApiError(429, f"The server is busy: {settings.queue_size - scheduler.depth} of its "
+                            f"{settings.queue_size} queue places are free, this request needs {len(jobs)}. "
                             "Retry later.", None, "queue_full", {"Retry-After": retry}) from None
     try:
-        kind, value = await next_event(job, request, time.monotonic() + settings.queue_timeout)
-        if kind == "error":
-            raise as_api_error(value)
+        kind, value = await next_event(jobs[0], request, time.monotonic() + settings.queue_timeout)
     except TimeoutError:
-        scheduler.cancel(job)
+        cancel(scheduler, jobs)
         raise ApiError(503, f"The request waited longer than {settings.queue_timeout:g} s in the queue.",
                        None, "queue_timeout", {"Retry-After": retry}) from None
     except ClientGone:
-        scheduler.cancel(job)
+        cancel(scheduler, jobs)
         return False
+    if kind == "error":
+        cancel(scheduler, jobs)
+        raise as_api_error(value)
     return True
+
+
+def cancel(scheduler: Scheduler, jobs: list[Job]) -> None:
+    for job in jobs:
+        scheduler.cancel(job)
 
 
 def count_requests(app, metrics: Metrics):
@@ -238,33 +248,41 @@ def create_app(engine: Engine, settings: Settings):
         parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
             parse_request, body, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
             settings.max_prompt_tokens, grammars, engine.target.vocab_size))
-        job = Job(parsed.prompt, parsed.params, parsed.speculative, parsed.prompt_tokens,
-                  asyncio.get_running_loop(), ids=parsed.ids, text=parsed.text)
-        if not await admit(job, request, scheduler, settings, metrics):
+        if parsed.n > settings.queue_size:
+            raise ApiError(400, f"'n' must be at most {settings.queue_size} on this server (--queue-size), "
+                                f"got {parsed.n}.", "n", "invalid_value")
+        loop = asyncio.get_running_loop()
+        jobs = [Job(parsed.prompt, parsed.choice_params(i), parsed.speculative, parsed.prompt_tokens, loop,
+                    ids=parsed.ids, text=parsed.text) for i in range(parsed.n)]
+        if not await admit(jobs, request, scheduler, settings, metrics):
             return Response(status_code=499)
         head = response_head(chat, settings.model_name)
         if parsed.stream:
             async def events():
                 try:
-                    async for chunk in stream_chunks(job.events.get, head, chat, parsed.include_usage,
-                                                     parsed.structure.read_calls):
+                    async for chunk in stream_chunks([job.events.get for job in jobs], head, chat,
+                                                     parsed.include_usage, parsed.structure.read_calls):
                         yield chunk
                 finally:
-                    scheduler.cancel(job)
+                    cancel(scheduler, jobs)
 
             return StreamingResponse(events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
+        outcomes = []
         try:
-            while (event := await next_event(job, request))[0] == "text":
-                pass
+            for job in jobs:
+                while (event := await next_event(job, request))[0] in ("start", "text"):
+                    pass
+                kind, outcome = event
+                if kind == "error":
+                    cancel(scheduler, jobs)
+                    raise as_api_error(outcome)
+                outcomes.append(outcome)
         except ClientGone:
-            scheduler.cancel(job)
+            cancel(scheduler, jobs)
             return Response(status_code=499)
-        kind, outcome = event
-        if kind == "error":
-            raise as_api_error(outcome)
-        return full_response(head, chat, outcome, parsed.structure.read_calls)
+        return full_response(head, chat, outcomes, parsed.structure.read_calls)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

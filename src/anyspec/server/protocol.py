@@ -7,6 +7,7 @@ Every problem in a request is an ``ApiError`` naming the field (``param``), answ
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from anyspec.server.structured import (
     structure,
 )
 
+MAX_CHOICES = 128  # OpenAI's limit on n
 UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
                "functions": (None, []), "function_call": (None, "none", "auto"), "suffix": (None, ""),
                # other servers' fields that would change the answer: refused unless they change nothing
@@ -62,6 +64,15 @@ class Parsed:
     ids: list[int]  # the prompt's target ids and rendered text, encoded once for the whole request
     text: str
     structure: Structure  # response_format, tools and tool_choice
+    n: int = 1  # choices: choice i is sampled with seed + i (mod 2**64), each its own generation
+
+    def choice_params(self, i: int) -> SamplingParams:
+        """Choice i's sampling: the request's, with seed + i where a seed was given (none: each
+        choice draws its own)."""
+        seed = self.params.seed
+        if seed is None or i == 0:
+            return self.params
+        return dataclasses.replace(self.params, seed=(seed + i) % 2**64)
 
 
 def _field(body: dict, name: str, kinds: tuple, default=None):
@@ -214,9 +225,9 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         _text(model, "model")
         raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_name}'.",
                        "model", "model_not_found")
-    if _field(body, "n", (int,), 1) != 1:
-        raise ApiError(400, "Only n=1 is supported: the engine generates one sequence per request.", "n",
-                       "invalid_value")
+    n = _field(body, "n", (int,), 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"'n' must be from 1 to {MAX_CHOICES}, got {_number(n)}.", "n", "invalid_value")
     for name, harmless in UNSUPPORTED.items():
         if body.get(name) not in harmless:
             raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
@@ -269,7 +280,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                                 logprobs=logprobs, grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
-    return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text, wanted)
+    return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text, wanted, n)
 
 
 async def read_json(request, limit: int, timeout: float | None = None):

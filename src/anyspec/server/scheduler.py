@@ -133,13 +133,14 @@ class Scheduler:
         if self.thread.is_alive():
             self.thread.join(timeout=30)
 
-    def submit(self, job: Job) -> None:
+    def submit(self, *jobs: Job) -> None:
+        """Queue the jobs one after the other, all or none (``QueueFull``)."""
         with self.cond:
             if self.stopping:
                 raise ShuttingDown
-            if len(self.pending) >= self.max_queue:
+            if len(self.pending) + len(jobs) > self.max_queue:
                 raise QueueFull
-            self.pending.append(job)
+            self.pending.extend(jobs)
             self.cond.notify()
 
     def cancel(self, job: Job) -> None:
