@@ -164,6 +164,34 @@ def test_n_choices_streamed_are_the_whole_answers(client):
     assert greedy_two.choices[0].message.content == greedy_two.choices[1].message.content
 
 
+def test_several_prompts_and_token_id_prompts(client, reference):
+    """An array of prompts gets n choices each, in order (prompt 1's after prompt 0's), each the
+    engine's answer for its prompt and seed + i; a prompt of token ids is read as those ids."""
+    prompts = ["def fibonacci(n):", "The capital of France is"]
+    out = client.completions.create(model=MODEL_NAME, prompt=prompts, n=2, seed=3, temperature=0.9,
+                                    max_tokens=8)
+    want = [reference.generate(p, SamplingParams(temperature=0.9, max_new_tokens=8, seed=3 + i))
+            for p in prompts for i in range(2)]
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert [c.text for c in out.choices] == [w.text for w in want]
+    assert out.usage.prompt_tokens == want[0].stats.prompt_tokens + want[2].stats.prompt_tokens
+    assert out.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+
+    tokenizer = reference.target.tokenizer
+    ids = tokenizer.encode(prompts[0])
+    by_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == reference.generate(prompts[0], greedy(8)).text
+    odd = [t for piece in ("def", " fib", "on", "acci")
+           for t in tokenizer.encode(piece, add_special_tokens=False)]
+    odd += [tokenizer.convert_tokens_to_ids(c) for c in "(n):"]  # not how the text encodes
+    assert odd != tokenizer.encode("def fibonacci(n):", add_special_tokens=False)
+    both = client.completions.create(model=MODEL_NAME, prompt=[odd, odd], max_tokens=8, temperature=0)
+    alone = client.completions.create(model=MODEL_NAME, prompt=odd, max_tokens=8, temperature=0,
+                                      extra_body={"speculative": False})
+    assert both.usage.prompt_tokens == 2 * len(odd) and alone.usage.prompt_tokens == len(odd)
+    assert [c.text for c in both.choices] == [alone.choices[0].text] * 2
+
+
 def test_penalties_and_logit_bias_are_the_engines(client, reference):
     kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=12, temperature=0)
     token = 1000

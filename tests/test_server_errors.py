@@ -110,8 +110,26 @@ def test_missing_prompt(post):
     assert_error(post("/v1/completions", json=body), 400, "prompt", "missing_required_parameter")
 
 
-def test_token_id_prompt(post):
-    assert_error(post("/v1/completions", json=OK | {"prompt": [1, 2, 3]}), 400, "prompt", "invalid_type")
+@pytest.mark.parametrize(("prompt", "param", "code", "says"), [
+    ([], "prompt", "invalid_type", "non-empty array"),
+    ({"text": "hi"}, "prompt", "invalid_type", "array of token ids"),
+    ([1, 2.5], "prompt", "invalid_type", "array of token ids"),
+    ([1, True], "prompt", "invalid_type", "array of token ids"),
+    ([1, -1], "prompt", "invalid_value", "token id -1"),
+    ([1, 10**9], "prompt", "invalid_value", "token id 1000000000"),
+    (["hi", ""], "prompt[1]", "invalid_value", "empty"),
+    (["hi", []], "prompt[1]", "invalid_value", "empty"),
+    (["hi", [1, None]], "prompt[1]", "invalid_type", "string or an array of token ids"),
+    (["hi", "word " * 300], "prompt[1]", "context_length_exceeded", "maximum context length is 256"),
+    (["hi"] * 17, "prompt", "invalid_value", "at most 16 on this server"),
+])
+def test_bad_prompts(post, prompt, param, code, says):
+    assert_error(post("/v1/completions", json=OK | {"prompt": prompt}), 400, param, code, says)
+
+
+def test_prompts_times_n_beyond_the_limit(post):
+    r = post("/v1/completions", json=OK | {"prompt": ["a", "b", "c"], "n": 50})
+    assert_error(r, 400, "n", "invalid_value", "150 choices; at most 128")
 
 
 def test_empty_message_list(post):

@@ -178,7 +178,7 @@ def test_an_answer_cut_by_max_tokens_says_length_beside_the_calls_it_finished(en
         return next(events)
 
     async def chunks():
-        return [c async for c in stream_chunks([next_event], {}, True, False, read_calls=True)]
+        return [c async for c in stream_chunks([next_event], {}, True, 1, False, read_calls=True)]
 
     last = json.loads(asyncio.run(chunks())[-2].removeprefix("data: "))
     assert last["choices"][0]["finish_reason"] == finish

@@ -13,14 +13,15 @@ from anyspec.server.scheduler import Outcome, ShuttingDown
 from anyspec.server.structured import CallStream, read_tool_calls
 
 
-def usage(outcomes: list[Outcome]) -> dict:
-    """A request's usage: its prompt counted once, every choice's completion."""
-    first = outcomes[0]
+def usage(outcomes: list[Outcome], n: int = 1) -> dict:
+    """A request's usage: each prompt counted once (its ``n`` choices follow each other), every
+    choice's completion."""
+    firsts = outcomes[::n]
+    prompt = sum(o.prompt_tokens for o in firsts)
     completion = sum(o.completion_tokens for o in outcomes)
-    out = {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
-           "total_tokens": first.prompt_tokens + completion}
-    if first.stats is not None:  # prompt tokens whose KV was already held (--no-prefix-cache: 0)
-        out["prompt_tokens_details"] = {"cached_tokens": first.stats.prompt_cached}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if all(o.stats is not None for o in firsts):  # prompt tokens whose KV was already held
+        out["prompt_tokens_details"] = {"cached_tokens": sum(o.stats.prompt_cached for o in firsts)}
     return out
 
 
@@ -104,27 +105,27 @@ async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: 
             return
 
 
-async def stream_chunks(next_events: list, head: dict, chat: bool, include_usage: bool,
+async def stream_chunks(next_events: list, head: dict, chat: bool, n: int, include_usage: bool,
                         read_calls: bool = False):
     """The server-sent events of a streamed answer through ``data: [DONE]``: choice i's chunks come
     from ``await next_events[i]()``, each job's ``("start" | "text" | "error" | "done", value)``
-    events, interleaved as they arrive. ``read_calls``: tool calls held back and sent as
-    ``tool_calls`` at the end of their choice."""
+    events, interleaved as they arrive; each prompt's ``n`` choices follow each other.
+    ``read_calls``: tool calls held back and sent as ``tool_calls`` at the end of their choice."""
     extra = {"usage": None} if include_usage else {}
     merged: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, next_event) -> None:
         try:
-            async for item in _choice_chunks(next_event, index, head, chat, extra, read_calls):
-                merged.put_nowait(item)
+            async for kind, value in _choice_chunks(next_event, index, head, chat, extra, read_calls):
+                merged.put_nowait((index, kind, value))
         except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
-            merged.put_nowait(("error", exc))
+            merged.put_nowait((index, "error", exc))
 
     tasks = [asyncio.create_task(pump(i, e)) for i, e in enumerate(next_events)]
-    outcomes = []
+    outcomes = {}
     try:
         while len(outcomes) < len(tasks):
-            kind, value = await merged.get()
+            index, kind, value = await merged.get()
             if kind == "chunk":
                 yield sse(value)
             elif kind == "error":
@@ -132,10 +133,10 @@ async def stream_chunks(next_events: list, head: dict, chat: bool, include_usage
                 yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
                 break
             else:
-                outcomes.append(value)
+                outcomes[index] = value
         else:
             if include_usage:
-                yield sse(head | {"choices": [], "usage": usage(outcomes)})
+                yield sse(head | {"choices": [], "usage": usage([outcomes[i] for i in range(len(tasks))], n)})
     finally:
         for task in tasks:
             task.cancel()
@@ -190,9 +191,10 @@ def _full_choice(chat: bool, outcome: Outcome, index: int, read_calls: bool) -> 
             "finish_reason": outcome.finish_reason}
 
 
-def full_response(head: dict, chat: bool, outcomes: list[Outcome], read_calls: bool = False) -> dict:
+def full_response(head: dict, chat: bool, outcomes: list[Outcome], n: int = 1,
+                  read_calls: bool = False) -> dict:
     """The answer of a request that does not stream, a choice for each outcome; ``read_calls``:
     ``<tool_call>`` blocks read into ``tool_calls``."""
     choices = [_full_choice(chat, o, i, read_calls) for i, o in enumerate(outcomes)]
     return head | {"object": "chat.completion" if chat else "text_completion", "choices": choices,
-                   "usage": usage(outcomes), "anyspec": anyspec_stats(outcomes)}
+                   "usage": usage(outcomes, n), "anyspec": anyspec_stats(outcomes)}

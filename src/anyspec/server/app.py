@@ -15,8 +15,9 @@ request leaves the queue at once, a running one before the worker's next pass.
 ``anyspec.timed_out: true``). Models that hold one KV cache (transformers models) run one request
 at a time.
 
-``n`` choices are n jobs, queued together, choice i sampled with ``seed + i``
-(``Parsed.choice_params``); a streamed answer interleaves their chunks by ``index``.
+Each prompt of a completion (a string or token ids; an array of them) gets ``n`` choices, each a
+job, all queued together; choice i of a prompt is sampled with ``seed + i``
+(``Parsed.choice_params``). A streamed answer interleaves the choices' chunks by ``index``.
 Request extensions: ``top_k``, ``min_p``, ``speculative: false`` (target only, for comparison).
 ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's (``engine/penalties.py``).
 Responses carry ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Fields the
@@ -248,19 +249,21 @@ def create_app(engine: Engine, settings: Settings):
         parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
             parse_request, body, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
             settings.max_prompt_tokens, grammars, engine.target.vocab_size))
-        if parsed.n > settings.queue_size:
-            raise ApiError(400, f"'n' must be at most {settings.queue_size} on this server (--queue-size), "
-                                f"got {parsed.n}.", "n", "invalid_value")
+        n, prompts = parsed.n, parsed.prompts
+        if len(prompts) * n > settings.queue_size:
+            raise ApiError(400, f"{len(prompts) * n} choices ({len(prompts)} prompts, n {n}); at most "
+                                f"{settings.queue_size} on this server (--queue-size).",
+                           "n" if n > 1 else "prompt", "invalid_value")
         loop = asyncio.get_running_loop()
-        jobs = [Job(parsed.prompt, parsed.choice_params(i), parsed.speculative, parsed.prompt_tokens, loop,
-                    ids=parsed.ids, text=parsed.text) for i in range(parsed.n)]
+        jobs = [Job(p.sent, parsed.choice_params(i), parsed.speculative, len(p.ids), loop, ids=p.ids,
+                    text=p.text) for p in prompts for i in range(n)]
         if not await admit(jobs, request, scheduler, settings, metrics):
             return Response(status_code=499)
         head = response_head(chat, settings.model_name)
         if parsed.stream:
             async def events():
                 try:
-                    async for chunk in stream_chunks([job.events.get for job in jobs], head, chat,
+                    async for chunk in stream_chunks([job.events.get for job in jobs], head, chat, n,
                                                      parsed.include_usage, parsed.structure.read_calls):
                         yield chunk
                 finally:
@@ -282,7 +285,7 @@ def create_app(engine: Engine, settings: Settings):
         except ClientGone:
             cancel(scheduler, jobs)
             return Response(status_code=499)
-        return full_response(head, chat, outcomes, parsed.structure.read_calls)
+        return full_response(head, chat, outcomes, n, parsed.structure.read_calls)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -54,17 +54,23 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 @dataclass
+class Prompt:
+    """One prompt of a request, encoded once: as sent (text or chat messages; token ids as their
+    text, which the draft reads), the target's ids and the rendered text."""
+    sent: str | list[dict]
+    ids: list[int]
+    text: str
+
+
+@dataclass
 class Parsed:
-    prompt: str | list[dict]
+    prompts: list[Prompt]  # chat: one; completions: one or more (an array of prompts)
     params: SamplingParams
     stream: bool
     include_usage: bool
     speculative: bool
-    prompt_tokens: int
-    ids: list[int]  # the prompt's target ids and rendered text, encoded once for the whole request
-    text: str
     structure: Structure  # response_format, tools and tool_choice
-    n: int = 1  # choices: choice i is sampled with seed + i (mod 2**64), each its own generation
+    n: int = 1  # choices per prompt: choice i is sampled with seed + i (mod 2**64)
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice i's sampling: the request's, with seed + i where a seed was given (none: each
@@ -145,18 +151,47 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _prompt(body: dict) -> str:
+def _prompts(body: dict, vocab: int) -> list[str | list[int]]:
+    """``prompt``: a string, an array of token ids, or an array of either (one choice each)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
     if prompt is None:
         raise ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
-    if not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string (or an array of one string); token-id prompts and "
-                            "several prompts per request are not supported.", "prompt", "invalid_type")
-    if not prompt:
-        raise ApiError(400, "'prompt' must not be empty.", "prompt", "invalid_value")
-    return _text(prompt, "prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
+                                   and not any(isinstance(one, str | list) for one in prompt)):
+        prompt = [prompt]  # one prompt: text, or what should be token ids
+    if not isinstance(prompt, list) or not prompt:
+        raise ApiError(400, "'prompt' must be a string, an array of token ids, or a non-empty array of "
+                            "either.", "prompt", "invalid_type")
+    for i, one in enumerate(prompt):
+        name = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
+        if isinstance(one, str):
+            _text(one, name)
+        elif not (isinstance(one, list) and all(map(_is_id, one))):
+            raise ApiError(400, f"'{name}' must be a string or an array of token ids.", name, "invalid_type")
+        elif (bad := next((t for t in one if not 0 <= t < vocab), None)) is not None:
+            raise ApiError(400, f"'{name}' holds token id {_number(bad)}; this model's ids run from 0 to "
+                                f"{vocab - 1}.", name, "invalid_value")
+        if not one:
+            raise ApiError(400, f"'{name}' must not be empty.", name, "invalid_value")
+    return prompt
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _encoded(tokenizer, prompt: str | list[int] | list[dict], param: str, tools) -> Prompt:
+    """A prompt's target ids: text and messages encoded (the chat template, ``tools``), token ids as
+    they are."""
+    if isinstance(prompt, list) and all(map(_is_id, prompt)):
+        text = tokenizer.decode(prompt)
+        return Prompt(text, list(prompt), text)
+    try:
+        ids, text, _ = encode_prompt(tokenizer, prompt, tools=tools)
+    except Exception as exc:  # ConfigError, or the chat template refusing these messages
+        raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
+                       param, "invalid_value") from None
+    return Prompt(prompt, ids, text)
 
 
 def _shaping(body: dict) -> tuple[float, float, int, float]:
@@ -232,10 +267,14 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         if body.get(name) not in harmless:
             raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
                            "unsupported_parameter")
-    prompt = _messages(body) if chat else _prompt(body)
+    vocab = vocab_size or 2**31
+    sent = [_messages(body)] if chat else _prompts(body, vocab)
+    if len(sent) * n > MAX_CHOICES:
+        raise ApiError(400, f"{len(sent)} prompts with n {n} make {len(sent) * n} choices; at most "
+                            f"{MAX_CHOICES}.", "n" if n > 1 else "prompt", "invalid_value")
     wanted = _checked(structure, body, chat, tokenizer, grammars)
     temperature, top_p, top_k, min_p = _shaping(body)
-    presence, frequency, bias = _penalties(body, vocab_size or 2**31)
+    presence, frequency, bias = _penalties(body, vocab)
     max_tokens = _field(body, "max_completion_tokens", (int,)) if chat else None
     max_tokens = _field(body, "max_tokens", (int,), max_tokens)
     stop = _stop(body)
@@ -251,28 +290,9 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                        "invalid_value")
 
     param = "messages" if chat else "prompt"
-    try:
-        ids, text, _ = encode_prompt(tokenizer, prompt, tools=wanted.tools)
-        prompt_tokens = len(ids)
-    except Exception as exc:  # ConfigError, or the chat template refusing these messages
-        raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
-                       param, "invalid_value") from None
-    if max_prompt_tokens is not None and prompt_tokens > max_prompt_tokens:
-        raise ApiError(400, f"The prompt has {prompt_tokens} tokens; this server takes at most "
-                            f"{max_prompt_tokens} prompt tokens per request. Please shorten it.", param,
-                       "prompt_too_long")
-    room = context - prompt_tokens if context else None
-    if room is not None and room < 1:
-        raise ApiError(400, f"This model's maximum context length is {context} tokens, but the prompt has "
-                            f"{prompt_tokens} tokens. Please shorten it.", param, "context_length_exceeded")
-    if max_tokens is None:
-        max_tokens = min(default_max_tokens, room or default_max_tokens)
-    elif room is not None and max_tokens > room:
-        raise ApiError(400, f"This model's maximum context length is {context} tokens. However, you "
-                            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {param}, "
-                            f"{max_tokens} in the completion). Please reduce the length of the prompt or "
-                            "max_tokens.",
-                       "max_tokens", "context_length_exceeded")
+    names = [param if len(sent) == 1 else f"{param}[{i}]" for i in range(len(sent))]
+    prompts = [_encoded(tokenizer, one, name, wanted.tools) for one, name in zip(sent, names, strict=True)]
+    max_tokens = _max_tokens(prompts, names, max_tokens, context, default_max_tokens, max_prompt_tokens)
     try:
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
                                 min_p=float(min_p), presence_penalty=presence, frequency_penalty=frequency,
@@ -280,7 +300,31 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                                 logprobs=logprobs, grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
-    return Parsed(prompt, params, stream, include_usage, speculative, prompt_tokens, ids, text, wanted, n)
+    return Parsed(prompts, params, stream, include_usage, speculative, wanted, n)
+
+
+def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None, context: int | None,
+                default_max_tokens: int, max_prompt_tokens: int | None) -> int:
+    """``max_tokens`` checked against the room each prompt leaves in the context; when not given,
+    the server's default, cut to the least room."""
+    rooms = []
+    for prompt, param in zip(prompts, names, strict=True):
+        tokens = len(prompt.ids)
+        if max_prompt_tokens is not None and tokens > max_prompt_tokens:
+            raise ApiError(400, f"The prompt has {tokens} tokens; this server takes at most "
+                                f"{max_prompt_tokens} prompt tokens per request. Please shorten it.", param,
+                           "prompt_too_long")
+        room = context - tokens if context else None
+        if room is not None and room < 1:
+            raise ApiError(400, f"This model's maximum context length is {context} tokens, but the prompt "
+                                f"has {tokens} tokens. Please shorten it.", param, "context_length_exceeded")
+        if max_tokens is not None and room is not None and max_tokens > room:
+            raise ApiError(400, f"This model's maximum context length is {context} tokens. However, you "
+                                f"requested {tokens + max_tokens} tokens ({tokens} in the {param}, "
+                                f"{max_tokens} in the completion). Please reduce the length of the prompt or "
+                                "max_tokens.", "max_tokens", "context_length_exceeded")
+        rooms.append(room or default_max_tokens)
+    return max_tokens if max_tokens is not None else min(default_max_tokens, *rooms)
 
 
 async def read_json(request, limit: int, timeout: float | None = None):
