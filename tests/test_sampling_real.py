@@ -172,3 +172,30 @@ def test_logprobs_are_the_targets_own_with_or_without_the_draft(pair, temperatur
         assert entry.logprob == float(row[entry.token])
         assert [i for i, _ in entry.top] == row.topk(3).indices.tolist()
         assert [lp for _, lp in entry.top] == row.topk(3).values.tolist()
+
+
+def test_prompt_logprobs_are_a_plain_forwards_and_change_no_answer(pair):  # noqa: F811
+    """Each prompt token's logprob after the ones before it (the first: None), across two prefill
+    chunks: the numbers a plain forward of the whole prompt gives, the same with the draft and
+    alone, when the slot already holds the prompt, and the answer the same as without them."""
+    target, draft = pair
+    text = " ".join(m["content"] for messages in prompts() for m in messages) * 2
+    ids = target.tokenizer.encode(text)[:300]
+    assert len(ids) > 256  # two chunks (batch.PREFILL_CHUNK)
+    prompt = target.tokenizer.decode(ids)
+    assert target.tokenizer.encode(prompt) == ids
+    params = SamplingParams(max_new_tokens=8, prompt_logprobs=2)
+    engine = Engine(target, draft, SpeculativeConfig(tree=2))
+    plain = engine.generate(prompt, SamplingParams(max_new_tokens=8))
+    spec = engine.generate(prompt, params)  # the slot holds the prompt from the answer before
+    alone = Engine(target, None).generate(prompt, params)
+    assert spec.token_ids == alone.token_ids == plain.token_ids and plain.prompt_logprobs is None
+    assert spec.prompt_logprobs == alone.prompt_logprobs and spec.stats.prompt_cached == 0
+    target.reset()
+    rows = torch.log_softmax(target.extend(ids[:-1]), dim=-1)
+    target.reset()
+    first, *rest = spec.prompt_logprobs
+    assert first is None and [e.token for e in rest] == ids[1:]
+    for entry, row in zip(rest, rows, strict=True):
+        assert entry.logprob == float(row[entry.token])
+        assert entry.top == list(zip(row.topk(2).indices.tolist(), row.topk(2).values.tolist(), strict=True))

@@ -192,6 +192,36 @@ def test_several_prompts_and_token_id_prompts(client, reference):
     assert [c.text for c in both.choices] == [alone.choices[0].text] * 2
 
 
+def test_echo_gives_the_prompt_and_its_logprobs(client, reference):
+    """lm-eval's loglikelihood request (token-id prompts, ``echo``, ``logprobs`` 1, ``max_tokens`` 1):
+    each choice's text and logprobs begin with its prompt's, the first token's logprob null and the
+    others the engine's prompt logprobs; without logprobs, and streamed, the prompt comes first."""
+    tokenizer = reference.target.tokenizer
+    texts = ["def fibonacci(n):", "The capital of France is Paris"]
+    ids = [tokenizer.encode(t) for t in texts]
+    out = client.completions.create(model=MODEL_NAME, prompt=ids, echo=True, logprobs=1, max_tokens=1,
+                                    temperature=0)
+    for choice, prompt, text in zip(out.choices, ids, texts, strict=True):
+        want = reference.generate(text, SamplingParams(max_new_tokens=1, logprobs=1, prompt_logprobs=1))
+        lp = choice.logprobs
+        assert choice.text == tokenizer.decode(prompt) + want.text
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(prompt) + 1
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert lp.token_logprobs[1:-1] == [e.logprob for e in want.prompt_logprobs[1:]]
+        assert lp.token_logprobs[-1] == want.logprobs[0].logprob
+        assert [max(top.values()) for top in lp.top_logprobs[1:-1]] == [
+            e.top[0][1] for e in want.prompt_logprobs[1:]]
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    plain = client.completions.create(model=MODEL_NAME, prompt=texts[0], echo=True, max_tokens=6,
+                                      temperature=0)
+    assert plain.choices[0].text == texts[0] + reference.generate(texts[0], greedy(6)).text
+    assert plain.choices[0].logprobs is None
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=texts[0], echo=True, max_tokens=6,
+                                            temperature=0, stream=True))
+    assert chunks[0].choices[0].text == texts[0]
+    assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
+
+
 def test_penalties_and_logit_bias_are_the_engines(client, reference):
     kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=12, temperature=0)
     token = 1000

@@ -202,12 +202,13 @@ def test_top_k_below_minus_one(post):
     assert_error(post("/v1/completions", json=OK | {"top_k": -5}), 400, "top_k", "invalid_value", "top_k")
 
 
-@pytest.mark.parametrize(("path", "field", "value"), [
-    ("/v1/completions", "echo", True), ("/v1/completions", "best_of", 2),
+@pytest.mark.parametrize(("path", "field", "value", "says"), [
+    ("/v1/chat/completions", "echo", True, "completions field"),
+    ("/v1/completions", "best_of", 2, "not supported"),
 ])
-def test_unsupported_parameter(post, path, field, value):
+def test_unsupported_parameter(post, path, field, value, says):
     body = (OK if path == "/v1/completions" else CHAT_OK) | {field: value}
-    assert_error(post(path, json=body), 400, field, "unsupported_parameter", "not supported")
+    assert_error(post(path, json=body), 400, field, "unsupported_parameter", says)
 
 
 @pytest.mark.parametrize(("path", "extra", "field", "says"), [

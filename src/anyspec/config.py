@@ -147,6 +147,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None  # report each token's logprob and this many likeliest (None: off)
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (its KV then computed anew)
     grammar: object = None  # a compiled grammar the answer follows (engine/grammar.py; None: free text)
 
     def __post_init__(self):
@@ -181,9 +182,10 @@ class SamplingParams:
                               "max_new_tokens")
         if self.seed is not None and not seed_fits(self.seed):
             raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}", "seed")
-        if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ConfigError(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {self.logprobs!r}",
-                              "logprobs")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
+                raise ConfigError(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {value!r}", name)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty strings", "stop")
         for s in self.stop:

@@ -19,7 +19,7 @@ from anyspec.algorithms import tli, tree
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
 from anyspec.engine import lookup as prompt_lookup
-from anyspec.engine.batch import Batch, Driver, Forward, Meter, Steps, alone, chunked
+from anyspec.engine.batch import PREFILL_CHUNK, Batch, Driver, Forward, Meter, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
 from anyspec.engine.grammar import Free, masked
@@ -50,6 +50,8 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
     stats: Stats
     logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
+    # with SamplingParams.prompt_logprobs: one per prompt token, the first None (nothing before it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Engine:
@@ -182,8 +184,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
     penalties = Penalties.start(params, engine.target.vocab_size)
     t_start = time.perf_counter()
-    pending, ctx, prompt_ids = yield from prefill(engine, target, draft, prompt, params, stats, meter,
-                                                  encoded)
+    pending, ctx, prompt_ids, scored = yield from prefill(engine, target, draft, prompt, params, stats, meter,
+                                                          encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
     logprobs = [] if params.logprobs is not None else None
     lookup = prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
@@ -242,8 +244,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
             lookup.drafted(len(committed) - proposal.lead, meter.total() - started, behind)
 
     count_end(stats, meter, target, draft, ctx, t_start)
-    return GenerationResult(text=output.text, token_ids=output.ids, finish_reason=output.finish, stats=stats,
-                            logprobs=logprobs)
+    return GenerationResult(output.text, output.ids, output.finish, stats, logprobs, scored)
 
 
 def follow(engine: Engine, meter: Meter, draft, ctx, ids: list[int]) -> None:
@@ -269,23 +270,37 @@ def branch_worth(meter: Meter, target, output: Output):
 def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats,
             meter: Meter, encoded: tuple[list[int], str] | None = None) -> Steps:
     """The prompt into the target's cache but for its last token (returned: committed, not yet
-    cached), the draft's context and the prompt's target ids; a prefix the sequence's previous
-    request left may be kept."""
+    cached), the draft's context, the prompt's target ids and, with ``params.prompt_logprobs``, its
+    tokens' logprobs; a prefix the sequence's previous request left may be kept (not when scoring
+    the prompt: its rows are computed anew)."""
     ids, text = encoded if encoded is not None else encode_prompt(engine.target.tokenizer, prompt)[:2]
     check_room(len(ids), params.max_new_tokens, engine.target.context_length)
     stats.prompt_tokens = len(ids)
-    reuse = engine.config.prefix_cache
+    scored = params.prompt_logprobs is not None
+    reuse = engine.config.prefix_cache and not scored
     spent = meter.mark()
     with meter.timing(target):
         stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
-    if len(ids) - 1 > stats.prompt_cached:
+    prompt_logprobs = (yield from scored_prefill(target, ids, params.prompt_logprobs)) if scored else None
+    if not scored and len(ids) - 1 > stats.prompt_cached:
         yield from chunked(target, ids[stats.prompt_cached:-1], 1)
     stats.prefill_seconds = meter.seconds(target, since=spent)
     if draft is None:
-        return ids[-1], None, ids
-    if not reusable(draft, reuse):
+        return ids[-1], None, ids, prompt_logprobs
+    if not reusable(draft, engine.config.prefix_cache):
         draft.reset()  # else the first round's catch-up keeps what the draft's prompt shares
-    return ids[-1], engine.reader.start(prompt, text, ids), ids
+    return ids[-1], engine.reader.start(prompt, text, ids), ids, prompt_logprobs
+
+
+def scored_prefill(target, ids: list[int], n: int) -> Steps:
+    """``ids`` but the last through ``target``, every row's logits kept: each token's logprob
+    after the ones before it, with the ``n`` likeliest (the first token: None)."""
+    out: list[TokenLogprob | None] = [None]
+    for start in range(0, len(ids) - 1, PREFILL_CHUNK):
+        piece = ids[start:min(start + PREFILL_CHUNK, len(ids) - 1)]
+        rows = yield Forward(target, piece)
+        out += token_logprobs(rows, ids[start + 1:start + 1 + len(piece)], n)
+    return out
 
 
 def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,

@@ -75,13 +75,16 @@ def _choice(chat: bool, text: str | None, finish: str | None, index: int = 0) ->
     return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
 
 
-async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: dict, read_calls: bool):
+async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: dict, read_calls: bool,
+                         echo: str | None):
     """One choice's chunks from its job's events: ``("chunk", dict)`` items, then ``("done",
-    outcome)`` or ``("error", exception)``."""
+    outcome)`` or ``("error", exception)``; ``echo``: the prompt, sent first."""
     calls = CallStream() if read_calls else None
     if chat:
         first = _choice(True, None, None, index) | {"delta": {"role": "assistant", "content": ""}}
         yield "chunk", head | {"choices": [first]} | extra
+    elif echo:
+        yield "chunk", head | {"choices": [_choice(False, echo, None, index)]} | extra
     while True:
         kind, value = await next_event()
         if kind == "text" and (value := calls.feed(value) if calls else value):
@@ -106,17 +109,20 @@ async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: 
 
 
 async def stream_chunks(next_events: list, head: dict, chat: bool, n: int, include_usage: bool,
-                        read_calls: bool = False):
+                        read_calls: bool = False, echoes: list[str] | None = None):
     """The server-sent events of a streamed answer through ``data: [DONE]``: choice i's chunks come
     from ``await next_events[i]()``, each job's ``("start" | "text" | "error" | "done", value)``
     events, interleaved as they arrive; each prompt's ``n`` choices follow each other.
-    ``read_calls``: tool calls held back and sent as ``tool_calls`` at the end of their choice."""
+    ``read_calls``: tool calls held back and sent as ``tool_calls`` at the end of their choice;
+    ``echoes``: each choice's prompt, its first chunk (completions' ``echo``)."""
+    echoes = echoes or [None] * len(next_events)
     extra = {"usage": None} if include_usage else {}
     merged: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, next_event) -> None:
         try:
-            async for kind, value in _choice_chunks(next_event, index, head, chat, extra, read_calls):
+            async for kind, value in _choice_chunks(next_event, index, head, chat, extra, read_calls,
+                                                    echoes[index]):
                 merged.put_nowait((index, kind, value))
         except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
             merged.put_nowait((index, "error", exc))
@@ -160,8 +166,9 @@ def _token(spelled: bytes) -> str:
     return spelled.decode("utf-8", errors="replace")
 
 
-def logprobs_field(chat: bool, outcome: Outcome) -> dict | None:
-    """OpenAI's ``logprobs`` of a choice: chat's ``content`` list, or completions' four lists."""
+def logprobs_field(chat: bool, outcome: Outcome, echo: bool = False) -> dict | None:
+    """OpenAI's ``logprobs`` of a choice: chat's ``content`` list, or completions' four lists, with
+    ``echo`` the prompt's tokens first (the very first without a logprob: null)."""
     if outcome.logprobs is None:
         return None
     if chat:
@@ -170,31 +177,36 @@ def logprobs_field(chat: bool, outcome: Outcome) -> dict | None:
 
         return {"content": [entry(b, lp) | {"top_logprobs": [entry(t, x) for t, x in top]}
                             for b, lp, top in outcome.logprobs]}
+    entries = (outcome.prompt_logprobs if echo else []) + outcome.logprobs
     offsets, at = [], 0
-    for b, _, _ in outcome.logprobs:
+    for b, _, _ in entries:
         offsets.append(at)
         at += len(_token(b))
-    return {"tokens": [_token(b) for b, _, _ in outcome.logprobs],
-            "token_logprobs": [lp for _, lp, _ in outcome.logprobs],
-            "top_logprobs": [{_token(t): x for t, x in top} for _, _, top in outcome.logprobs],
+    return {"tokens": [_token(b) for b, _, _ in entries],
+            "token_logprobs": [lp for _, lp, _ in entries],
+            "top_logprobs": [None if top is None else {_token(t): x for t, x in top}
+                             for _, _, top in entries],
             "text_offset": offsets}
 
 
-def _full_choice(chat: bool, outcome: Outcome, index: int, read_calls: bool) -> dict:
-    logprobs = logprobs_field(chat, outcome)
+def _full_choice(chat: bool, outcome: Outcome, index: int, read_calls: bool, echo: str | None) -> dict:
+    logprobs = logprobs_field(chat, outcome, echo is not None)
     content, calls = read_tool_calls(outcome.text) if read_calls else (outcome.text, [])
     if chat:
         message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
         return {"index": index, "message": message, "logprobs": logprobs,
                 "finish_reason": call_finish(calls, outcome.finish_reason)}
-    return {"index": index, "text": outcome.text, "logprobs": logprobs,
+    return {"index": index, "text": (echo or "") + outcome.text, "logprobs": logprobs,
             "finish_reason": outcome.finish_reason}
 
 
-def full_response(head: dict, chat: bool, outcomes: list[Outcome], n: int = 1,
-                  read_calls: bool = False) -> dict:
+def full_response(head: dict, chat: bool, outcomes: list[Outcome], n: int = 1, read_calls: bool = False,
+                  echoes: list[str] | None = None) -> dict:
     """The answer of a request that does not stream, a choice for each outcome; ``read_calls``:
-    ``<tool_call>`` blocks read into ``tool_calls``."""
-    choices = [_full_choice(chat, o, i, read_calls) for i, o in enumerate(outcomes)]
+    ``<tool_call>`` blocks read into ``tool_calls``; ``echoes``: each choice's prompt, before its
+    text (completions' ``echo``)."""
+    echoes = echoes or [None] * len(outcomes)
+    choices = [_full_choice(chat, outcome, i, read_calls, echo)
+               for i, (outcome, echo) in enumerate(zip(outcomes, echoes, strict=True))]
     return head | {"object": "chat.completion" if chat else "text_completion", "choices": choices,
                    "usage": usage(outcomes, n), "anyspec": anyspec_stats(outcomes)}

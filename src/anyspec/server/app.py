@@ -21,7 +21,7 @@ job, all queued together; choice i of a prompt is sampled with ``seed + i``
 Request extensions: ``top_k``, ``min_p``, ``speculative: false`` (target only, for comparison).
 ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's (``engine/penalties.py``).
 Responses carry ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Fields the
-server cannot honour (``functions``, ``echo``, ...) answer 400, as do other servers' sampling
+server cannot honour (``functions``, ``best_of``, ...) answer 400, as do other servers' sampling
 fields (``repetition_penalty``, ``repeat_penalty``, ``typical_p``, ``ignore_eos``, ...) unless their
 value changes nothing; other unknown fields are ignored.
 ``response_format`` (``json_object``, ``json_schema``) and ``tools``/``tool_choice`` constrain the
@@ -260,11 +260,13 @@ def create_app(engine: Engine, settings: Settings):
         if not await admit(jobs, request, scheduler, settings, metrics):
             return Response(status_code=499)
         head = response_head(chat, settings.model_name)
+        echoes = [p.sent for p in prompts for _ in range(n)] if parsed.echo else None
         if parsed.stream:
             async def events():
                 try:
-                    async for chunk in stream_chunks([job.events.get for job in jobs], head, chat, n,
-                                                     parsed.include_usage, parsed.structure.read_calls):
+                    sources = [job.events.get for job in jobs]
+                    async for chunk in stream_chunks(sources, head, chat, n, parsed.include_usage,
+                                                     parsed.structure.read_calls, echoes):
                         yield chunk
                 finally:
                     cancel(scheduler, jobs)
@@ -285,7 +287,7 @@ def create_app(engine: Engine, settings: Settings):
         except ClientGone:
             cancel(scheduler, jobs)
             return Response(status_code=499)
-        return full_response(head, chat, outcomes, n, parsed.structure.read_calls)
+        return full_response(head, chat, outcomes, n, parsed.structure.read_calls, echoes)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -23,7 +23,7 @@ from anyspec.server.structured import (
 )
 
 MAX_CHOICES = 128  # OpenAI's limit on n
-UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
+UNSUPPORTED = {"best_of": (None, 1),
                "functions": (None, []), "function_call": (None, "none", "auto"), "suffix": (None, ""),
                # other servers' fields that would change the answer: refused unless they change nothing
                "repetition_penalty": (None, 1), "repeat_penalty": (None, 1), "typical_p": (None, 1),
@@ -71,6 +71,7 @@ class Parsed:
     speculative: bool
     structure: Structure  # response_format, tools and tool_choice
     n: int = 1  # choices per prompt: choice i is sampled with seed + i (mod 2**64)
+    echo: bool = False  # completions: each choice's text (and logprobs) begins with its prompt's
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice i's sampling: the request's, with seed + i where a seed was given (none: each
@@ -285,6 +286,10 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     include_usage = _field(_field(body, "stream_options", (dict,), {}), "include_usage", (bool,), False)
     speculative = _field(body, "speculative", (bool,), True)
     logprobs = _logprobs(body, chat, stream)
+    echo = _field(body, "echo", (bool,), False)
+    if echo and chat:
+        raise ApiError(400, "'echo' is a completions field; chat answers do not repeat the messages.", "echo",
+                       "unsupported_parameter")
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"'max_tokens' must be at least 1, got {max_tokens}.", "max_tokens",
                        "invalid_value")
@@ -297,10 +302,11 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
                                 min_p=float(min_p), presence_penalty=presence, frequency_penalty=frequency,
                                 logit_bias=bias, max_new_tokens=max_tokens, seed=seed, stop=stop,
-                                logprobs=logprobs, grammar=wanted.grammar)
+                                logprobs=logprobs, prompt_logprobs=logprobs if echo else None,
+                                grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
-    return Parsed(prompts, params, stream, include_usage, speculative, wanted, n)
+    return Parsed(prompts, params, stream, include_usage, speculative, wanted, n, echo)
 
 
 def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None, context: int | None,

@@ -59,6 +59,8 @@ class Outcome:
     timed_out: bool = False
     # with logprobs asked for: per token (its bytes, logprob, [(bytes, logprob) of the likeliest])
     logprobs: list[tuple[bytes, float, list[tuple[bytes, float]]]] | None = None
+    # with prompt logprobs asked for (echo): the same per prompt token, the first without (None)
+    prompt_logprobs: list[tuple[bytes, float | None, list[tuple[bytes, float]] | None]] | None = None
 
 
 @dataclass(eq=False)  # a job is itself: it keys the batch
@@ -238,13 +240,18 @@ class Scheduler:
         run = self.running.pop(job)
         stats = result.stats
         self.metrics.add_generation("completed", len(result.token_ids), stats.total_seconds, stats)
-        logprobs = None
-        if result.logprobs is not None:
-            spell = self.engine.target_bytes
-            logprobs = [(spell[e.token], e.logprob, [(spell[t], lp) for t, lp in e.top])
-                        for e in result.logprobs]
         job.emit("done", Outcome(result.text, result.finish_reason, len(result.token_ids),
-                                 stats.prompt_tokens, stats, run.speculative, logprobs=logprobs))
+                                 stats.prompt_tokens, stats, run.speculative,
+                                 logprobs=self._spelled(result.logprobs),
+                                 prompt_logprobs=self._spelled(result.prompt_logprobs, job.ids)))
+
+    def _spelled(self, entries: list | None, ids: list[int] | None = None) -> list | None:
+        """Logprob entries with their tokens as bytes; ``ids``: the prompt's, whose first has none."""
+        if entries is None:
+            return None
+        spell = self.engine.target_bytes
+        return [(spell[e.token], e.logprob, [(spell[t], lp) for t, lp in e.top]) if e is not None
+                else (spell[ids[i]], None, None) for i, e in enumerate(entries)]
 
     def _on_error(self, job: Job, exc: Exception) -> None:
         self.running.pop(job, None)
