@@ -7,7 +7,7 @@ import os
 import sys
 import warnings
 
-from anyspec.cli import analyze, bench, demo, generate, models, serve
+from anyspec.cli import analyze, bench, chat, demo, generate, models, serve
 from anyspec.cli.options import check_cache_dir, check_switches
 from anyspec.errors import AnyspecError
 
@@ -15,7 +15,7 @@ from anyspec.errors import AnyspecError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anyspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for command in (analyze, generate, models, bench, demo, serve):
+    for command in (analyze, generate, chat, models, bench, demo, serve):
         command.add_parser(sub)  # each sets func=run(args)
     return parser
 

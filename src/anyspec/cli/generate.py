@@ -14,11 +14,12 @@ from dataclasses import replace
 from anyspec.cli.options import (
     add_engine_options,
     add_model_options,
+    add_sampling_options,
     check_prompt_text,
     pair_plan,
+    sampling_params,
     speculative_config,
 )
-from anyspec.config import SamplingParams
 from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -33,15 +34,7 @@ def add_parser(sub) -> None:
     add_model_options(p)
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0, help="0 = off (default)")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_sampling_options(p)
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="with --json: each token's logprob and its N likeliest alternatives (0-20)")
     p.add_argument("--json-schema", metavar="FILE", default=None,
@@ -73,10 +66,7 @@ def run(args) -> int:
     from anyspec.pair import load_pair
 
     config = speculative_config(args)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            min_p=args.min_p, presence_penalty=args.presence_penalty,
-                            frequency_penalty=args.frequency_penalty, max_new_tokens=args.max_new_tokens,
-                            seed=args.seed, stop=args.stop, logprobs=args.logprobs)
+    params = sampling_params(args, logprobs=args.logprobs)
     if args.logprobs is not None and not args.json:
         raise ConfigError("--logprobs needs --json, which prints them")
     check_prompt_text(args.prompt)

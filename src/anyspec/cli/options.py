@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from anyspec.config import SpeculativeConfig, check_prompt
+from anyspec.config import SamplingParams, SpeculativeConfig, check_prompt
 from anyspec.errors import ConfigError
 from anyspec.pair import PairPlan, check_pair
 
@@ -26,6 +26,27 @@ def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True) -> None
                    help="draft model: a folder, a .gguf file or a built-in name (default %(default)s)")
     if no_draft:
         p.add_argument("--no-draft", action="store_true", help="decode with the target alone (the baseline)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
+    """How each answer is sampled: ``SamplingParams``' flags (``sampling_params``)."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0, help="0 = off (default)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_params(args, **more) -> SamplingParams:
+    """The checked ``SamplingParams`` of ``add_sampling_options``' flags, and ``more`` fields."""
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                          min_p=args.min_p, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, max_new_tokens=args.max_new_tokens,
+                          seed=args.seed, stop=args.stop, **more)
 
 
 def add_speculative_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) -> None:

@@ -1,0 +1,64 @@
+"""``anyspec chat`` on tiny models: each line a user message, each answer the engine's for the whole
+conversation so far, ``/reset`` starting over, a turn beyond the context said in one line."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from anyspec.cli import main
+from anyspec.config import SamplingParams
+
+SYSTEM = "You are terse."
+
+
+def chat(folders, monkeypatch, capsys, lines: str | bytes, *extra: str) -> tuple[int, str, str]:
+    raw = lines if isinstance(lines, bytes) else lines.encode()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8"))
+    rc = main(["chat", "--target", str(folders[0]), "--draft", str(folders[1]), "--dtype", "fp32",
+               "--draft-dtype", "fp32", "--system", SYSTEM, *extra])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_each_answer_is_the_engines_for_the_conversation_so_far(folders, reference, monkeypatch, capsys):
+    lines = "Name a prime.\n\nAnd another?\n/reset\nName a prime.\n"
+    rc, out, err = chat(folders, monkeypatch, capsys, lines, "--max-new-tokens", "10", "--temperature", "1",
+                        "--seed", "3")
+    params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=10)
+    system = {"role": "system", "content": SYSTEM}
+    first = [system, {"role": "user", "content": "Name a prime."}]
+    a1 = reference.generate(first, params).text
+    second = [*first, {"role": "assistant", "content": a1}, {"role": "user", "content": "And another?"}]
+    a2 = reference.generate(second, params).text
+    assert a2 != reference.generate([system, second[-1]], params).text  # the answer reads the turns before
+    assert rc == 0 and out == f"{a1}\n{a2}\n{a1}\n"
+    assert err.count("tok/s, acceptance") == 3 and "(a new conversation)" in err
+
+
+def test_a_turn_beyond_the_context_is_one_line_and_the_session_goes_on(folders, reference, monkeypatch,
+                                                                       capsys):
+    too_long = "word " * 300
+    rc, out, err = chat(folders, monkeypatch, capsys, f"{too_long}\nName a prime.\n/exit\nnever read\n",
+                        "--max-new-tokens", "6")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a prime."}]
+    want = reference.generate(messages, SamplingParams(max_new_tokens=6)).text
+    assert rc == 0 and out == f"{want}\n"
+    said = [line for line in err.splitlines() if line.startswith("anyspec chat:")]
+    assert len(said) == 1 and "beyond the target's context of 256 tokens" in said[0]
+    assert said[0].endswith("/reset starts a new conversation")
+
+
+def test_input_that_is_not_utf8_is_one_line(folders, monkeypatch, capsys):
+    rc, out, err = chat(folders, monkeypatch, capsys, b"caf\xe9\n", "--max-new-tokens", "4")
+    said = [line for line in err.splitlines() if line.startswith("anyspec chat:")]
+    assert rc == 2 and out == "" and said == ["anyspec chat: error: a line of input is not valid UTF-8"]
+
+
+@pytest.mark.parametrize(("extra", "message"), [(["--temperature", "-1"], "temperature"),
+                                                (["--system", " "], "the prompt is empty")])
+def test_bad_settings_fail_before_loading(no_loading, capsys, extra, message):
+    assert main(["chat", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
