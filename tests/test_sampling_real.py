@@ -140,7 +140,8 @@ def test_the_real_pair_samples_the_targets_distribution(pair, temperature):  # n
 
 def test_the_real_pair_check_catches_noise_reused_across_positions(pair, monkeypatch):  # noqa: F811
     """Negative control: every position reads position 0's noise (the target's and the draft's)."""
-    monkeypatch.setattr(gumbel.Noises, "at", lambda self, position: self.make(0))
+    key = gumbel.key
+    monkeypatch.setattr(gumbel, "key", lambda seed, position, stream=0: key(seed, 0, stream))
     assert first_two_pvalue(*pair, 1.0, range(1000, 1300)) < 1e-3
 
 
@@ -199,3 +200,26 @@ def test_prompt_logprobs_are_a_plain_forwards_and_change_no_answer(pair):  # noq
     for entry, row in zip(rest, rows, strict=True):
         assert entry.logprob == float(row[entry.token])
         assert entry.top == list(zip(row.topk(2).indices.tolist(), row.topk(2).values.tolist(), strict=True))
+
+
+def test_a_suffix_asks_the_target_to_fill_in_the_middle(pair):  # noqa: F811
+    """``suffix`` (completions): the prompt is the target's fill-in-the-middle prompt, and the answer
+    is the engine's for it, with the draft and alone."""
+    from anyspec.engine.prompt import fill_in_the_middle
+
+    openai = pytest.importorskip("openai")
+    target, draft = pair
+    prefix, suffix = "def mean(xs):\n    ", "\n    return total / len(xs)\n"
+    text = fill_in_the_middle(target.tokenizer, prefix, suffix)
+    assert text == f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
+    ids = target.tokenizer.encode(text)
+    assert [target.tokenizer.convert_ids_to_tokens(i) for i in (ids[0], ids[-1])] == ["<|fim_prefix|>",
+                                                                                      "<|fim_middle|>"]
+    want = Engine(target, None).generate(text, SamplingParams(max_new_tokens=16)).text
+    with live_server(Engine(target, draft), max_batch=2) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        for speculative in (True, False):
+            out = client.completions.create(model="tiny-qwen2", prompt=prefix, suffix=suffix, max_tokens=16,
+                                            temperature=0, extra_body={"speculative": speculative})
+            assert out.choices[0].text == want and out.usage.prompt_tokens == len(ids)
+    assert "total" in want  # the middle defines what the suffix uses

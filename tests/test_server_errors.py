@@ -426,7 +426,8 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
 
     from starlette.requests import Request
 
-    from anyspec.server.protocol import ApiError, read_json
+    from anyspec.server.app import read_json
+    from anyspec.server.protocol import ApiError
 
     body = f'{{"prompt": "hi", "seed": {"7" * 5000}}}'.encode()
     scope = {"type": "http", "method": "POST", "path": "/v1/completions",
@@ -441,17 +442,25 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
     assert "has more than 4300 digits" in str(err.value) and "not valid JSON" not in str(err.value)
 
 
-@pytest.mark.parametrize(("field", "value"), [("suffix", " end"),
-                                              ("repetition_penalty", 1.1), ("repeat_penalty", 1.2),
+@pytest.mark.parametrize(("field", "value"), [("repetition_penalty", 1.1), ("repeat_penalty", 1.2),
                                               ("typical_p", 0.9), ("ignore_eos", True)])
 def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
     """OpenAI's, and other servers' that would change the answer: refused, not ignored, unless they
     change nothing."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
                  "not supported")
-    defaults = {"suffix": "", "repetition_penalty": 1.0, "repeat_penalty": 1, "typical_p": 1.0,
+    defaults = {"repetition_penalty": 1.0, "repeat_penalty": 1, "typical_p": 1.0,
                 "ignore_eos": False}
     assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
+
+
+def test_a_suffix_needs_fill_in_the_middle_tokens_and_text_prompts(post):
+    """The tiny target's tokenizer has no FIM tokens (the real pair's test fills in the middle)."""
+    r = post("/v1/completions", json=OK | {"suffix": " end"})
+    assert_error(r, 400, "suffix", "unsupported_parameter", "needs a model with fill-in-the-middle tokens")
+    assert_error(post("/v1/completions", json=OK | {"prompt": [1, 2], "suffix": "x"}), 400, "suffix",
+                 "invalid_value", "text prompts")
+    assert post("/v1/completions", json=OK | {"suffix": ""}).status_code == 200
 
 
 def metric(server: str, path: str, status: int) -> float:

@@ -114,3 +114,20 @@ def check_room(prompt_tokens: int, max_new_tokens: int, context: int | None) -> 
         raise ConfigError(f"the prompt has {prompt_tokens} tokens and up to {max_new_tokens} more are asked "
                           f"for, beyond the target's context of {context} tokens; shorten the prompt or "
                           "ask for fewer new tokens")
+
+
+# Fill-in-the-middle control tokens, prefix-suffix-middle order: the model writes what goes between
+# the prefix and the suffix (Qwen2.5-Coder and StarCoder2; StarCoder and SantaCoder; DeepSeek-Coder).
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+              ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+              ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"))
+
+
+def fill_in_the_middle(tokenizer, prefix: str, suffix: str) -> str | None:
+    """The prompt that asks for the text between ``prefix`` and ``suffix``, with the first of
+    ``FIM_TOKENS`` the tokenizer has as tokens; None when it has none of them."""
+    added = {t.content for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()}
+    for pre, suf, mid in FIM_TOKENS:
+        if {pre, suf, mid} <= added:
+            return f"{pre}{prefix}{suf}{suffix}{mid}"
+    return None

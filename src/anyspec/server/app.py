@@ -15,9 +15,12 @@ request leaves the queue at once, a running one before the worker's next pass.
 ``anyspec.timed_out: true``). Models that hold one KV cache (transformers models) run one request
 at a time.
 
-Each prompt of a completion (a string or token ids; an array of them) gets ``n`` choices, each a
-job, all queued together; choice i of a prompt is sampled with ``seed + i``
-(``Parsed.choice_params``). A streamed answer interleaves the choices' chunks by ``index``.
+A completion's ``suffix`` makes its prompt the target's fill-in-the-middle prompt
+(``prompt.fill_in_the_middle``). Each prompt of a completion (a string or token ids; an array of
+them) gets ``n`` choices, each a job, all queued together; choice i of a prompt is sampled with
+``seed + i`` (``Parsed.choice_params``). A streamed answer interleaves the choices' chunks by
+``index``. ``echo`` (completions) puts the prompt, and with ``logprobs`` its tokens' logprobs,
+before each choice's answer.
 Request extensions: ``top_k``, ``min_p``, ``speculative: false`` (target only, for comparison).
 ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's (``engine/penalties.py``).
 Responses carry ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Fields the
@@ -42,7 +45,9 @@ import asyncio
 import contextlib
 import copy
 import functools
+import json
 import math
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,7 +58,7 @@ from anyspec.engine.grammar import Grammars
 from anyspec.errors import ConfigError
 from anyspec.server.answers import as_api_error, full_response, response_head, stream_chunks
 from anyspec.server.metrics import Metrics
-from anyspec.server.protocol import ApiError, ClientGone, error_body, parse_request, read_json
+from anyspec.server.protocol import ApiError, ClientGone, error_body, parse_request
 from anyspec.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
@@ -84,6 +89,40 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
+
+
+async def read_json(request, limit: int, timeout: float | None = None):
+    """The request's JSON body: at most ``limit`` bytes, in full within ``timeout`` seconds (408)."""
+    too_large = ApiError(400, f"The request body is larger than this server's limit of {limit} bytes.", None,
+                         "request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    from starlette.requests import ClientDisconnect
+
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+    except ClientDisconnect:
+        raise ClientGone from None
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive in full within {timeout:g} s.", None,
+                       "request_timeout") from None
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ApiError(400, "The JSON body of your request is nested too deeply.", None,
+                       "invalid_json") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise ApiError(400, f"A number in the JSON body of your request has more than "
+                                f"{sys.get_int_max_str_digits()} digits.", None, "invalid_json") from None
+        raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
+                       "invalid_json") from None
 
 
 async def next_event(job: Job, request, deadline: float | None = None):

@@ -6,14 +6,12 @@ Every problem in a request is an ``ApiError`` naming the field (``param``), answ
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import json
-import sys
 from dataclasses import dataclass
 
 from anyspec.config import MAX_LOGPROBS, SamplingParams, seed_fits, utf8_problem
 from anyspec.engine import encode_prompt
+from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
 from anyspec.server.structured import (
     Structure,
@@ -24,7 +22,7 @@ from anyspec.server.structured import (
 
 MAX_CHOICES = 128  # OpenAI's limit on n
 UNSUPPORTED = {"best_of": (None, 1),
-               "functions": (None, []), "function_call": (None, "none", "auto"), "suffix": (None, ""),
+               "functions": (None, []), "function_call": (None, "none", "auto"),
                # other servers' fields that would change the answer: refused unless they change nothing
                "repetition_penalty": (None, 1), "repeat_penalty": (None, 1), "typical_p": (None, 1),
                "min_tokens": (None, 0), "ignore_eos": (None, False), "mirostat": (None, 0),
@@ -177,6 +175,21 @@ def _prompts(body: dict, vocab: int) -> list[str | list[int]]:
     return prompt
 
 
+def _infills(prompts: list[str | list[int]], suffix: str | None, tokenizer) -> list[str | list[int]]:
+    """With a ``suffix``, each prompt becomes the fill-in-the-middle prompt for the text between
+    the two (the target's FIM tokens)."""
+    if not suffix:
+        return prompts
+    _text(suffix, "suffix")
+    if not all(isinstance(p, str) for p in prompts):
+        raise ApiError(400, "'suffix' takes text prompts, not token ids.", "suffix", "invalid_value")
+    filled = [fill_in_the_middle(tokenizer, p, suffix) for p in prompts]
+    if None in filled:
+        raise ApiError(400, "'suffix' needs a model with fill-in-the-middle tokens; this one has none.",
+                       "suffix", "unsupported_parameter")
+    return filled
+
+
 def _is_id(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -269,7 +282,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
             raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
                            "unsupported_parameter")
     vocab = vocab_size or 2**31
-    sent = [_messages(body)] if chat else _prompts(body, vocab)
+    suffix = None if chat else _field(body, "suffix", (str,))
+    sent = [_messages(body)] if chat else _infills(_prompts(body, vocab), suffix, tokenizer)
     if len(sent) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(sent)} prompts with n {n} make {len(sent) * n} choices; at most "
                             f"{MAX_CHOICES}.", "n" if n > 1 else "prompt", "invalid_value")
@@ -331,40 +345,6 @@ def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None,
                                 "max_tokens.", "max_tokens", "context_length_exceeded")
         rooms.append(room or default_max_tokens)
     return max_tokens if max_tokens is not None else min(default_max_tokens, *rooms)
-
-
-async def read_json(request, limit: int, timeout: float | None = None):
-    """The request's JSON body: at most ``limit`` bytes, in full within ``timeout`` seconds (408)."""
-    too_large = ApiError(400, f"The request body is larger than this server's limit of {limit} bytes.", None,
-                         "request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    from starlette.requests import ClientDisconnect
-
-    body = bytearray()
-    try:
-        async with asyncio.timeout(timeout):
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    raise too_large
-    except ClientDisconnect:
-        raise ClientGone from None
-    except TimeoutError:
-        raise ApiError(408, f"The request body did not arrive in full within {timeout:g} s.", None,
-                       "request_timeout") from None
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise ApiError(400, "The JSON body of your request is nested too deeply.", None,
-                       "invalid_json") from None
-    except ValueError as exc:
-        if "integer string conversion" in str(exc):
-            raise ApiError(400, f"A number in the JSON body of your request has more than "
-                                f"{sys.get_int_max_str_digits()} digits.", None, "invalid_json") from None
-        raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
-                       "invalid_json") from None
 
 
 def _logprobs(body: dict, chat: bool, stream: bool) -> int | None:
