@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from test_sampling import chi_square_pvalue
@@ -59,6 +60,55 @@ def test_the_noise_is_standard_gumbel_and_independent_across_positions_and_seeds
     for x, y in ((a, b), (a, c)):
         assert abs(float(torch.corrcoef(torch.stack([x, y]))[0, 1])) < 0.015
     assert torch.equal(gumbel.noise(7, 1, 10), b[:10]), "an entry does not depend on the size asked for"
+
+
+@pytest.mark.parametrize("stream", [0, 1])
+def test_the_noise_of_some_entries_is_those_entries_of_the_whole(stream):
+    whole = gumbel.noise(11, 5, 151_936, stream)
+    rng = np.random.default_rng(0)
+    for size in (1, 7, 300, 9_000):
+        ids = np.sort(rng.choice(151_936, size, replace=False))
+        assert torch.equal(gumbel.noise(11, 5, 151_936, stream, ids=ids), whole[ids])
+
+
+def test_a_row_with_few_tokens_left_draws_noise_for_those_alone_and_chooses_the_same():
+    """Top-k, top-p, min-p or a grammar leave few entries finite: ``choose`` then asks for their
+    noise alone, and picks what the whole row's noise picks; rows with many finite, or none, take
+    the whole noise as before."""
+    vocab, rng = 4_096, torch.Generator().manual_seed(3)
+    rows = torch.full((5, vocab), -math.inf)
+    rows[0, torch.randperm(vocab, generator=rng)[:40]] = torch.randn(40, generator=rng)  # few: alone
+    rows[1, :3] = torch.tensor([0.5, 0.5, 0.5])  # a tie, at the first entries
+    rows[2] = torch.randn(vocab, generator=rng)  # all finite: the whole noise
+    rows[3, -1] = 2.0  # one token, the last
+    # row 4: nothing finite (every token out) stays with the whole noise: token 0
+    asked = []
+
+    def noise_of(position):
+        def draw(ids):
+            asked.append(None if ids is None else len(ids))
+            return gumbel.noise(1, position, vocab, ids=ids)
+        return draw
+
+    whole = gumbel.choose(rows, [gumbel.noise(1, p, vocab) for p in range(5)])
+    assert gumbel.choose(rows, [noise_of(p) for p in range(5)]) == whole
+    assert asked == [40, 3, None, 1, None] and whole[3] == vocab - 1 and whole[4] == 0
+
+
+def test_the_drafts_noise_of_some_entries_is_its_coupled_noise_there():
+    from types import SimpleNamespace
+
+    from anyspec.engine.sampler import Sampler
+
+    rng = np.random.default_rng(1)
+    inter_draft = np.sort(rng.choice(5_000, 3_000, replace=False))
+    inter_target = rng.choice(20_000, 3_000, replace=False)
+    bridge = SimpleNamespace(draft_to_target=np.zeros(5_000), inter_draft_ids=torch.from_numpy(inter_draft),
+                             inter_target_ids=torch.from_numpy(inter_target))
+    sampler = Sampler(SamplingParams(temperature=1.0), 9, 20_000, bridge)
+    ids = np.sort(rng.choice(5_000, 200, replace=False))
+    assert np.isin(ids, inter_draft).any() and not np.isin(ids, inter_draft).all()
+    assert torch.equal(sampler._draft_noise(4, ids), sampler._coupled(4)[ids])
 
 
 @pytest.mark.parametrize("algorithm", ["none", "tli", "slem"])

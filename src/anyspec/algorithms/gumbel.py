@@ -43,12 +43,15 @@ def key(seed: int, position: int, stream: int = 0) -> int:
     return mix(mix(mix(seed & MASK) ^ (position & MASK)) ^ stream)
 
 
-def noise(seed: int, position: int, size: int, stream: int = 0) -> torch.Tensor:
+def noise(seed: int, position: int, size: int, stream: int = 0,
+          ids: np.ndarray | None = None) -> torch.Tensor:
     """Standard Gumbel noise ``[size]`` (float64) for ``position``: entry v is -log(-log(u_v)), u_v
-    uniform in (0, 1) from SplitMix64 of ``key + (v + 1) * golden``."""
+    uniform in (0, 1) from SplitMix64 of ``key + (v + 1) * golden``; ``ids``: those entries only
+    (the same values, each computed alone)."""
     with np.errstate(over="ignore"):
         start = np.uint64(key(seed, position, stream))
-        x = np.arange(1, size + 1, dtype=np.uint64) * np.uint64(GOLDEN) + start
+        v = np.arange(size, dtype=np.uint64) if ids is None else ids.astype(np.uint64)
+        x = (v + np.uint64(1)) * np.uint64(GOLDEN) + start
         x ^= x >> np.uint64(30)
         x *= np.uint64(0xBF58476D1CE4E5B9)
         x ^= x >> np.uint64(27)
@@ -56,6 +59,9 @@ def noise(seed: int, position: int, size: int, stream: int = 0) -> torch.Tensor:
         x ^= x >> np.uint64(31)
     u = ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # 53 bits, never 0 or 1
     return torch.from_numpy(-np.log(-np.log(u)))
+
+
+FEW = 16  # a row with at most 1/FEW of its entries finite draws noise for those alone
 
 
 class Noises:
@@ -74,9 +80,23 @@ class Noises:
         return self.cache[position]
 
 
-def choose(filtered: torch.Tensor, noises: list[torch.Tensor]) -> list[int]:
-    """Each row's token: ``argmax(filtered[r] + noises[r])`` in float64; ``filtered [R, V]`` are
-    logits / T with -inf where top-k / top-p (or a mask) leave a token out. Row by row on numpy,
-    whose argmax is vectorised (``sampling.argmax``)."""
+def choose(filtered: torch.Tensor, noises: list[torch.Tensor | Callable[[np.ndarray | None], torch.Tensor]]
+           ) -> list[int]:
+    """Each row's token: ``argmax(filtered[r] + noise_r)`` in float64; ``filtered [R, V]`` are
+    logits / T with -inf where top-k / top-p (or a mask) leave a token out. ``noises[r]``: row r's
+    noise, or what gives it for some entries (``noise(ids)``; None: all of them), drawn then only
+    where the row is finite when few are (top-k, top-p, min-p, a grammar): -inf stays -inf
+    whatever the noise, so the choice is the same. Row by row on numpy, whose argmax is vectorised
+    (``sampling.argmax``)."""
     rows = filtered.detach().to(torch.float32).numpy().astype(np.float64)  # numpy widens faster
-    return [int(np.argmax(row + noise.numpy()[: len(row)])) for row, noise in zip(rows, noises, strict=True)]
+    out = []
+    for row, noise in zip(rows, noises, strict=True):
+        if isinstance(noise, torch.Tensor):
+            out.append(int(np.argmax(row + noise.numpy()[: len(row)])))
+            continue
+        finite = np.flatnonzero(row > -np.inf)
+        if 0 < len(finite) <= len(row) // FEW:
+            out.append(int(finite[np.argmax(row[finite] + noise(finite).numpy())]))
+        else:
+            out.append(int(np.argmax(row + noise(None).numpy()[: len(row)])))
+    return out

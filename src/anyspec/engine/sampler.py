@@ -10,8 +10,10 @@ is the target position where the two tokenizers cut the text alike.
 
 from __future__ import annotations
 
+import functools
 import secrets
 
+import numpy as np
 import torch
 
 from anyspec.algorithms import gumbel
@@ -28,9 +30,10 @@ def request_seed(params: SamplingParams) -> int:
 class Sampler:
     def __init__(self, params: SamplingParams, seed: int, vocab_size: int, bridge=None):
         self.params = params
-        self.seed, self.bridge = seed, bridge
+        self.seed, self.bridge, self.vocab_size = seed, bridge, vocab_size
         self.target = gumbel.Noises(lambda position: gumbel.noise(seed, position, vocab_size))
         self.draft = gumbel.Noises(self._coupled) if bridge is not None else None
+        self._twins: np.ndarray | None = None  # each draft id's target twin, -1 for none
 
     def filtered(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         p = self.params
@@ -38,15 +41,35 @@ class Sampler:
 
     def choices(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
         """The target's token for each row of ``logits [R, V]``, row r at generated ``positions[r]``."""
-        return gumbel.choose(self.filtered(logits), [self.target.at(i) for i in positions])
+        noises = [functools.partial(self._target_noise, i) for i in positions]
+        return gumbel.choose(self.filtered(logits), noises)
 
     def draft_choice(self, logits: torch.Tensor, position: int,
                      mask: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
         """The draft's token from its ``logits [Vd]`` (confined to ``mask``) at ``position``, and its
         distribution there (the softmax of what it chose from)."""
         filtered = self.filtered(logits, mask)
-        token = gumbel.choose(filtered[None], [self.draft.at(position)])[0]
+        token = gumbel.choose(filtered[None], [functools.partial(self._draft_noise, position)])[0]
         return token, torch.softmax(filtered, dim=-1)
+
+    def _target_noise(self, position: int, ids: np.ndarray | None) -> torch.Tensor:
+        if ids is None:
+            return self.target.at(position)
+        return gumbel.noise(self.seed, position, self.vocab_size, ids=ids)
+
+    def _draft_noise(self, position: int, ids: np.ndarray | None) -> torch.Tensor:
+        """The draft's noise at ``position`` (``_coupled``), of ``ids`` alone or whole (None)."""
+        if ids is None:
+            return self.draft.at(position)
+        if self._twins is None:
+            b = self.bridge
+            self._twins = np.full(len(b.draft_to_target), -1, dtype=np.int64)
+            self._twins[np.asarray(b.inter_draft_ids)] = np.asarray(b.inter_target_ids)
+        noise = gumbel.noise(self.seed, position, len(self._twins), stream=1, ids=ids)
+        twins = self._twins[ids]
+        shared = twins >= 0
+        noise[torch.from_numpy(shared)] = self._target_noise(position, twins[shared])
+        return noise
 
     def _coupled(self, position: int) -> torch.Tensor:
         """The draft's noise at ``position``: its own stream, with each shared token's target twin's."""
