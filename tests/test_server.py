@@ -222,6 +222,37 @@ def test_echo_gives_the_prompt_and_its_logprobs(client, reference):
     assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_logprobs_are_the_whole_answers(client, chat):
+    """Each chunk carries the logprobs of the tokens committed since the one before; put together
+    they are the whole answer's, also where a stop string held tokens back and cut the answer."""
+    tokens = client.completions.create(model=MODEL_NAME, prompt="SELECT * FROM", max_tokens=16,
+                                       temperature=0, logprobs=0).choices[0].logprobs.tokens
+    text = "".join(tokens)  # a one-character stop string that is a whole token: nothing is held back
+    stop = next(t for i, t in enumerate(tokens)  # for it, and its token's entry comes with no text
+                if i > 2 and len(t) == 1 and t.strip() and text.find(t) == len("".join(tokens[:i])))
+    for extra in ({}, {"stop": [stop], "extra_body": {"speculative": False}}):  # a token a round
+        if chat:
+            kw = dict(model=MODEL_NAME, messages=CHAT, max_tokens=16, temperature=0.9, seed=2, logprobs=True,
+                      top_logprobs=2, **extra)
+            whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+            chunks = list(client.chat.completions.create(stream=True, **kw))
+            streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                        for e in c.choices[0].logprobs.content]
+            assert [e.model_dump() for e in streamed] == [e.model_dump() for e in whole]
+        else:
+            kw = dict(model=MODEL_NAME, prompt="SELECT * FROM", max_tokens=16, temperature=0, logprobs=2,
+                      **extra)
+            whole = client.completions.create(**kw).choices[0].logprobs
+            chunks = list(client.completions.create(stream=True, **kw))
+            parts = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+            assert [t for p in parts for t in p.tokens] == whole.tokens
+            assert [x for p in parts for x in p.token_logprobs] == whole.token_logprobs
+            assert [t for p in parts for t in p.top_logprobs] == whole.top_logprobs
+            assert [t for p in parts for t in p.text_offset] == whole.text_offset
+        assert len([c for c in chunks if c.choices and c.choices[0].logprobs]) > 1
+
+
 def test_penalties_and_logit_bias_are_the_engines(client, reference):
     kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=12, temperature=0)
     token = 1000

@@ -218,7 +218,7 @@ def test_unsupported_parameter(post, path, field, value, says):
     ("/v1/completions", {"logprobs": -1}, "logprobs", "from 0 to 20"),
     ("/v1/completions", {"logprobs": True}, "logprobs", "integer"),
     ("/v1/completions", {"top_logprobs": 2}, "top_logprobs", "chat field"),
-    ("/v1/completions", {"logprobs": 2, "stream": True}, "logprobs", "without 'stream'"),
+    ("/v1/completions", {"logprobs": 2, "echo": True, "stream": True}, "echo", "without 'stream'"),
 ])
 def test_bad_logprobs_are_a_400_naming_the_field(post, path, extra, field, says):
     body = (OK if path == "/v1/completions" else CHAT_OK) | extra

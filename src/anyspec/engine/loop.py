@@ -187,7 +187,6 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     pending, ctx, prompt_ids, scored = yield from prefill(engine, target, draft, prompt, params, stats, meter,
                                                           encoded)
     output = Output(engine.target_bytes, engine.eos_ids, params)
-    logprobs = [] if params.logprobs is not None else None
     lookup = prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
                                  meter.costs(draft) if proposer else None)
     worth = branch_worth(meter, target, output) if engine.config.tree and proposer else None
@@ -227,13 +226,11 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
             schedule.update(proposal.drafted, *proposal.drafted_part(len(accepted)))
 
         # 4. Commit token by token: EOS, max_new_tokens and stop strings end the generation.
-        committed = output.commit(accepted + [pending])
+        committed = output.commit(accepted + [pending], rows)
         constraint.advance(committed)
         for follower in filter(None, (lookup, penalties)):
             follower.commit(committed)
         count_commit(stats, len(output.ids), t_start)
-        if logprobs is not None:
-            logprobs += token_logprobs(rows[:len(committed)], committed, params.logprobs)
         if piece := output.ready():
             yield piece
 
@@ -244,7 +241,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
             lookup.drafted(len(committed) - proposal.lead, meter.total() - started, behind)
 
     count_end(stats, meter, target, draft, ctx, t_start)
-    return GenerationResult(output.text, output.ids, output.finish, stats, logprobs, scored)
+    return GenerationResult(output.text, output.ids, output.finish, stats, output.logprobs, scored)
 
 
 def follow(engine: Engine, meter: Meter, draft, ctx, ids: list[int]) -> None:

@@ -3,13 +3,24 @@
 Tokens are bytes, and a token may end inside a UTF-8 character, so the bytes go through an
 incremental decoder and text streams only in whole characters. While stop strings are set, the last
 ``len(longest) - 1`` characters are held back, since they may begin one; a stop string is cut off.
+With logprobs asked for, each committed token's entry is kept, and each streamed ``Piece`` carries
+the entries of the tokens committed since the piece before (a held-back token's goes with a later
+piece; what no piece carried is in ``logprobs`` at the end).
 """
 
 from __future__ import annotations
 
 import codecs
 
+import torch
+
+from anyspec.algorithms.sampling import TokenLogprob, token_logprobs
 from anyspec.config import SamplingParams
+
+
+class Piece(str):
+    """Streamed text, with ``logprobs``: the entries of the tokens committed since the piece before."""
+    logprobs: list[TokenLogprob]
 
 
 class Output:
@@ -22,9 +33,19 @@ class Output:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._hold = max((len(s) for s in self.stops), default=1) - 1
         self._streamed = 0
+        self.top = params.logprobs  # how many likeliest tokens each entry lists (None: no logprobs)
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self._given = 0  # entries a piece has carried
 
-    def commit(self, tokens: list[int]) -> list[int]:
-        """Append ``tokens`` up to the one that ends the generation; returns those appended."""
+    def commit(self, tokens: list[int], rows: torch.Tensor | None = None) -> list[int]:
+        """Append ``tokens`` up to the one that ends the generation; returns those appended, whose
+        logprobs (with logprobs asked for) come from ``rows``, the logits that chose them."""
+        committed = self._commit(tokens)
+        if self.logprobs is not None:
+            self.logprobs += token_logprobs(rows[:len(committed)], committed, self.top)
+        return committed
+
+    def _commit(self, tokens: list[int]) -> list[int]:
         committed, cut = [], None
         for token in tokens:
             if token in self.eos_ids:
@@ -48,11 +69,15 @@ class Output:
         return committed
 
     def ready(self) -> str:
-        """The text that may be streamed now, not yet given out."""
+        """The text that may be streamed now, not yet given out (a ``Piece`` with logprobs)."""
         end = len(self.text) - self._hold
         if end <= self._streamed:
             return ""
         piece, self._streamed = self.text[self._streamed:end], end
+        if self.logprobs is None:
+            return piece
+        piece = Piece(piece)
+        piece.logprobs, self._given = self.logprobs[self._given:], len(self.logprobs)
         return piece
 
 

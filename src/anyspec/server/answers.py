@@ -78,8 +78,19 @@ def _choice(chat: bool, text: str | None, finish: str | None, index: int = 0) ->
 async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: dict, read_calls: bool,
                          echo: str | None):
     """One choice's chunks from its job's events: ``("chunk", dict)`` items, then ``("done",
-    outcome)`` or ``("error", exception)``; ``echo``: the prompt, sent first."""
+    outcome)`` or ``("error", exception)``; ``echo``: the prompt, sent first. With logprobs, a
+    chunk carries the entries of the tokens committed since the chunk before, and the last one
+    what none carried (a token held back with a stop string's start, or a tool call)."""
     calls = CallStream() if read_calls else None
+    pending, sent, at = [], 0, 0
+
+    def logged(choice: dict) -> dict:
+        nonlocal pending, sent, at
+        if pending:
+            choice["logprobs"], at = logprobs_json(chat, pending, at)
+            sent, pending = sent + len(pending), []
+        return choice
+
     if chat:
         first = _choice(True, None, None, index) | {"delta": {"role": "assistant", "content": ""}}
         yield "chunk", head | {"choices": [first]} | extra
@@ -87,8 +98,10 @@ async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: 
         yield "chunk", head | {"choices": [_choice(False, echo, None, index)]} | extra
     while True:
         kind, value = await next_event()
-        if kind == "text" and (value := calls.feed(value) if calls else value):
-            yield "chunk", head | {"choices": [_choice(chat, value, None, index)]} | extra
+        if kind == "logprobs":
+            pending += value
+        elif kind == "text" and (value := calls.feed(value) if calls else value):
+            yield "chunk", head | {"choices": [logged(_choice(chat, value, None, index))]} | extra
         elif kind in ("text", "start"):
             continue
         elif kind == "error":
@@ -102,7 +115,8 @@ async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: 
                     choice = _choice(chat, None, None, index) | {"delta": delta}
                     yield "chunk", head | {"choices": [choice]} | extra
                 finish = call_finish(found, finish)
-            yield "chunk", (head | {"choices": [_choice(chat, None, finish, index)]} | extra
+            pending = (value.logprobs or [])[sent:]
+            yield "chunk", (head | {"choices": [logged(_choice(chat, None, finish, index))]} | extra
                             | {"anyspec": choice_stats(value)})
             yield "done", value
             return
@@ -166,19 +180,17 @@ def _token(spelled: bytes) -> str:
     return spelled.decode("utf-8", errors="replace")
 
 
-def logprobs_field(chat: bool, outcome: Outcome, echo: bool = False) -> dict | None:
-    """OpenAI's ``logprobs`` of a choice: chat's ``content`` list, or completions' four lists, with
-    ``echo`` the prompt's tokens first (the very first without a logprob: null)."""
-    if outcome.logprobs is None:
-        return None
+def logprobs_json(chat: bool, entries: list, at: int = 0) -> tuple[dict, int]:
+    """OpenAI's ``logprobs`` of these entries (``(bytes, logprob, [(bytes, logprob), ...])``, the
+    logprob None for a prompt's first token): chat's ``content`` list, or completions' four lists,
+    their text offsets counted from ``at``; and the offset after them."""
     if chat:
         def entry(b: bytes, lp: float) -> dict:
             return {"token": _token(b), "logprob": lp, "bytes": list(b)}
 
         return {"content": [entry(b, lp) | {"top_logprobs": [entry(t, x) for t, x in top]}
-                            for b, lp, top in outcome.logprobs]}
-    entries = (outcome.prompt_logprobs if echo else []) + outcome.logprobs
-    offsets, at = [], 0
+                            for b, lp, top in entries]}, at
+    offsets = []
     for b, _, _ in entries:
         offsets.append(at)
         at += len(_token(b))
@@ -186,7 +198,14 @@ def logprobs_field(chat: bool, outcome: Outcome, echo: bool = False) -> dict | N
             "token_logprobs": [lp for _, lp, _ in entries],
             "top_logprobs": [None if top is None else {_token(t): x for t, x in top}
                              for _, _, top in entries],
-            "text_offset": offsets}
+            "text_offset": offsets}, at
+
+
+def logprobs_field(chat: bool, outcome: Outcome, echo: bool = False) -> dict | None:
+    """A whole answer's ``logprobs``; with ``echo``, the prompt's tokens first."""
+    if outcome.logprobs is None:
+        return None
+    return logprobs_json(chat, (outcome.prompt_logprobs if echo and not chat else []) + outcome.logprobs)[0]
 
 
 def _full_choice(chat: bool, outcome: Outcome, index: int, read_calls: bool, echo: str | None) -> dict:

@@ -316,7 +316,7 @@ def create_app(engine: Engine, settings: Settings):
         outcomes = []
         try:
             for job in jobs:
-                while (event := await next_event(job, request))[0] in ("start", "text"):
+                while (event := await next_event(job, request))[0] in ("start", "logprobs", "text"):
                     pass
                 kind, outcome = event
                 if kind == "error":

@@ -299,11 +299,14 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     stream = _field(body, "stream", (bool,), False)
     include_usage = _field(_field(body, "stream_options", (dict,), {}), "include_usage", (bool,), False)
     speculative = _field(body, "speculative", (bool,), True)
-    logprobs = _logprobs(body, chat, stream)
+    logprobs = _logprobs(body, chat)
     echo = _field(body, "echo", (bool,), False)
     if echo and chat:
         raise ApiError(400, "'echo' is a completions field; chat answers do not repeat the messages.", "echo",
                        "unsupported_parameter")
+    if echo and stream and logprobs is not None:
+        raise ApiError(400, "The prompt's logprobs ('echo' with 'logprobs') are answered only without "
+                            "'stream'.", "echo", "unsupported_parameter")
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"'max_tokens' must be at least 1, got {max_tokens}.", "max_tokens",
                        "invalid_value")
@@ -347,7 +350,7 @@ def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None,
     return max_tokens if max_tokens is not None else min(default_max_tokens, *rooms)
 
 
-def _logprobs(body: dict, chat: bool, stream: bool) -> int | None:
+def _logprobs(body: dict, chat: bool) -> int | None:
     """How many likeliest tokens to report beside each token's logprob; None: no logprobs. Chat:
     ``logprobs`` (a boolean) and ``top_logprobs``; completions: ``logprobs`` (a count)."""
     if chat:
@@ -364,7 +367,4 @@ def _logprobs(body: dict, chat: bool, stream: bool) -> int | None:
         count = _field(body, "logprobs", (int,))
     if count is not None and not 0 <= count <= MAX_LOGPROBS:
         raise ApiError(400, f"'{name}' must be from 0 to {MAX_LOGPROBS}, got {count}.", name, "invalid_value")
-    if count is not None and stream:
-        raise ApiError(400, "'logprobs' are answered only without 'stream'.", "logprobs",
-                       "unsupported_parameter")
     return count

@@ -1,14 +1,14 @@
 """One worker thread runs the engine over a batch of generations; requests wait in a bounded FIFO queue.
 
 The engine is not thread-safe, so the worker owns it: a request handler (on the event loop) submits
-a ``Job`` and reads ``("start" | "text" | "done" | "error", value)`` events from the job's asyncio
-queue. Up to ``max_batch`` jobs run together (``engine.batch.Driver``): each pass of the worker runs
-one model over the forwards of every job that waits on it, and jobs join and leave between passes
-(continuous batching). Each running job owns a slot: a sequence of the target and one of the draft,
-each with its own KV cache, kept for the next job in that slot (its prompt prefix may be reused), so
-memory stays bounded by ``max_batch`` times the context. A job whose prompt begins with what
-another job is about to prefill (a shared system prompt) joins one pass later and copies those
-keys and values (``loop.reuse_prefix``). A job that finds no free slot waits in the queue.
+a ``Job`` and reads ``("start" | "logprobs" | "text" | "done" | "error", value)`` events from the
+job's asyncio queue. Up to ``max_batch`` jobs run together (``engine.batch.Driver``): each pass of
+the worker runs one model over the forwards of every job that waits on it, and jobs join and leave
+between passes (continuous batching). Each running job owns a slot: a sequence of the target and
+one of the draft, each with its own KV cache, kept for the next job in that slot (its prompt prefix
+may be reused), so memory stays bounded by ``max_batch`` times the context. A job whose prompt
+begins with what another job is about to prefill (a shared system prompt) joins one pass later and
+copies those keys and values (``loop.reuse_prefix``). A job that finds no free slot waits in the queue.
 Cancelling a job takes it out of the queue at once, or, once it runs, ends it before the worker's
 next pass. A job that fails leaves no slot behind: its sequences are dropped, since whatever their
 caches hold may be half written, and the next job gets a fresh slot. Models that hold one cache
@@ -29,6 +29,7 @@ from anyspec.engine import Engine, Stats
 from anyspec.engine.batch import Driver, Steps
 from anyspec.engine.context import common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence
+from anyspec.engine.output import Piece
 from anyspec.engine.prompt import encode_prompt
 from anyspec.errors import ConfigError
 from anyspec.server.metrics import Metrics
@@ -233,8 +234,11 @@ class Scheduler:
                                          run.speculative, timed_out=True))
 
     def _on_text(self, job: Job, piece: str) -> None:
+        """A piece of the answer; with logprobs, the entries of its tokens go first (``"logprobs"``)."""
         self.running[job].pieces.append(piece)
-        job.emit("text", piece)
+        if isinstance(piece, Piece) and piece.logprobs:
+            job.emit("logprobs", self._spelled(piece.logprobs))
+        job.emit("text", str(piece))
 
     def _on_done(self, job: Job, result) -> None:
         run = self.running.pop(job)
