@@ -58,8 +58,8 @@ from anyspec.engine.grammar import Grammars
 from anyspec.errors import ConfigError
 from anyspec.server.answers import as_api_error, full_response, response_head, stream_chunks
 from anyspec.server.metrics import Metrics
-from anyspec.server.protocol import ApiError, ClientGone, error_body, parse_request
-from anyspec.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown
+from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, parse_request
+from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
@@ -166,6 +166,29 @@ async def admit(jobs: list[Job], request, scheduler: Scheduler, settings: Settin
         cancel(scheduler, jobs)
         raise as_api_error(value)
     return True
+
+
+def choice_jobs(parsed: Parsed, queue_size: int) -> list[Job]:
+    """A job for each choice of each prompt, in the answer's order; 400 when the queue could never
+    hold them all."""
+    n, prompts = parsed.n, parsed.prompts
+    if len(prompts) * n > queue_size:
+        raise ApiError(400, f"{len(prompts) * n} choices ({len(prompts)} prompts, n {n}); at most "
+                            f"{queue_size} on this server (--queue-size).", "n" if n > 1 else "prompt",
+                       "invalid_value")
+    loop = asyncio.get_running_loop()
+    return [Job(p.sent, parsed.choice_params(i), parsed.speculative, len(p.ids), loop, ids=p.ids, text=p.text)
+            for p in prompts for i in range(n)]
+
+
+async def outcome_of(job: Job, request) -> Outcome:
+    """The job's outcome, once it is done (its text and logprobs events passed over)."""
+    while (event := await next_event(job, request))[0] in ("start", "logprobs", "text"):
+        pass
+    kind, outcome = event
+    if kind == "error":
+        raise as_api_error(outcome)
+    return outcome
 
 
 def cancel(scheduler: Scheduler, jobs: list[Job]) -> None:
@@ -288,18 +311,11 @@ def create_app(engine: Engine, settings: Settings):
         parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
             parse_request, body, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
             settings.max_prompt_tokens, grammars, engine.target.vocab_size))
-        n, prompts = parsed.n, parsed.prompts
-        if len(prompts) * n > settings.queue_size:
-            raise ApiError(400, f"{len(prompts) * n} choices ({len(prompts)} prompts, n {n}); at most "
-                                f"{settings.queue_size} on this server (--queue-size).",
-                           "n" if n > 1 else "prompt", "invalid_value")
-        loop = asyncio.get_running_loop()
-        jobs = [Job(p.sent, parsed.choice_params(i), parsed.speculative, len(p.ids), loop, ids=p.ids,
-                    text=p.text) for p in prompts for i in range(n)]
+        jobs, n = choice_jobs(parsed, settings.queue_size), parsed.n
         if not await admit(jobs, request, scheduler, settings, metrics):
             return Response(status_code=499)
         head = response_head(chat, settings.model_name)
-        echoes = [p.sent for p in prompts for _ in range(n)] if parsed.echo else None
+        echoes = [p.sent for p in parsed.prompts for _ in range(n)] if parsed.echo else None
         if parsed.stream:
             async def events():
                 try:
@@ -313,19 +329,14 @@ def create_app(engine: Engine, settings: Settings):
             return StreamingResponse(events(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
-        outcomes = []
         try:
-            for job in jobs:
-                while (event := await next_event(job, request))[0] in ("start", "logprobs", "text"):
-                    pass
-                kind, outcome = event
-                if kind == "error":
-                    cancel(scheduler, jobs)
-                    raise as_api_error(outcome)
-                outcomes.append(outcome)
+            outcomes = [await outcome_of(job, request) for job in jobs]
         except ClientGone:
             cancel(scheduler, jobs)
             return Response(status_code=499)
+        except ApiError:
+            cancel(scheduler, jobs)
+            raise
         return full_response(head, chat, outcomes, n, parsed.structure.read_calls, echoes)
 
     @app.post("/v1/completions")
