@@ -125,8 +125,9 @@ async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: 
 async def stream_chunks(next_events: list, head: dict, chat: bool, n: int, include_usage: bool,
                         read_calls: bool = False, echoes: list[str] | None = None):
     """The server-sent events of a streamed answer through ``data: [DONE]``: choice i's chunks come
-    from ``await next_events[i]()``, each job's ``("start" | "text" | "error" | "done", value)``
-    events, interleaved as they arrive; each prompt's ``n`` choices follow each other.
+    from ``await next_events[i]()``, each job's ``("start" | "logprobs" | "text" | "error" |
+    "done", value)`` events, interleaved as they arrive; each prompt's ``n`` choices follow each
+    other.
     ``read_calls``: tool calls held back and sent as ``tool_calls`` at the end of their choice;
     ``echoes``: each choice's prompt, its first chunk (completions' ``echo``)."""
     echoes = echoes or [None] * len(next_events)
