@@ -77,7 +77,7 @@ def main() -> None:
     for name, (tokens, seconds, prefill) in spent.items():
         print(f"{name}: {tokens / seconds:.2f} tok/s with the prefill, {prefill / seconds:.0%} of the time "
               f"prefilling, {tokens} tokens")
-    print(f"proposed tokens accepted {accepted}/{drafted}, of them from the context {taken}/{found}; "
+    print(f"draft tokens accepted {accepted}/{drafted}, tokens from the context {taken}/{found}; "
           f"identical {same}/{args.repeat * len(cases)}")
 
 
