@@ -14,21 +14,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 
 from anyspec.backends.load import load_model
-from anyspec.bench.prompts import PROMPTS_DIR
+from anyspec.bench.prompts import load_prompts, prompt_file
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 from anyspec.engine import sampler as sampler_module
 from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_path
 
 
 def prompts(limit: int) -> list[list[dict]]:
-    out = []
-    for name in ("code", "prose"):
-        lines = (PROMPTS_DIR / f"{name}.jsonl").read_text().splitlines()
-        out += [json.loads(line)["messages"] for line in lines if line.strip()][:limit]
-    return out
+    """The first ``limit`` prompts of the ``code`` set, then of ``prose``."""
+    return [row["prompt"] for name in ("code", "prose") for row in load_prompts(prompt_file(name))[:limit]]
 
 
 def with_draft_factor(factor: float):

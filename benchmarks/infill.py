@@ -10,11 +10,10 @@ Needs a quiet machine.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import time
 
-from anyspec.bench.prompts import PROMPTS_DIR
+from anyspec.bench.prompts import load_prompts, prompt_file
 from anyspec.engine import Engine, SamplingParams
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.pair import check_pair, load_pair
@@ -24,9 +23,8 @@ def holes(limit: int) -> list[tuple[str, str, str]]:
     """``(id, prefix, suffix)``: in each Python file of the set, a method's body cut out (the middle
     one of the file's, then the one after it, ...)."""
     files = {}
-    for line in (PROMPTS_DIR / "edit.jsonl").read_text().splitlines():
-        case = json.loads(line)
-        found = re.search(r"```python\n(.*?)```", case["messages"][-1]["content"], re.S)
+    for case in load_prompts(prompt_file("edit")):
+        found = re.search(r"```python\n(.*?)```", case["prompt"][-1]["content"], re.S)
         if found and found.group(1) not in files.values():
             files[case["id"]] = found.group(1)
     out = []

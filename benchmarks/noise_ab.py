@@ -9,11 +9,10 @@ and with the draft as without. Needs a quiet machine.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from anyspec.algorithms import gumbel
-from anyspec.bench.prompts import PROMPTS_DIR
+from anyspec.bench.prompts import load_prompts, prompt_file
 from anyspec.engine import Engine, SamplingParams
 from anyspec.pair import check_pair, load_pair
 
@@ -21,11 +20,8 @@ WAYS = {"finite entries alone": 16, "whole": 2**62}
 
 
 def prompts(limit: int) -> list[list[dict]]:
-    out = []
-    for name in ("code", "prose"):
-        lines = (PROMPTS_DIR / f"{name}.jsonl").read_text().splitlines()
-        out += [json.loads(line)["messages"] for line in lines if line.strip()][:limit]
-    return out
+    """The first ``limit`` prompts of the ``code`` set, then of ``prose``."""
+    return [row["prompt"] for name in ("code", "prose") for row in load_prompts(prompt_file(name))[:limit]]
 
 
 def main() -> None:

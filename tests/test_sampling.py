@@ -7,6 +7,7 @@ differs from the target's: target tokens 2 and 4 lie outside the intersection, d
 and draft tokens 1 and 7 stand for the same target token (as "▁" and <0x20> do in SentencePiece).
 """
 
+import functools
 import math
 from types import SimpleNamespace
 
@@ -50,7 +51,9 @@ def tables(seed=0):
 def gumbel_draws(probs: torch.Tensor, positions: list[int], seed: int) -> list[int]:
     """Each row's token as the engine chooses it: Gumbel-max over ``log probs [R, V]``, row r with the
     noise of ``(seed, positions[r])``."""
-    return gumbel.choose(torch.log(probs), [gumbel.noise(seed, i, probs.shape[-1]) for i in positions])
+    size = probs.shape[-1]
+    noises = [functools.partial(gumbel.noise, seed, i, size, 0) for i in positions]
+    return gumbel.choose(torch.log(probs), noises)
 
 
 @pytest.fixture(autouse=True)

@@ -80,20 +80,15 @@ class Noises:
         return self.cache[position]
 
 
-def choose(filtered: torch.Tensor, noises: list[torch.Tensor | Callable[[np.ndarray | None], torch.Tensor]]
-           ) -> list[int]:
+def choose(filtered: torch.Tensor, noises: list[Callable[[np.ndarray | None], torch.Tensor]]) -> list[int]:
     """Each row's token: ``argmax(filtered[r] + noise_r)`` in float64; ``filtered [R, V]`` are
-    logits / T with -inf where top-k / top-p (or a mask) leave a token out. ``noises[r]``: row r's
-    noise, or what gives it for some entries (``noise(ids)``; None: all of them), drawn then only
-    where the row is finite when few are (top-k, top-p, min-p, a grammar): -inf stays -inf
-    whatever the noise, so the choice is the same. Row by row on numpy, whose argmax is vectorised
-    (``sampling.argmax``)."""
+    logits / T with -inf where top-k / top-p (or a mask) leave a token out. ``noises[r]`` gives row
+    r's noise for some entries (``noises[r](ids)``; None: all of them), drawn only where the row is
+    finite when few are (top-k, top-p, min-p, a grammar): -inf stays -inf whatever the noise, so the
+    choice is the same. Row by row on numpy, whose argmax is vectorised (``sampling.argmax``)."""
     rows = filtered.detach().to(torch.float32).numpy().astype(np.float64)  # numpy widens faster
     out = []
     for row, noise in zip(rows, noises, strict=True):
-        if isinstance(noise, torch.Tensor):
-            out.append(int(np.argmax(row + noise.numpy()[: len(row)])))
-            continue
         finite = np.flatnonzero(row > -np.inf)
         if 0 < len(finite) <= len(row) // FEW:
             out.append(int(finite[np.argmax(row[finite] + noise(finite).numpy())]))

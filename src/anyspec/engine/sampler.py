@@ -30,10 +30,12 @@ def request_seed(params: SamplingParams) -> int:
 class Sampler:
     def __init__(self, params: SamplingParams, seed: int, vocab_size: int, bridge=None):
         self.params = params
-        self.seed, self.bridge, self.vocab_size = seed, bridge, vocab_size
+        self.seed, self.vocab_size = seed, vocab_size
         self.target = gumbel.Noises(lambda position: gumbel.noise(seed, position, vocab_size))
         self.draft = gumbel.Noises(self._coupled) if bridge is not None else None
-        self._twins: np.ndarray | None = None  # each draft id's target twin, -1 for none
+        if bridge is not None:  # each draft id's target twin in the intersection, -1 for none
+            self.twins = np.full(len(bridge.draft_to_target), -1, dtype=np.int64)
+            self.twins[np.asarray(bridge.inter_draft_ids)] = np.asarray(bridge.inter_target_ids)
 
     def filtered(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         p = self.params
@@ -58,22 +60,16 @@ class Sampler:
         return gumbel.noise(self.seed, position, self.vocab_size, ids=ids)
 
     def _draft_noise(self, position: int, ids: np.ndarray | None) -> torch.Tensor:
-        """The draft's noise at ``position`` (``_coupled``), of ``ids`` alone or whole (None)."""
-        if ids is None:
-            return self.draft.at(position)
-        if self._twins is None:
-            b = self.bridge
-            self._twins = np.full(len(b.draft_to_target), -1, dtype=np.int64)
-            self._twins[np.asarray(b.inter_draft_ids)] = np.asarray(b.inter_target_ids)
-        noise = gumbel.noise(self.seed, position, len(self._twins), stream=1, ids=ids)
-        twins = self._twins[ids]
-        shared = twins >= 0
-        noise[torch.from_numpy(shared)] = self._target_noise(position, twins[shared])
-        return noise
+        return self.draft.at(position) if ids is None else self._coupled(position, ids)
 
-    def _coupled(self, position: int) -> torch.Tensor:
-        """The draft's noise at ``position``: its own stream, with each shared token's target twin's."""
-        b = self.bridge
-        noise = gumbel.noise(self.seed, position, len(b.draft_to_target), stream=1)
-        noise[b.inter_draft_ids] = self.target.at(position)[b.inter_target_ids]
+    def _coupled(self, position: int, ids: np.ndarray | None = None) -> torch.Tensor:
+        """The draft's noise at ``position``, of ``ids`` alone or whole (None): its own stream, with
+        each shared token's target twin's (taken from the target's whole noise when it is whole)."""
+        twins = self.twins if ids is None else self.twins[ids]
+        shared = twins >= 0
+        noise = gumbel.noise(self.seed, position, len(self.twins), stream=1, ids=ids)
+        if ids is None:
+            noise[torch.from_numpy(shared)] = self.target.at(position)[torch.from_numpy(twins[shared])]
+        else:
+            noise[torch.from_numpy(shared)] = self._target_noise(position, twins[shared])
         return noise
