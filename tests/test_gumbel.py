@@ -51,68 +51,95 @@ def exact_joint(target: TableModel, settings: dict) -> torch.Tensor:
     return torch.stack([first[a] * p(prompt[-1], t) for a, t in enumerate(target.support)]).reshape(-1)
 
 
+def noise(seed: int, position: int, size: int, stream: int = 0) -> np.ndarray:
+    """Entries 0 .. size - 1 of a position's noise, each computed as the docstring defines it."""
+    return np.array([gumbel.value(int(k)) for k in gumbel.bits(gumbel.key(seed, position, stream),
+                                                                np.arange(size))])
+
+
+def first_largest(row: np.ndarray, values: np.ndarray) -> int:
+    """A choice by its definition: the first largest float64 ``row + noise`` (0 when nothing is finite)."""
+    return int(np.argmax(row.astype(np.float64) + values))
+
+
+def kernel_choose():
+    from anyspec.backends.linear import rowwise_problem
+    from anyspec.engine.sampler import chooser
+
+    if rowwise_problem():
+        pytest.skip(rowwise_problem())
+    return chooser()
+
+
+CHOOSERS = {"numpy": lambda: gumbel.choose, "kernel": kernel_choose}
+
+
 def test_the_noise_is_standard_gumbel_and_independent_across_positions_and_seeds():
-    g = torch.cat([gumbel.noise(seed, 0, 50_000) for seed in range(4)])
-    assert abs(float(g.mean()) - 0.5772) < 0.01 and abs(float(g.var()) - math.pi ** 2 / 6) < 0.03
-    u = torch.exp(-torch.exp(-g))  # back to uniform: each tenth of (0, 1) holds a tenth
-    assert float((torch.histc(u.float(), 10, 0, 1) / len(u) - 0.1).abs().max()) < 0.005
-    a, b, c = gumbel.noise(7, 0, 100_000), gumbel.noise(7, 1, 100_000), gumbel.noise(8, 0, 100_000)
+    g = np.concatenate([noise(seed, 0, 50_000) for seed in range(4)])
+    assert abs(g.mean() - 0.5772) < 0.01 and abs(g.var() - math.pi ** 2 / 6) < 0.03
+    u = np.exp(-np.exp(-g))  # back to uniform: each tenth of (0, 1) holds a tenth
+    assert np.abs(np.histogram(u, 10, (0, 1))[0] / len(u) - 0.1).max() < 0.005
+    a, b, c = noise(7, 0, 100_000), noise(7, 1, 100_000), noise(8, 0, 100_000)
     for x, y in ((a, b), (a, c)):
-        assert abs(float(torch.corrcoef(torch.stack([x, y]))[0, 1])) < 0.015
-    assert torch.equal(gumbel.noise(7, 1, 10), b[:10]), "an entry does not depend on the size asked for"
+        assert abs(np.corrcoef(np.stack([x, y]))[0, 1]) < 0.015
+    assert np.array_equal(noise(7, 1, 10), b[:10]), "an entry does not depend on the size asked for"
+    assert g.max() <= gumbel.CEILING
 
 
-@pytest.mark.parametrize("stream", [0, 1])
-def test_the_noise_of_some_entries_is_those_entries_of_the_whole(stream):
-    whole = gumbel.noise(11, 5, 151_936, stream)
-    rng = np.random.default_rng(0)
-    for size in (1, 7, 300, 9_000):
-        ids = np.sort(rng.choice(151_936, size, replace=False))
-        assert torch.equal(gumbel.noise(11, 5, 151_936, stream, ids=ids), whole[ids])
+def rows_of_every_kind(vocab: int, seed: int) -> torch.Tensor:
+    """Logits / T as sampling leaves them: flat, peaked, wide, few finite, one finite (the last), none."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.zeros(vocab), torch.randn(vocab, generator=g) * 0.01]
+    rows += [torch.randn(vocab, generator=g) * scale for scale in (1.0, 4.0, 30.0, 300.0)]
+    few = torch.full((vocab,), -math.inf)
+    n = min(40, vocab // 2)
+    few[torch.randperm(vocab, generator=g)[:n]] = torch.randn(n, generator=g)
+    last, none = torch.full((vocab,), -math.inf), torch.full((vocab,), -math.inf)
+    last[-1] = 2.0
+    return torch.stack([*rows, few, last, none])
 
 
-def test_a_row_with_few_tokens_left_draws_noise_for_those_alone_and_chooses_the_same():
-    """Top-k, top-p, min-p or a grammar leave few entries finite: ``choose`` then asks for their
-    noise alone, and picks what the whole row's noise picks; rows with many finite, or none, take
-    the whole noise as before."""
-    vocab, rng = 4_096, torch.Generator().manual_seed(3)
-    rows = torch.full((5, vocab), -math.inf)
-    rows[0, torch.randperm(vocab, generator=rng)[:40]] = torch.randn(40, generator=rng)  # few: alone
-    rows[1, :3] = torch.tensor([0.5, 0.5, 0.5])  # a tie, at the first entries
-    rows[2] = torch.randn(vocab, generator=rng)  # all finite: the whole noise
-    rows[3, -1] = 2.0  # one token, the last
-    # row 4: nothing finite (every token out) stays with the whole noise: token 0
-    asked = []
-
-    def noise_of(position):
-        def draw(ids):
-            asked.append(None if ids is None else len(ids))
-            return gumbel.noise(1, position, vocab, ids=ids)
-        return draw
-
-    whole = [int(np.argmax(row.double().numpy() + gumbel.noise(1, p, vocab).numpy()))
-             for p, row in enumerate(rows)]
-    assert gumbel.choose(rows, [noise_of(p) for p in range(5)]) == whole
-    assert asked == [40, 3, None, 1, None] and whole[3] == vocab - 1 and whole[4] == 0
+@pytest.mark.parametrize("how", list(CHOOSERS))
+def test_a_choice_is_the_first_largest_logit_plus_its_noise(how):
+    """Computing the logarithms of the entries whose bound reaches the best alone, as both ways do,
+    picks what every entry's noise picks: the vocabulary of the target and of smaller models."""
+    choose = CHOOSERS[how]()
+    for vocab, seed in ((151_936, 0), (4_096, 1), (7, 2)):
+        rows = rows_of_every_kind(vocab, seed)
+        want = [first_largest(row.numpy(), noise(seed, p, vocab)) for p, row in enumerate(rows)]
+        assert choose(rows, [gumbel.key(seed, p) for p in range(len(rows))]) == want
+        assert want[-2] == vocab - 1 and want[-1] == 0
 
 
-def test_the_drafts_noise_of_some_entries_is_its_coupled_noise_there():
-    from types import SimpleNamespace
-
-    from anyspec.engine.sampler import Sampler
-
+@pytest.mark.parametrize("how", list(CHOOSERS))
+def test_the_drafts_choice_reads_its_twins_target_noise(how):
+    """A draft token with a target twin takes the twin's entry of the target's noise; the others the
+    draft's own stream. Two tokens with one twin and equal logits tie exactly: the first is chosen."""
+    choose = CHOOSERS[how]()
     rng = np.random.default_rng(1)
-    inter_draft = np.sort(rng.choice(5_000, 3_000, replace=False))
-    inter_target = rng.choice(20_000, 3_000, replace=False)
-    bridge = SimpleNamespace(draft_to_target=np.zeros(5_000), inter_draft_ids=torch.from_numpy(inter_draft),
-                             inter_target_ids=torch.from_numpy(inter_target))
-    sampler = Sampler(SamplingParams(temperature=1.0), 9, 20_000, bridge)
-    ids = np.sort(rng.choice(5_000, 200, replace=False))
-    assert np.isin(ids, inter_draft).any() and not np.isin(ids, inter_draft).all()
-    coupled = gumbel.noise(9, 4, 5_000, stream=1)  # the draft's own stream, its twins' target noise
-    coupled[inter_draft] = gumbel.noise(9, 4, 20_000)[inter_target]
-    assert torch.equal(sampler._coupled(4), coupled)
-    assert torch.equal(sampler._draft_noise(4, ids), coupled[ids])
+    twins = np.full(5_000, -1, np.int64)
+    shared = rng.choice(5_000, 3_000, replace=False)
+    twins[shared] = rng.choice(20_000, 3_000, replace=False)
+    rows = rows_of_every_kind(5_000, 3)
+    for p, row in enumerate(rows):
+        coupled = noise(9, p, 5_000, stream=1)
+        coupled[shared] = noise(9, p, 20_000)[twins[shared]]
+        got = choose(row[None], [gumbel.key(9, p, 1)], twins, [gumbel.key(9, p)])
+        assert got == [first_largest(row.numpy(), coupled)]
+    twins[[10, 20]] = 7
+    tie = torch.full((1, 5_000), -math.inf)
+    tie[0, [10, 20]] = 1.0
+    assert choose(tie, [1], twins, [2]) == [10]
+
+
+def test_a_bound_below_the_noise_is_caught(monkeypatch):
+    """Negative control: with each bound 0.7 below what it bounds, entries that could win are never
+    computed, and some choices differ from the definition's."""
+    bound = gumbel.bound
+    monkeypatch.setattr(gumbel, "bound", lambda k: bound(k) - 0.7)
+    rows = rows_of_every_kind(4_096, 1)
+    want = [first_largest(row.numpy(), noise(1, p, 4_096)) for p, row in enumerate(rows)]
+    assert gumbel.choose(rows, [gumbel.key(1, p) for p in range(len(rows))]) != want
 
 
 @pytest.mark.parametrize("algorithm", ["none", "tli", "slem"])

@@ -7,7 +7,6 @@ differs from the target's: target tokens 2 and 4 lie outside the intersection, d
 and draft tokens 1 and 7 stand for the same target token (as "▁" and <0x20> do in SentencePiece).
 """
 
-import functools
 import math
 from types import SimpleNamespace
 
@@ -51,9 +50,7 @@ def tables(seed=0):
 def gumbel_draws(probs: torch.Tensor, positions: list[int], seed: int) -> list[int]:
     """Each row's token as the engine chooses it: Gumbel-max over ``log probs [R, V]``, row r with the
     noise of ``(seed, positions[r])``."""
-    size = probs.shape[-1]
-    noises = [functools.partial(gumbel.noise, seed, i, size, 0) for i in positions]
-    return gumbel.choose(torch.log(probs), noises)
+    return gumbel.choose(torch.log(probs), [gumbel.key(seed, i) for i in positions])
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +79,7 @@ def test_the_drafts_coupled_choice_stays_inside_the_intersection():
     inter_d, inter_t = tli.intersection_ids(DRAFT_TO_TARGET, mask)
     bridge = SimpleNamespace(draft_to_target=DRAFT_TO_TARGET, inter_draft_ids=inter_d,
                              inter_target_ids=inter_t)
-    sampler = Sampler(SamplingParams(temperature=1.0), 0, VT, bridge)
+    sampler = Sampler(SamplingParams(temperature=1.0), 0, bridge)
     logits = torch.zeros(VD)
     logits[5] = 5.0  # the draft's favourite
     chosen = [sampler.draft_choice(logits, position, mask) for position in range(50)]

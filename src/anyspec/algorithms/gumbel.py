@@ -15,19 +15,30 @@ with the target) picks the same token whenever its distribution is close to the 
 Musco and Suresh, "Coupling without Communication and Drafter-Invariant Speculative Decoding",
 2024), far more often than an independent sample would.
 
-The noise is counter-based: SplitMix64 over ``key(seed, i) + v * golden``, so any entry of any
-position is computed without the others, the same on every machine.
+The noise is counter-based, so any entry of any position is computed without the others: entry c
+of the noise with key K (``key(seed, i)``) takes the top 52 bits k of SplitMix64's finaliser of
+``K + (c + 1) * golden``, u = (2k + 1) / 2^53 (exact in float64, never 0 or 1), and
+G = -log(-log(u)) with the C library's ``log`` (Python's ``math.log``, the kernel's ``std::log``).
+A choice is the row's largest ``float64(l_v) + G_v``, the first of equal ones.
+
+Few entries' logarithms decide a choice. Since -log(u) >= 1 - u, G <= -log(1 - u), and
+1 - u = n / 2^53 with n = 2^53 - 2k - 1 a positive integer, so G <= (53 - floor(log2 n)) ln 2: the
+top bit of an integer bounds each entry's noise (by 53 ln 2 at most), and only the entries whose
+bound reaches the best value found so far are computed. ``choose`` does that on numpy; anyspec's
+kernel makes the same choices (``gumbel_choose``, ``backends/csrc/gumbel.cpp``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 
 import numpy as np
 import torch
 
 GOLDEN = 0x9E3779B97F4A7C15
 MASK = (1 << 64) - 1
+LN2 = math.log(2.0)
+CEILING = 53 * LN2  # no entry's noise is above it
 
 
 def mix(x: int) -> int:
@@ -43,55 +54,55 @@ def key(seed: int, position: int, stream: int = 0) -> int:
     return mix(mix(mix(seed & MASK) ^ (position & MASK)) ^ stream)
 
 
-def noise(seed: int, position: int, size: int, stream: int = 0,
-          ids: np.ndarray | None = None) -> torch.Tensor:
-    """Standard Gumbel noise ``[size]`` (float64) for ``position``: entry v is -log(-log(u_v)), u_v
-    uniform in (0, 1) from SplitMix64 of ``key + (v + 1) * golden``; ``ids``: those entries only
-    (the same values, each computed alone)."""
+def bits(noise_key: int, counters: np.ndarray) -> np.ndarray:
+    """The integers k (52 bits, uint64) of entries ``counters`` of the noise with ``noise_key``."""
     with np.errstate(over="ignore"):
-        start = np.uint64(key(seed, position, stream))
-        v = np.arange(size, dtype=np.uint64) if ids is None else ids.astype(np.uint64)
-        x = (v + np.uint64(1)) * np.uint64(GOLDEN) + start
+        x = (counters.astype(np.uint64) + np.uint64(1)) * np.uint64(GOLDEN) + np.uint64(noise_key)
         x ^= x >> np.uint64(30)
         x *= np.uint64(0xBF58476D1CE4E5B9)
         x ^= x >> np.uint64(27)
         x *= np.uint64(0x94D049BB133111EB)
         x ^= x >> np.uint64(31)
-    u = ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # 53 bits, never 0 or 1
-    return torch.from_numpy(-np.log(-np.log(u)))
+    return x >> np.uint64(12)
 
 
-FEW = 16  # a row with at most 1/FEW of its entries finite draws noise for those alone
+def value(k: int) -> float:
+    """The noise of an entry whose integer is ``k``."""
+    return -math.log(-math.log((2 * k + 1) * 2.0**-53))
 
 
-class Noises:
-    """One generation's noise, position by position (``make(position)``), kept while its positions
-    may be verified again (a rejected row's position comes back in the next round)."""
-
-    def __init__(self, make: Callable[[int], torch.Tensor], keep: int = 64):
-        self.make, self.keep = make, keep
-        self.cache: dict[int, torch.Tensor] = {}
-
-    def at(self, position: int) -> torch.Tensor:
-        if position not in self.cache:
-            if len(self.cache) >= self.keep:
-                del self.cache[min(self.cache)]
-            self.cache[position] = self.make(position)
-        return self.cache[position]
+def bound(k: np.ndarray) -> np.ndarray:
+    """An upper bound of each entry's noise from its integer's ``k`` top bit (float64)."""
+    n = (np.uint64(1 << 53) - np.uint64(2) * k - np.uint64(1)).astype(np.float64)  # exact: below 2^53
+    return (54 - np.frexp(n)[1]) * LN2  # frexp's exponent is floor(log2 n) + 1
 
 
-def choose(filtered: torch.Tensor, noises: list[Callable[[np.ndarray | None], torch.Tensor]]) -> list[int]:
-    """Each row's token: ``argmax(filtered[r] + noise_r)`` in float64; ``filtered [R, V]`` are
-    logits / T with -inf where top-k / top-p (or a mask) leave a token out. ``noises[r]`` gives row
-    r's noise for some entries (``noises[r](ids)``; None: all of them), drawn only where the row is
-    finite when few are (top-k, top-p, min-p, a grammar): -inf stays -inf whatever the noise, so the
-    choice is the same. Row by row on numpy, whose argmax is vectorised (``sampling.argmax``)."""
-    rows = filtered.detach().to(torch.float32).numpy().astype(np.float64)  # numpy widens faster
-    out = []
-    for row, noise in zip(rows, noises, strict=True):
-        finite = np.flatnonzero(row > -np.inf)
-        if 0 < len(finite) <= len(row) // FEW:
-            out.append(int(finite[np.argmax(row[finite] + noise(finite).numpy())]))
-        else:
-            out.append(int(np.argmax(row + noise(None).numpy()[: len(row)])))
-    return out
+def pick(row: np.ndarray, row_key: int, twins: np.ndarray | None = None, twin_key: int = 0) -> int:
+    """The choice of one row (float64 ``[V]``): the first largest ``row[v] + G_v`` over its finite
+    entries (0 when none is), G_v entry v of the noise with ``row_key``, or entry ``twins[v]`` of
+    the noise with ``twin_key`` where that is not negative (a draft's tokens that the target has)."""
+    finite = np.flatnonzero(row > -np.inf)
+    if len(finite) == 0:
+        return 0
+    if twins is None:
+        ks = bits(row_key, finite)
+    else:
+        counters = twins[finite]
+        shared = counters >= 0
+        ks = np.where(shared, bits(twin_key, np.where(shared, counters, 0)), bits(row_key, finite))
+    logits = row[finite]
+    reach = logits + bound(ks)
+    margin = 1e-9 * (CEILING + float(np.abs(logits).max()))  # float64 roundings, far below it
+    first = int(np.argmax(reach))  # the likeliest to win: what it reaches drops every entry below it
+    tried = np.union1d([first], np.flatnonzero(reach + margin >= logits[first] + value(int(ks[first]))))
+    values = [logits[i] + value(int(ks[i])) for i in tried]  # in order: max takes the first of ties
+    return int(finite[tried[values.index(max(values))]])
+
+
+def choose(filtered: torch.Tensor, keys: list[int], twins: np.ndarray | None = None,
+           twin_keys: list[int] | None = None) -> list[int]:
+    """Each row's choice (``pick``) from ``filtered [R, V]`` (logits / T, -inf where top-k, top-p, a
+    grammar or a mask leave a token out), row r with the noise of ``keys[r]`` (and ``twin_keys[r]``)."""
+    rows = filtered.detach().to(torch.float32).numpy().astype(np.float64)
+    twin_keys = twin_keys or [0] * len(keys)
+    return [pick(row, k, twins, t) for row, k, t in zip(rows, keys, twin_keys, strict=True)]

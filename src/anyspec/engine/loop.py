@@ -178,7 +178,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     proposer = engine.proposer_for(params) if draft is not None else None
     k = engine.config.num_speculative_tokens if proposer is not None or engine.config.ngram else 0
     seed = request_seed(params)
-    sampler = Sampler(params, seed, engine.target.vocab_size, engine.bridge) if params.temperature else None
+    sampler = Sampler(params, seed, engine.bridge) if params.temperature else None
     stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if engine.config.ngram else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()

@@ -231,6 +231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using free_gil = py::call_guard<py::gil_scoped_release>;
   m.def("linear", &linear, "few-row linear, bf16 or int8 weights", free_gil());
   anyspec::bind_decoder(m);
+  anyspec::bind_gumbel(m);
   m.def("typed_linear", &typed_linear, "few-row linear over weights of any supported type", free_gil());
   m.def("rms_norm_rows", &rms_norm_rows, "RMS norm of each row by itself");
   m.def("dequant_rows", &dequant_rows, "fp32 rows of a matrix of any supported type");

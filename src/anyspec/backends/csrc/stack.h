@@ -56,5 +56,6 @@ void size_for(Acts& acts, const Mat& m, int64_t M);  // room in acts for M rows 
 void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts);
 
 void bind_decoder(pybind11::module_& m);  // decoder_forward, attention and their types
+void bind_gumbel(pybind11::module_& m);   // gumbel_choose (gumbel.cpp)
 
 }  // namespace anyspec

@@ -1,9 +1,9 @@
-"""Sampled decoding with each filtered row's Gumbel noise drawn for its finite entries alone, or
-drawn whole, alternating in one process (``gumbel.FEW``: 16, or past any vocabulary): tokens/s of
-the default pair's SLEM and of its target alone, and whether every answer is the same either way
-and with the draft as without. Needs a quiet machine.
+"""Sampled decoding with each row's Gumbel-max choice made by anyspec's kernel or by numpy
+(``gumbel.choose``), alternating in one process: tokens/s of the default pair's SLEM and of its
+target alone, and whether every answer is the same either way and with the draft as without.
+Needs a quiet machine.
 
-    python benchmarks/noise_ab.py --temperature 0.7 --top-p 0.9
+    python benchmarks/choose_ab.py --temperature 1.0
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 
 from anyspec.algorithms import gumbel
 from anyspec.bench.prompts import load_prompts, prompt_file
-from anyspec.engine import Engine, SamplingParams
+from anyspec.engine import Engine, SamplingParams, sampler
 from anyspec.pair import check_pair, load_pair
 
-WAYS = {"finite entries alone": 16, "whole": 2**62}
+WAYS = {"kernel": sampler.chooser, "numpy": lambda: gumbel.choose}
 
 
 def prompts(limit: int) -> list[list[dict]]:
@@ -26,8 +26,8 @@ def prompts(limit: int) -> list[list[dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--top-p", type=float, default=0.9)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--limit", type=int, default=2, help="prompts of each set (code, prose)")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -46,7 +46,7 @@ def main() -> None:
                                     max_new_tokens=args.max_new_tokens, seed=seed)
             answers = []
             for way in list(WAYS) if (seed + i) % 2 == 0 else list(WAYS)[::-1]:
-                gumbel.FEW = WAYS[way]
+                sampler.chooser = WAYS[way]
                 for name, engine in engines.items():
                     start = time.perf_counter()
                     result = engine.generate(messages, params)
@@ -55,7 +55,7 @@ def main() -> None:
                     answers.append(result.token_ids)
             same += all(a == answers[0] for a in answers)
     for (way, name), (tokens, seconds) in spent.items():
-        print(f"noise of {way}: {name} {tokens / seconds:.2f} tok/s")
+        print(f"choices by {way}: {name} {tokens / seconds:.2f} tok/s")
     print(f"the same answer all four ways: {same}/{args.seeds * len(asked)}")
 
 
