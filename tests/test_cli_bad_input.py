@@ -233,3 +233,10 @@ def test_a_bad_json_schema_file_is_one_line_before_loading(no_loading, capsys, t
     if content is not None:
         path.write_text(content)
     one_line_error(capsys, ["generate", "--prompt", "x", "--json-schema", str(path)], says)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--min-tokens", "-1"], "min_tokens must be an integer from 0"),
+    (["--min-tokens", "50", "--max-new-tokens", "20"], "to the most new tokens (20), got 50")])
+def test_a_bad_min_tokens_is_one_line_before_loading(no_loading, capsys, argv, says):
+    one_line_error(capsys, ["generate", "--prompt", "hi", *argv], says)

@@ -1,7 +1,7 @@
-"""OpenAI's presence and frequency penalties and logit bias: each verify row is shaped by the tokens
-generated before it, so a penalized answer is the target alone's with the same settings, on the real
-small pair (Qwen2.5-Coder-0.5B target, SmolLM2-135M draft, GGUF), and the target alone follows
-OpenAI's rule."""
+"""OpenAI's presence and frequency penalties and logit bias, and vLLM's ``min_tokens`` and
+``ignore_eos``: each verify row is shaped by the tokens generated before it, so a penalized answer is
+the target alone's with the same settings, on the real small pair (Qwen2.5-Coder-0.5B target,
+SmolLM2-135M draft, GGUF), and the target alone follows OpenAI's rule."""
 
 from __future__ import annotations
 
@@ -91,3 +91,44 @@ def test_a_bias_beyond_the_vocabulary_is_refused_before_any_work(pair):  # noqa:
         Engine(target, None).generate("hi", SamplingParams(logit_bias={target.vocab_size: 1.0}))
     with pytest.raises(ConfigError, match="presence_penalty must be from -2 to 2"):
         SamplingParams(presence_penalty=2.5)
+
+
+@pytest.mark.parametrize("config", [dict(algorithm="slem"), dict(algorithm="tli", tree=2, ngram=2)])
+def test_min_tokens_and_ignore_eos_hold_the_end_back_with_any_draft(pair, config):  # noqa: F811
+    """A question answered in a word: its answer ends in a few tokens; with ``min_tokens`` 12 it runs
+    on to 12 at least, with ``ignore_eos`` to ``max_new_tokens``; greedy and sampled, the target
+    alone's answers with the draft too."""
+    target, draft = pair
+    alone, engine = Engine(target, None), Engine(target, draft, SpeculativeConfig(**config))
+    question = [{"role": "user", "content": "Is Paris in France? Reply with one word."}]
+    for sampled in (dict(), dict(temperature=0.8, seed=5)):
+        short = alone.generate(question, SamplingParams(max_new_tokens=30, **sampled))
+        assert short.finish_reason == "stop" and len(short.token_ids) < 12
+        for held in (dict(min_tokens=12), dict(ignore_eos=True)):
+            params = SamplingParams(max_new_tokens=30, **held, **sampled)
+            want = alone.generate(question, params)
+            assert engine.generate(question, params).token_ids == want.token_ids
+            assert want.token_ids[:len(short.token_ids)] == short.token_ids
+            assert len(want.token_ids) >= 12
+            if "ignore_eos" in held:
+                assert len(want.token_ids) == 30 and want.finish_reason == "length"
+
+
+def test_stop_strings_wait_for_min_tokens():
+    from anyspec.engine.output import Output
+
+    pieces = [b"a", b"b", b"c"]
+    for least, text in ((0, ""), (3, "baa")):
+        out = Output(pieces, {9}, SamplingParams(max_new_tokens=10, min_tokens=least, stop=["b"]))
+        out.commit([1, 0, 0, 1, 2])
+        assert (out.text, out.finish) == (text, "stop")
+
+
+@pytest.mark.parametrize(("fields", "names"), [(dict(min_tokens=-1), "min_tokens"),
+                                               (dict(min_tokens=9, max_new_tokens=8), "min_tokens"),
+                                               (dict(ignore_eos=1), "ignore_eos"),
+                                               (dict(ignore_eos=True, grammar=object()), "ignore_eos")])
+def test_bad_min_tokens_and_ignore_eos_name_their_field(fields, names):
+    with pytest.raises(ConfigError) as err:
+        SamplingParams(**fields)
+    assert err.value.field == names

@@ -17,6 +17,7 @@ from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa
 from test_linear import needs_rowwise  # noqa: E402
 
 from anyspec.engine import SamplingParams  # noqa: E402
+from anyspec.engine.prompt import end_ids  # noqa: E402
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
 
@@ -263,6 +264,23 @@ def test_penalties_and_logit_bias_are_the_engines(client, reference):
     want = reference.generate("Once upon a time", SamplingParams(
         max_new_tokens=12, frequency_penalty=1.5, presence_penalty=0.5, logit_bias={token: 10.0, 15: -100.0}))
     assert got != forced and got == want.text
+
+
+def test_min_tokens_and_ignore_eos_hold_back_an_end_the_bias_forces(client, reference):
+    """A bias that makes an end-of-sequence token the likeliest ends the answer at once; vLLM's
+    ``min_tokens`` holds it back for that many tokens, ``ignore_eos`` up to ``max_tokens``."""
+    eos = min(end_ids(reference.target))
+    kw = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=9, temperature=0,
+              logit_bias={str(eos): 100})
+    ended = client.completions.create(**kw)
+    assert ended.usage.completion_tokens == 0 and ended.choices[0].finish_reason == "stop"
+    held = client.completions.create(**kw, extra_body={"min_tokens": 4})
+    assert held.usage.completion_tokens == 4 and held.choices[0].finish_reason == "stop"
+    ignored = client.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert ignored.usage.completion_tokens == 9 and ignored.choices[0].finish_reason == "length"
+    want = reference.generate("Once upon a time", SamplingParams(max_new_tokens=9, logit_bias={eos: 100.0},
+                                                                 ignore_eos=True))
+    assert ignored.choices[0].text == want.text
 
 
 @pytest.mark.parametrize("as_list", [False, True])

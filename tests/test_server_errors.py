@@ -63,6 +63,8 @@ def test_body_not_an_object(post):
     ("stop", 7, "a string or an array"),
     ("seed", True, "an integer"),
     ("model", 3, "a string"),
+    ("min_tokens", 1.5, "an integer"),
+    ("ignore_eos", "yes", "a boolean"),
 ])
 def test_wrong_type(post, field, value, want):
     r = post("/v1/completions", json=OK | {field: value})
@@ -173,7 +175,9 @@ def test_temperature_out_of_range(post, field, value):
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [("top_p", 0, "top_p"), ("top_p", 1.5, "top_p"),
-                                                      ("stop", [""], "stop")])
+                                                      ("stop", [""], "stop"),
+                                                      ("min_tokens", -1, "min_tokens"),
+                                                      ("min_tokens", 10**6, "from 0 to the most new tokens")])
 def test_engine_rejects_sampling_setting(post, field, value, says):
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
 
@@ -385,6 +389,10 @@ def schema_format(schema) -> dict:
     ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": "required", "response_format": {
         "type": "json_object"}}, "response_format", "invalid_value", "cannot be used together"),
     ("/v1/completions", {"tools": [TOOL]}, "tools", "unsupported_parameter", "a chat field"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos",
+     "invalid_value", "the grammar's"),
+    ("/v1/completions", {"response_format": {"type": "json_object"}, "min_tokens": 2}, "min_tokens",
+     "invalid_value", "the grammar's"),
 ])
 def test_bad_structured_output_fields_are_400s_naming_the_field(post, path, extra, param, code, says):
     body = (OK if path == "/v1/completions" else CHAT_OK) | extra
@@ -443,14 +451,13 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
 
 
 @pytest.mark.parametrize(("field", "value"), [("repetition_penalty", 1.1), ("repeat_penalty", 1.2),
-                                              ("typical_p", 0.9), ("ignore_eos", True)])
+                                              ("typical_p", 0.9), ("mirostat", 2)])
 def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
     """OpenAI's, and other servers' that would change the answer: refused, not ignored, unless they
     change nothing."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
                  "not supported")
-    defaults = {"repetition_penalty": 1.0, "repeat_penalty": 1, "typical_p": 1.0,
-                "ignore_eos": False}
+    defaults = {"repetition_penalty": 1.0, "repeat_penalty": 1, "typical_p": 1.0, "mirostat": 0}
     assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
 
 

@@ -144,6 +144,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)  # target token id -> added to its logit
     max_new_tokens: int = 128
+    min_tokens: int = 0  # the end-of-sequence tokens and stop strings wait for this many tokens
+    ignore_eos: bool = False  # the end-of-sequence tokens are never chosen (max_new_tokens or a stop ends)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None  # report each token's logprob and this many likeliest (None: off)
@@ -180,6 +182,15 @@ class SamplingParams:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}",
                               "max_new_tokens")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ConfigError(f"min_tokens must be an integer from 0 to the most new tokens "
+                              f"({self.max_new_tokens}), got {self.min_tokens!r}", "min_tokens")
+        if not isinstance(self.ignore_eos, bool):
+            raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}", "ignore_eos")
+        if self.grammar is not None and (self.min_tokens or self.ignore_eos):
+            raise ConfigError("min_tokens and ignore_eos cannot hold back the end of an answer that follows "
+                              "a grammar (its end is the grammar's)",
+                              "min_tokens" if self.min_tokens else "ignore_eos")
         if self.seed is not None and not seed_fits(self.seed):
             raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}", "seed")
         for name in ("logprobs", "prompt_logprobs"):

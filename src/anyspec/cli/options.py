@@ -39,6 +39,10 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) 
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--min-tokens", type=int, default=0,
+                   help="the end-of-sequence tokens and stop strings wait for this many tokens")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="never choose an end-of-sequence token (--max-new-tokens or a stop string ends)")
 
 
 def sampling_params(args, **more) -> SamplingParams:
@@ -46,7 +50,8 @@ def sampling_params(args, **more) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           min_p=args.min_p, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty, max_new_tokens=args.max_new_tokens,
-                          seed=args.seed, stop=args.stop, **more)
+                          min_tokens=args.min_tokens, ignore_eos=args.ignore_eos, seed=args.seed,
+                          stop=args.stop, **more)
 
 
 def add_speculative_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) -> None:

@@ -182,7 +182,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if engine.config.ngram else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
-    penalties = Penalties.start(params, engine.target.vocab_size)
+    penalties = Penalties.start(params, engine.target.vocab_size, engine.eos_ids)
     t_start = time.perf_counter()
     pending, ctx, prompt_ids, scored = yield from prefill(engine, target, draft, prompt, params, stats, meter,
                                                           encoded)

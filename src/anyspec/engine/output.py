@@ -1,4 +1,5 @@
-"""The generated text, token by token: an EOS, ``max_new_tokens`` or a stop string ends it.
+"""The generated text, token by token: an EOS, ``max_new_tokens`` or a stop string ends it (a stop
+string from the ``min_tokens``-th token on; the EOS tokens wait for it in the logits, ``penalties.py``).
 
 Tokens are bytes, and a token may end inside a UTF-8 character, so the bytes go through an
 incremental decoder and text streams only in whole characters. While stop strings are set, the last
@@ -27,6 +28,7 @@ class Output:
     def __init__(self, token_bytes: list[bytes], eos_ids: set[int], params: SamplingParams):
         self.token_bytes, self.eos_ids = token_bytes, eos_ids
         self.stops, self.max_new_tokens = params.stop, params.max_new_tokens
+        self.min_tokens = params.min_tokens  # stop strings count from this many tokens on
         self.ids: list[int] = []
         self.text = ""
         self.finish: str | None = None  # "stop" (EOS or a stop string) or "length"
@@ -55,7 +57,7 @@ class Output:
             self.ids.append(token)
             size = len(self.text)
             self.text += self._decoder.decode(self.token_bytes[token])
-            cut = find_stop(self.text, self.stops, size)
+            cut = find_stop(self.text, self.stops, size) if len(self.ids) >= self.min_tokens else None
             if cut is not None:
                 self.text, self.finish = self.text[:cut], "stop"
                 break

@@ -1,15 +1,20 @@
-"""OpenAI's presence and frequency penalties and logit bias in a generation's rounds.
+"""OpenAI's presence and frequency penalties and logit bias in a generation's rounds, and the
+end-of-sequence tokens held back (``ignore_eos``, or before ``min_tokens`` tokens).
 
 A verify row's logits are penalized by the tokens generated before it: the committed ones, then the
-proposed ones on its own path (a chain's earlier tokens, a trie node's ancestors). So each row is
-shaped exactly as the target alone shapes the row at that position, and the choice stays the
-target's own (``sampling.penalized``). The draft proposes unpenalized; that costs acceptance only.
-Logprobs are those of the penalized logits, the distribution each token was chosen from.
+proposed ones on its own path (a chain's earlier tokens, a trie node's ancestors), and its EOS
+tokens go to -inf where its generated position is below ``min_tokens``. So each row is shaped
+exactly as the target alone shapes the row at that position, and the choice stays the target's own
+(``sampling.penalized``). The draft proposes unpenalized; that costs acceptance only. Logprobs are
+those of the penalized logits, the distribution each token was chosen from.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+
+import torch
 
 from anyspec.algorithms import tree
 from anyspec.algorithms.sampling import penalized
@@ -19,29 +24,41 @@ from anyspec.errors import ConfigError
 
 
 class Penalties:
-    def __init__(self, params: SamplingParams):
-        self.params = params
+    def __init__(self, params: SamplingParams, eos_ids: set[int]):
+        self.params, self.eos_ids = params, sorted(eos_ids)
         self.counts: Counter[int] = Counter()  # the tokens generated so far
+        self.written = 0
+        self.held = math.inf if params.ignore_eos else params.min_tokens  # positions without EOS
 
     @staticmethod
-    def start(params: SamplingParams, vocab_size: int) -> Penalties | None:
+    def start(params: SamplingParams, vocab_size: int, eos_ids: set[int]) -> Penalties | None:
         """A generation's penalties; None where ``params`` ask for none."""
         if too_large := [t for t in params.logit_bias if t >= vocab_size]:
             raise ConfigError(f"logit_bias names token {too_large[0]}, beyond the target's {vocab_size} "
                               "tokens", "logit_bias")
-        if not (params.presence_penalty or params.frequency_penalty or params.logit_bias):
+        if not (params.presence_penalty or params.frequency_penalty or params.logit_bias
+                or params.min_tokens or params.ignore_eos):
             return None
-        return Penalties(params)
+        return Penalties(params, eos_ids)
 
     def commit(self, ids: list[int]) -> None:
         self.counts.update(ids)
+        self.written += len(ids)
 
     def rows(self, proposal: Proposal):
         """The function that shapes the logits of a verify of ``proposal`` (rows: the pending token's,
         then one per proposed token, as ``loop.verify`` computes them)."""
         p = self.params
-        counts = [self.counts + Counter(before) for before in paths(proposal)]
-        return lambda logits: penalized(logits, counts, p.presence_penalty, p.frequency_penalty, p.logit_bias)
+        before = paths(proposal)
+        counts = [self.counts + Counter(path) for path in before]
+        held = [r for r, path in enumerate(before) if self.written + len(path) < self.held]
+
+        def shape(logits):
+            out = penalized(logits, counts, p.presence_penalty, p.frequency_penalty, p.logit_bias)
+            if held and self.eos_ids:
+                out[torch.tensor(held)[:, None], torch.tensor(self.eos_ids)] = -math.inf
+            return out
+        return shape
 
 
 def paths(proposal: Proposal) -> list[list[int]]:
