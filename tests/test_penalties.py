@@ -29,6 +29,13 @@ def test_penalized_adds_the_bias_then_takes_each_rows_counts():
     assert out.tolist() == [[0.0, -1.0, 3.0, 0.0, 0.0], [0.0, -1.25, 3.0, 0.0, -0.75]]
 
 
+def test_the_repetition_penalty_divides_positive_logits_and_multiplies_the_others():
+    logits = torch.tensor([[2.0, -1.0, 3.0, 0.5], [2.0, -1.0, 3.0, 0.5]])
+    out = penalized(logits, [{}, {3: 1}], presence=0.5, frequency=0.0, bias={},
+                    repeated=[torch.tensor([0, 1]), torch.tensor([1, 3])], repetition=2.0)
+    assert out.tolist() == [[1.0, -2.0, 3.0, 0.5], [2.0, -2.0, 3.0, -0.25]]
+
+
 def test_each_verify_row_counts_the_proposed_tokens_on_its_own_path():
     assert paths(Proposal([5, 6])) == [[], [5], [5, 6]]
     # the chain 5, 6; a branch 7 beside 6 and a branch 8 beside 5
@@ -42,7 +49,10 @@ def settings(target) -> list[SamplingParams]:
     return [SamplingParams(max_new_tokens=40, frequency_penalty=1.5),
             SamplingParams(max_new_tokens=40, presence_penalty=2.0, logit_bias={newline: -100.0}),
             SamplingParams(temperature=0.8, seed=3, max_new_tokens=40, frequency_penalty=1.0,
-                           presence_penalty=-0.5, logit_bias={newline: 5.0})]
+                           presence_penalty=-0.5, logit_bias={newline: 5.0}),
+            SamplingParams(max_new_tokens=40, repetition_penalty=1.3),
+            SamplingParams(temperature=0.8, seed=4, max_new_tokens=40, repetition_penalty=1.2,
+                           presence_penalty=0.5)]
 
 
 @pytest.mark.parametrize("config", [dict(algorithm="slem"), dict(algorithm="tli", tree=2),
@@ -83,6 +93,28 @@ def test_the_target_alone_follows_openais_rule(pair):  # noqa: F811
         row = target.extend(written[-1:], last=1)[-1]
     target.reset()
     assert Engine(target, None).generate(PROMPTS[0], params).token_ids == written
+
+
+def test_the_target_alone_follows_vllms_repetition_rule(pair):  # noqa: F811
+    """Against a plain loop: each token of the prompt or written so far has its logit divided by the
+    penalty where positive and multiplied where not, then the argmax."""
+    target = pair[0]
+    params = SamplingParams(max_new_tokens=30, repetition_penalty=1.5)
+    ids = encode_prompt(target.tokenizer, PROMPTS[0])[0]
+    target.reset()
+    row, written = target.extend(ids, last=1)[-1], []
+    while len(written) < params.max_new_tokens:
+        row = row.float().clone()
+        for token in set(ids + written):
+            row[token] = row[token] / 1.5 if row[token] > 0 else row[token] * 1.5
+        written.append(int(row.argmax()))
+        if written[-1] in end_ids(target):
+            written.pop()
+            break
+        row = target.extend([written[-1]], last=1)[-1]
+    target.reset()
+    assert Engine(target, None).generate(PROMPTS[0], params).token_ids == written
+    assert Engine(target, None).generate(PROMPTS[0], SamplingParams(max_new_tokens=30)).token_ids != written
 
 
 def test_a_bias_beyond_the_vocabulary_is_refused_before_any_work(pair):  # noqa: F811

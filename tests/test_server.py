@@ -264,6 +264,13 @@ def test_penalties_and_logit_bias_are_the_engines(client, reference):
     want = reference.generate("Once upon a time", SamplingParams(
         max_new_tokens=12, frequency_penalty=1.5, presence_penalty=0.5, logit_bias={token: 10.0, 15: -100.0}))
     assert got != forced and got == want.text
+    # the repetition penalty divides the biased token's logit once it is written: others win
+    biased = client.completions.create(logit_bias={str(token): 5}, **kw).choices[0].text
+    kept = client.completions.create(logit_bias={str(token): 5}, extra_body={"repetition_penalty": 100},
+                                     **kw).choices[0].text
+    want = reference.generate("Once upon a time", SamplingParams(
+        max_new_tokens=12, logit_bias={token: 5.0}, repetition_penalty=100))
+    assert biased == forced and kept != forced and kept == want.text
 
 
 def test_min_tokens_and_ignore_eos_hold_back_an_end_the_bias_forces(client, reference):

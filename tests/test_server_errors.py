@@ -177,7 +177,9 @@ def test_temperature_out_of_range(post, field, value):
 @pytest.mark.parametrize(("field", "value", "says"), [("top_p", 0, "top_p"), ("top_p", 1.5, "top_p"),
                                                       ("stop", [""], "stop"),
                                                       ("min_tokens", -1, "min_tokens"),
-                                                      ("min_tokens", 10**6, "from 0 to the most new tokens")])
+                                                      ("min_tokens", 10**6, "from 0 to the most new tokens"),
+                                                      ("repetition_penalty", 0, "above 0"),
+                                                      ("repetition_penalty", -1.5, "above 0")])
 def test_engine_rejects_sampling_setting(post, field, value, says):
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
 
@@ -450,14 +452,13 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
     assert "has more than 4300 digits" in str(err.value) and "not valid JSON" not in str(err.value)
 
 
-@pytest.mark.parametrize(("field", "value"), [("repetition_penalty", 1.1), ("repeat_penalty", 1.2),
-                                              ("typical_p", 0.9), ("mirostat", 2)])
+@pytest.mark.parametrize(("field", "value"), [("repeat_penalty", 1.2), ("typical_p", 0.9), ("mirostat", 2)])
 def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
     """OpenAI's, and other servers' that would change the answer: refused, not ignored, unless they
     change nothing."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
                  "not supported")
-    defaults = {"repetition_penalty": 1.0, "repeat_penalty": 1, "typical_p": 1.0, "mirostat": 0}
+    defaults = {"repeat_penalty": 1, "typical_p": 1.0, "mirostat": 0}
     assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
 
 

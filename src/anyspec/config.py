@@ -142,6 +142,7 @@ class SamplingParams:
     min_p: float = 0.0  # 0 = off
     presence_penalty: float = 0.0  # OpenAI's: off at 0, each from -2 to 2
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's: off at 1; a seen token's logit / it where > 0, * it where not
     logit_bias: dict[int, float] = field(default_factory=dict)  # target token id -> added to its logit
     max_new_tokens: int = 128
     min_tokens: int = 0  # the end-of-sequence tokens and stop strings wait for this many tokens
@@ -172,6 +173,9 @@ class SamplingParams:
                             ("frequency_penalty", self.frequency_penalty)):
             if not _is_number(value) or not -2 <= value <= 2:
                 raise ConfigError(f"{name} must be from -2 to 2, got {value}", name)
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
+            raise ConfigError(f"repetition_penalty must be a finite number above 0 (1 = off), "
+                              f"got {self.repetition_penalty}", "repetition_penalty")
         bias = self.logit_bias
         if not isinstance(bias, dict) or not all(_is_int(t) and t >= 0 and _is_number(b) and -100 <= b <= 100
                                                  for t, b in bias.items()):

@@ -64,13 +64,21 @@ def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def penalized(logits: torch.Tensor, counts: list[dict[int, int]], presence: float, frequency: float,
-              bias: dict[int, float]) -> torch.Tensor:
+              bias: dict[int, float], repeated: list[torch.Tensor] | None = None,
+              repetition: float = 1.0) -> torch.Tensor:
     """``logits [R, V]`` as float32 with OpenAI's logit bias and penalties: token t gains ``bias[t]``
-    in every row, then loses ``frequency * n + presence`` in row r where it was written n > 0 times
-    before that row (``counts[r]``). Each row by itself, whatever the rows beside it."""
+    in every row; with ``repetition`` (vLLM's and transformers' repetition penalty) each token of
+    ``repeated[r]`` (in the prompt or written before row r) has its logit divided by it where
+    positive, multiplied where not; then t loses ``frequency * n + presence`` in row r where it was
+    written n > 0 times before that row (``counts[r]``). Each row by itself, whatever the rows
+    beside it."""
     out = logits.float().clone()
     if bias:
         out[:, list(bias)] += torch.tensor(list(bias.values()), dtype=torch.float32)
+    if repetition != 1.0:
+        for r, ids in enumerate(repeated):
+            x = out[r, ids]
+            out[r, ids] = torch.where(x > 0, x / repetition, x * repetition)
     for r, seen in enumerate(counts):
         if seen:
             times = torch.tensor(list(seen.values()), dtype=torch.float32)

@@ -37,6 +37,8 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) 
     p.add_argument("--min-p", type=float, default=0.0, help="0 = off (default)")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="vLLM's: a seen token's logit divided by it where positive, else times it (1 = off)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--min-tokens", type=int, default=0,
@@ -49,7 +51,8 @@ def sampling_params(args, **more) -> SamplingParams:
     """The checked ``SamplingParams`` of ``add_sampling_options``' flags, and ``more`` fields."""
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           min_p=args.min_p, presence_penalty=args.presence_penalty,
-                          frequency_penalty=args.frequency_penalty, max_new_tokens=args.max_new_tokens,
+                          frequency_penalty=args.frequency_penalty,
+                          repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
                           min_tokens=args.min_tokens, ignore_eos=args.ignore_eos, seed=args.seed,
                           stop=args.stop, **more)
 

@@ -186,6 +186,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     t_start = time.perf_counter()
     pending, ctx, prompt_ids, scored = yield from prefill(engine, target, draft, prompt, params, stats, meter,
                                                           encoded)
+    if penalties:
+        penalties.prompted(prompt_ids)
     output = Output(engine.target_bytes, engine.eos_ids, params)
     lookup = prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
                                  meter.costs(draft) if proposer else None)

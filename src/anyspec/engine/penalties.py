@@ -1,5 +1,6 @@
-"""OpenAI's presence and frequency penalties and logit bias in a generation's rounds, and the
-end-of-sequence tokens held back (``ignore_eos``, or before ``min_tokens`` tokens).
+"""OpenAI's presence and frequency penalties and logit bias, vLLM's repetition penalty, and the
+end-of-sequence tokens held back (``ignore_eos``, or before ``min_tokens`` tokens) in a
+generation's rounds.
 
 A verify row's logits are penalized by the tokens generated before it: the committed ones, then the
 proposed ones on its own path (a chain's earlier tokens, a trie node's ancestors), and its EOS
@@ -27,6 +28,7 @@ class Penalties:
     def __init__(self, params: SamplingParams, eos_ids: set[int]):
         self.params, self.eos_ids = params, sorted(eos_ids)
         self.counts: Counter[int] = Counter()  # the tokens generated so far
+        self.seen: set[int] = set()  # the prompt's and the generated tokens (the repetition penalty's)
         self.written = 0
         self.held = math.inf if params.ignore_eos else params.min_tokens  # positions without EOS
 
@@ -37,12 +39,17 @@ class Penalties:
             raise ConfigError(f"logit_bias names token {too_large[0]}, beyond the target's {vocab_size} "
                               "tokens", "logit_bias")
         if not (params.presence_penalty or params.frequency_penalty or params.logit_bias
-                or params.min_tokens or params.ignore_eos):
+                or params.repetition_penalty != 1.0 or params.min_tokens or params.ignore_eos):
             return None
         return Penalties(params, eos_ids)
 
+    def prompted(self, ids: list[int]) -> None:
+        """The prompt's tokens, which the repetition penalty counts as seen."""
+        self.seen.update(ids)
+
     def commit(self, ids: list[int]) -> None:
         self.counts.update(ids)
+        self.seen.update(ids)
         self.written += len(ids)
 
     def rows(self, proposal: Proposal):
@@ -52,9 +59,13 @@ class Penalties:
         before = paths(proposal)
         counts = [self.counts + Counter(path) for path in before]
         held = [r for r, path in enumerate(before) if self.written + len(path) < self.held]
+        repeated = None
+        if p.repetition_penalty != 1.0:
+            repeated = [torch.tensor(sorted(self.seen.union(path)), dtype=torch.long) for path in before]
 
         def shape(logits):
-            out = penalized(logits, counts, p.presence_penalty, p.frequency_penalty, p.logit_bias)
+            out = penalized(logits, counts, p.presence_penalty, p.frequency_penalty, p.logit_bias, repeated,
+                            p.repetition_penalty)
             if held and self.eos_ids:
                 out[torch.tensor(held)[:, None], torch.tensor(self.eos_ids)] = -math.inf
             return out

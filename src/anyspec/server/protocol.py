@@ -24,7 +24,7 @@ MAX_CHOICES = 128  # OpenAI's limit on n
 UNSUPPORTED = {"best_of": (None, 1),
                "functions": (None, []), "function_call": (None, "none", "auto"),
                # other servers' fields that would change the answer: refused unless they change nothing
-               "repetition_penalty": (None, 1), "repeat_penalty": (None, 1), "typical_p": (None, 1),
+               "repeat_penalty": (None, 1), "typical_p": (None, 1),
                "mirostat": (None, 0), "tfs_z": (None, 1), "top_a": (None, 0), "dry_multiplier": (None, 0),
                "xtc_probability": (None, 0), "dynatemp_range": (None, 0), "use_beam_search": (None, False),
                "length_penalty": (None, 1)}
@@ -293,6 +293,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     max_tokens = _field(body, "max_tokens", (int,), max_tokens)
     stop = _stop(body)
     min_tokens = _field(body, "min_tokens", (int,), 0)
+    repetition = _field(body, "repetition_penalty", (int, float), 1.0)
     ignore_eos = _field(body, "ignore_eos", (bool,), False)
     seed = _field(body, "seed", (int,))
     if seed is not None and not seed_fits(seed):
@@ -319,10 +320,10 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     try:
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
                                 min_p=float(min_p), presence_penalty=presence, frequency_penalty=frequency,
-                                logit_bias=bias, max_new_tokens=max_tokens, min_tokens=min_tokens,
-                                ignore_eos=ignore_eos, seed=seed, stop=stop,
-                                logprobs=logprobs, prompt_logprobs=logprobs if echo else None,
-                                grammar=wanted.grammar)
+                                repetition_penalty=float(repetition), logit_bias=bias,
+                                max_new_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos,
+                                seed=seed, stop=stop, logprobs=logprobs,
+                                prompt_logprobs=logprobs if echo else None, grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
     return Parsed(prompts, params, stream, include_usage, speculative, wanted, n, echo)
