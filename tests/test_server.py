@@ -17,7 +17,7 @@ from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa
 from test_linear import needs_rowwise  # noqa: E402
 
 from anyspec.engine import SamplingParams  # noqa: E402
-from anyspec.engine.prompt import end_ids  # noqa: E402
+from anyspec.engine.prompt import encode_prompt, end_ids  # noqa: E402
 
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
 
@@ -364,3 +364,21 @@ def test_a_request_renders_and_encodes_its_prompt_once(folders, reference):
     alone = reference.generate(CHAT, greedy(6))
     assert out.choices[0].message.content == alone.text
     assert out.usage.prompt_tokens == alone.stats.prompt_tokens
+
+
+def test_tokenize_gives_the_ids_a_request_holds_and_detokenize_their_text(server, client, reference):
+    """vLLM's ``/tokenize`` and ``/detokenize``: a completion's prompt and a chat's messages become the
+    ids the generation endpoints read (their ``usage.prompt_tokens``), and ids become text again."""
+    tokenizer = reference.target.tokenizer
+    prompt = "def add(a, b):\n    return"
+    got = httpx.post(server + "/tokenize", json={"model": MODEL_NAME, "prompt": prompt}).json()
+    assert got["tokens"] == encode_prompt(tokenizer, prompt)[0] and got["count"] == len(got["tokens"])
+    assert got["max_model_len"] == reference.target.context_length
+    used = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1, temperature=0).usage
+    assert used.prompt_tokens == got["count"]
+    chat = httpx.post(server + "/tokenize", json={"messages": CHAT}).json()
+    assert chat["tokens"] == encode_prompt(tokenizer, CHAT)[0]
+    asked = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=1, temperature=0)
+    assert asked.usage.prompt_tokens == chat["count"] > got["count"]
+    text = httpx.post(server + "/detokenize", json={"tokens": got["tokens"]}).json()["prompt"]
+    assert text == tokenizer.decode(got["tokens"]) and prompt in text

@@ -511,3 +511,19 @@ def test_a_body_that_stalls_is_a_408_after_the_timeout(server):
         waited = time.monotonic() - t
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert BODY_TIMEOUT - 0.5 < waited < BODY_TIMEOUT + 10
+
+
+@pytest.mark.parametrize(("path", "body", "param", "code"), [
+    ("/tokenize", {}, "prompt", "missing_required_parameter"),
+    ("/tokenize", {"prompt": 7}, "prompt", "invalid_type"),
+    ("/tokenize", {"prompt": "hi", "add_special_tokens": False}, "add_special_tokens",
+     "unsupported_parameter"),
+    ("/tokenize", {"messages": []}, "messages", "empty_array"),
+    ("/tokenize", {"prompt": "hi", "model": "other"}, "model", "model_not_found"),
+    ("/detokenize", {}, "tokens", "missing_required_parameter"),
+    ("/detokenize", {"tokens": [1, -1]}, "tokens", "invalid_value"),
+    ("/detokenize", {"tokens": [10**9]}, "tokens", "invalid_value"),
+    ("/detokenize", {"tokens": [True]}, "tokens", "invalid_value")])
+def test_bad_tokenize_and_detokenize_bodies_name_the_field(post, path, body, param, code):
+    r = post(path, json=body)
+    assert_error(r, 404 if code == "model_not_found" else 400, param, code)

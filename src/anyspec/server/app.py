@@ -60,6 +60,7 @@ from anyspec.server.answers import as_api_error, full_response, response_head, s
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, parse_request
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
+from anyspec.server.tokens import parse_detokenize, parse_tokenize
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
@@ -273,6 +274,33 @@ def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Schedule
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, run) -> None:
+    """``POST /tokenize`` and ``/detokenize`` (``tokens.py``); ``run(fn)``: ``fn`` off the event loop."""
+    from fastapi import Request
+    from fastapi.responses import Response
+
+    async def body_of(request: Request):
+        return await read_json(request, settings.max_body_bytes, settings.body_timeout)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        try:
+            body = await body_of(request)
+        except ClientGone:
+            return Response(status_code=499)
+        ids = await run(functools.partial(parse_tokenize, body, settings.model_name, tokenizer))
+        return {"count": len(ids), "max_model_len": engine.target.context_length, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        try:
+            body = await body_of(request)
+        except ClientGone:
+            return Response(status_code=499)
+        ids = parse_detokenize(body, settings.model_name, engine.target.vocab_size)
+        return {"prompt": await run(functools.partial(tokenizer.decode, ids))}
+
+
 def create_app(engine: Engine, settings: Settings):
     """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan
     (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``)."""
@@ -348,4 +376,6 @@ def create_app(engine: Engine, settings: Settings):
         return await generate(request, chat=True)
 
     add_info_routes(app, engine, settings, scheduler, metrics)
+    add_token_routes(app, engine, settings, tokenizer,
+                     lambda fn: asyncio.get_running_loop().run_in_executor(tokenizing, fn))
     return app

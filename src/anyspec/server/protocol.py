@@ -79,7 +79,7 @@ class Parsed:
         return dataclasses.replace(self.params, seed=(seed + i) % 2**64)
 
 
-def _field(body: dict, name: str, kinds: tuple, default=None):
+def body_field(body: dict, name: str, kinds: tuple, default=None):
     value = body.get(name)
     if value is None:
         return default
@@ -97,7 +97,7 @@ def _number(value: int | float) -> str:
     return f"an integer of {digits} digits" if digits else str(value)
 
 
-def _text(value: str, param: str) -> str:
+def checked_text(value: str, param: str) -> str:
     """JSON may carry lone surrogates (``"\\ud800"``), which no tokenizer can encode."""
     if (at := utf8_problem(value)) is not None:
         raise ApiError(400, f"'{param}' is not valid Unicode text (a lone surrogate at character {at}).",
@@ -113,8 +113,8 @@ def _checked(check, *args):
         raise ApiError(400, exc.message, exc.param, exc.code) from None
 
 
-def _messages(body: dict) -> list[dict]:
-    messages = _field(body, "messages", (list,))
+def chat_messages(body: dict) -> list[dict]:
+    messages = body_field(body, "messages", (list,))
     if not messages:
         raise ApiError(400, "'messages' must be a non-empty array of {role, content} objects.", "messages",
                        "empty_array" if messages == [] else "missing_required_parameter")
@@ -124,7 +124,7 @@ def _messages(body: dict) -> list[dict]:
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]",
                            "invalid_type")
         if m["role"] not in ROLES:
-            role = _text(m["role"], f"messages[{i}].role")
+            role = checked_text(m["role"], f"messages[{i}].role")
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}.",
                            f"messages[{i}].role", "invalid_value")
         extra = _checked(message_fields, m, i)
@@ -144,8 +144,8 @@ def _messages(body: dict) -> list[dict]:
         elif not isinstance(content, str):
             raise ApiError(400, f"Invalid type for 'messages[{i}].content': expected a string or an array of "
                                 "text parts.", f"messages[{i}].content", "invalid_type")
-        out.append({"role": _text(m["role"], f"messages[{i}].role"),
-                    "content": _text(content, f"messages[{i}].content")} | extra)
+        out.append({"role": checked_text(m["role"], f"messages[{i}].role"),
+                    "content": checked_text(content, f"messages[{i}].content")} | extra)
     return out
 
 
@@ -163,8 +163,8 @@ def _prompts(body: dict, vocab: int) -> list[str | list[int]]:
     for i, one in enumerate(prompt):
         name = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
         if isinstance(one, str):
-            _text(one, name)
-        elif not (isinstance(one, list) and all(map(_is_id, one))):
+            checked_text(one, name)
+        elif not (isinstance(one, list) and all(map(is_token_id, one))):
             raise ApiError(400, f"'{name}' must be a string or an array of token ids.", name, "invalid_type")
         elif (bad := next((t for t in one if not 0 <= t < vocab), None)) is not None:
             raise ApiError(400, f"'{name}' holds token id {_number(bad)}; this model's ids run from 0 to "
@@ -179,7 +179,7 @@ def _infills(prompts: list[str | list[int]], suffix: str | None, tokenizer) -> l
     the two (the target's FIM tokens)."""
     if not suffix:
         return prompts
-    _text(suffix, "suffix")
+    checked_text(suffix, "suffix")
     if not all(isinstance(p, str) for p in prompts):
         raise ApiError(400, "'suffix' takes text prompts, not token ids.", "suffix", "invalid_value")
     filled = [fill_in_the_middle(tokenizer, p, suffix) for p in prompts]
@@ -189,14 +189,14 @@ def _infills(prompts: list[str | list[int]], suffix: str | None, tokenizer) -> l
     return filled
 
 
-def _is_id(value) -> bool:
+def is_token_id(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _encoded(tokenizer, prompt: str | list[int] | list[dict], param: str, tools) -> Prompt:
+def encoded_prompt(tokenizer, prompt: str | list[int] | list[dict], param: str, tools) -> Prompt:
     """A prompt's target ids: text and messages encoded (the chat template, ``tools``), token ids as
     they are."""
-    if isinstance(prompt, list) and all(map(_is_id, prompt)):
+    if isinstance(prompt, list) and all(map(is_token_id, prompt)):
         text = tokenizer.decode(prompt)
         return Prompt(text, list(prompt), text)
     try:
@@ -209,18 +209,18 @@ def _encoded(tokenizer, prompt: str | list[int] | list[dict], param: str, tools)
 
 def _shaping(body: dict) -> tuple[float, float, int, float]:
     """``temperature``, ``top_p``, ``top_k`` and ``min_p``, each checked against its range."""
-    temperature = _field(body, "temperature", (int, float), 1.0)
+    temperature = body_field(body, "temperature", (int, float), 1.0)
     if not 0 <= temperature <= 2:
         raise ApiError(400, f"'temperature' must be between 0 and 2, got {_number(temperature)}.",
                        "temperature", "invalid_value")
-    top_p = _field(body, "top_p", (int, float), 1.0)
+    top_p = body_field(body, "top_p", (int, float), 1.0)
     if not 0 < top_p <= 1:
         raise ApiError(400, f"'top_p' must be above 0 and at most 1, got {_number(top_p)}.", "top_p",
                        "invalid_value")
-    top_k = _field(body, "top_k", (int,), 0)
+    top_k = body_field(body, "top_k", (int,), 0)
     if top_k < -1:
         raise ApiError(400, f"'top_k' must be >= 0 (0 or -1 = off), got {top_k}.", "top_k", "invalid_value")
-    min_p = _field(body, "min_p", (int, float), 0.0)
+    min_p = body_field(body, "min_p", (int, float), 0.0)
     if not 0 <= min_p <= 1:
         raise ApiError(400, f"'min_p' must be from 0 to 1 (0 = off), got {_number(min_p)}.", "min_p",
                        "invalid_value")
@@ -231,13 +231,13 @@ def _penalties(body: dict, vocab: int) -> tuple[float, float, dict[int, float]]:
     """``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` (its keys token ids, as text)."""
     penalties = []
     for name in ("presence_penalty", "frequency_penalty"):
-        value = _field(body, name, (int, float), 0.0)
+        value = body_field(body, name, (int, float), 0.0)
         if not -2 <= value <= 2:
             raise ApiError(400, f"'{name}' must be from -2 to 2, got {_number(value)}.", name,
                            "invalid_value")
         penalties.append(float(value))
     bias = {}
-    for key, value in _field(body, "logit_bias", (dict,), {}).items():
+    for key, value in body_field(body, "logit_bias", (dict,), {}).items():
         token = int(key) if key.isascii() and key.isdigit() and len(key) < 11 else -1
         if not 0 <= token < vocab:
             raise ApiError(400, f"'logit_bias' keys must be token ids from 0 to {vocab - 1}, got {key!r}.",
@@ -250,13 +250,24 @@ def _penalties(body: dict, vocab: int) -> tuple[float, float, dict[int, float]]:
 
 
 def _stop(body: dict) -> str | list[str]:
-    stop = _field(body, "stop", (str, list), [])
+    stop = body_field(body, "stop", (str, list), [])
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
         raise ApiError(400, "Invalid type for 'stop': expected a string or an array of strings.", "stop",
                        "invalid_type")
     for s in [stop] if isinstance(stop, str) else stop:
-        _text(s, "stop")
+        checked_text(s, "stop")
     return stop
+
+
+def check_model(body, model_name: str) -> None:
+    """A JSON object whose ``model``, if any, is the one this server serves."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
+    model = body_field(body, "model", (str,))
+    if model is not None and model != model_name:
+        checked_text(model, "model")
+        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_name}'.",
+                       "model", "model_not_found")
 
 
 def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | None,
@@ -266,14 +277,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     ``max_prompt_tokens``: the server's cap on one request's prompt (None: the context only);
     ``grammars()``: the compiler of ``response_format`` and ``tools`` (``engine.grammar.Grammars``);
     ``vocab_size``: the target's, which ``logit_bias`` keys stay below."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
-    model = _field(body, "model", (str,))
-    if model is not None and model != model_name:
-        _text(model, "model")
-        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_name}'.",
-                       "model", "model_not_found")
-    n = _field(body, "n", (int,), 1)
+    check_model(body, model_name)
+    n = body_field(body, "n", (int,), 1)
     if not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be from 1 to {MAX_CHOICES}, got {_number(n)}.", "n", "invalid_value")
     for name, harmless in UNSUPPORTED.items():
@@ -281,28 +286,29 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
             raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
                            "unsupported_parameter")
     vocab = vocab_size or 2**31
-    suffix = None if chat else _field(body, "suffix", (str,))
-    sent = [_messages(body)] if chat else _infills(_prompts(body, vocab), suffix, tokenizer)
+    suffix = None if chat else body_field(body, "suffix", (str,))
+    sent = [chat_messages(body)] if chat else _infills(_prompts(body, vocab), suffix, tokenizer)
     if len(sent) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(sent)} prompts with n {n} make {len(sent) * n} choices; at most "
                             f"{MAX_CHOICES}.", "n" if n > 1 else "prompt", "invalid_value")
     wanted = _checked(structure, body, chat, tokenizer, grammars)
     temperature, top_p, top_k, min_p = _shaping(body)
     presence, frequency, bias = _penalties(body, vocab)
-    max_tokens = _field(body, "max_completion_tokens", (int,)) if chat else None
-    max_tokens = _field(body, "max_tokens", (int,), max_tokens)
+    max_tokens = body_field(body, "max_completion_tokens", (int,)) if chat else None
+    max_tokens = body_field(body, "max_tokens", (int,), max_tokens)
     stop = _stop(body)
-    min_tokens = _field(body, "min_tokens", (int,), 0)
-    repetition = _field(body, "repetition_penalty", (int, float), 1.0)
-    ignore_eos = _field(body, "ignore_eos", (bool,), False)
-    seed = _field(body, "seed", (int,))
+    min_tokens = body_field(body, "min_tokens", (int,), 0)
+    repetition = body_field(body, "repetition_penalty", (int, float), 1.0)
+    ignore_eos = body_field(body, "ignore_eos", (bool,), False)
+    seed = body_field(body, "seed", (int,))
     if seed is not None and not seed_fits(seed):
         raise ApiError(400, "'seed' must fit in 64 bits.", "seed", "invalid_value")
-    stream = _field(body, "stream", (bool,), False)
-    include_usage = _field(_field(body, "stream_options", (dict,), {}), "include_usage", (bool,), False)
-    speculative = _field(body, "speculative", (bool,), True)
+    stream = body_field(body, "stream", (bool,), False)
+    options = body_field(body, "stream_options", (dict,), {})
+    include_usage = body_field(options, "include_usage", (bool,), False)
+    speculative = body_field(body, "speculative", (bool,), True)
     logprobs = _logprobs(body, chat)
-    echo = _field(body, "echo", (bool,), False)
+    echo = body_field(body, "echo", (bool,), False)
     if echo and chat:
         raise ApiError(400, "'echo' is a completions field; chat answers do not repeat the messages.", "echo",
                        "unsupported_parameter")
@@ -315,7 +321,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
 
     param = "messages" if chat else "prompt"
     names = [param if len(sent) == 1 else f"{param}[{i}]" for i in range(len(sent))]
-    prompts = [_encoded(tokenizer, one, name, wanted.tools) for one, name in zip(sent, names, strict=True)]
+    prompts = [encoded_prompt(tokenizer, one, name, wanted.tools)
+               for one, name in zip(sent, names, strict=True)]
     max_tokens = _max_tokens(prompts, names, max_tokens, context, default_max_tokens, max_prompt_tokens)
     try:
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
@@ -357,8 +364,8 @@ def _logprobs(body: dict, chat: bool) -> int | None:
     """How many likeliest tokens to report beside each token's logprob; None: no logprobs. Chat:
     ``logprobs`` (a boolean) and ``top_logprobs``; completions: ``logprobs`` (a count)."""
     if chat:
-        wanted = _field(body, "logprobs", (bool,), False)
-        top = _field(body, "top_logprobs", (int,))
+        wanted = body_field(body, "logprobs", (bool,), False)
+        top = body_field(body, "top_logprobs", (int,))
         if top is not None and not wanted:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true.", "top_logprobs", "invalid_value")
         name, count = "top_logprobs", (top or 0) if wanted else None
@@ -367,7 +374,7 @@ def _logprobs(body: dict, chat: bool) -> int | None:
             raise ApiError(400, "'top_logprobs' is a chat field; completions take 'logprobs': a count.",
                            "top_logprobs", "unsupported_parameter")
         name = "logprobs"
-        count = _field(body, "logprobs", (int,))
+        count = body_field(body, "logprobs", (int,))
     if count is not None and not 0 <= count <= MAX_LOGPROBS:
         raise ApiError(400, f"'{name}' must be from 0 to {MAX_LOGPROBS}, got {count}.", name, "invalid_value")
     return count
