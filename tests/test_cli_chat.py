@@ -62,3 +62,40 @@ def test_bad_settings_fail_before_loading(no_loading, capsys, extra, message):
     assert main(["chat", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_ctrl_c_stops_an_answer_and_the_conversation_goes_on_from_what_was_shown(folders, reference,
+                                                                                 monkeypatch, capsys):
+    """SIGINT after the first piece of the first answer: the answer stops there (a '[stopped]' line),
+    the text shown is the assistant's turn, and the next answer is the engine's for that conversation
+    (the caches kept from the stopped turn hold nothing it did not commit)."""
+    import os
+    import signal
+
+    from anyspec.engine import Engine
+
+    real, calls = Engine.stream, []
+
+    def interrupted(self, prompt, params=None):
+        inner = real(self, prompt, params)
+        calls.append(prompt)
+        if len(calls) > 1:
+            return inner
+
+        def first_then_ctrl_c():
+            yield next(inner)
+            os.kill(os.getpid(), signal.SIGINT)
+            return (yield from inner)
+        return first_then_ctrl_c()
+
+    monkeypatch.setattr(Engine, "stream", interrupted)
+    rc, out, err = chat(folders, monkeypatch, capsys, "Name a prime.\nAnd another?\n", "--max-new-tokens", "40")
+    params = SamplingParams(max_new_tokens=40)
+    system = {"role": "system", "content": SYSTEM}
+    first = [system, {"role": "user", "content": "Name a prime."}]
+    shown, second_answer = out.split("\n", 1)
+    full = reference.generate(first, params).text
+    assert rc == 0 and shown and full.startswith(shown) and shown != full
+    assert err.count("[stopped]") == 1 and err.count("tok/s, acceptance") == 1
+    second = [*first, {"role": "assistant", "content": shown}, {"role": "user", "content": "And another?"}]
+    assert calls[1] == second and second_answer == reference.generate(second, params).text + "\n"

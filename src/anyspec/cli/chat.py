@@ -4,13 +4,16 @@ Each line read is a user message; the answer goes to stdout, and a line of stati
 (tokens/s, acceptance, how much of the conversation's prompt the cache already held). Every turn
 resends the whole conversation through the chat template, and the target's cache keeps the
 prefix it shares with the turn before, so only the new messages are prefilled. ``/reset`` starts
-the conversation over, ``/exit`` or end of input (Ctrl-D) ends it. Lines from a pipe are read the
-same way, one message each, without the prompt sign.
+the conversation over, ``/exit`` or end of input (Ctrl-D) ends it. Ctrl-C while an answer streams
+stops it there and keeps what was shown as the assistant's turn; at the prompt it only says how to
+leave. Lines from a pipe are read the same way, one message each, without the prompt sign.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 from anyspec.cli.options import (
     add_engine_options,
@@ -63,24 +66,51 @@ def run(args) -> int:
             continue
         check_prompt_text(line)
         try:
-            result = engine.generate([*messages, {"role": "user", "content": line}], params, on_text=write)
+            text, stats = answer(engine, [*messages, {"role": "user", "content": line}], params, write)
         except ConfigError as exc:  # the conversation outgrew the context: say so, keep the session
             print(f"anyspec chat: {exc}; /reset starts a new conversation", file=sys.stderr)
             continue
         print()
-        messages += [{"role": "user", "content": line}, {"role": "assistant", "content": result.text}]
-        s = result.stats
-        print(f"[{s.generated} tokens, {s.tokens_per_second:.1f} tok/s, acceptance {s.acceptance_rate:.0%}, "
-              f"prompt {s.prompt_tokens} tokens ({s.prompt_cached} cached), first token "
-              f"{s.first_token_seconds:.2f} s]", file=sys.stderr)
+        messages += [{"role": "user", "content": line}, {"role": "assistant", "content": text}]
+        if stats is None:
+            print("[stopped]", file=sys.stderr)
+            continue
+        print(f"[{stats.generated} tokens, {stats.tokens_per_second:.1f} tok/s, acceptance "
+              f"{stats.acceptance_rate:.0%}, prompt {stats.prompt_tokens} tokens ({stats.prompt_cached} "
+              f"cached), first token {stats.first_token_seconds:.2f} s]", file=sys.stderr)
     return 0
 
 
-def read_line(sign: str) -> str | None:
-    """The next line of input (None at its end)."""
+def answer(engine, messages: list[dict], params, write):
+    """The answer to ``messages``, streamed through ``write``, and its statistics; Ctrl-C (SIGINT)
+    stops it after the text shown so far (statistics None). The generation ends between rounds, so
+    the caches hold committed tokens only and the next turn reuses them."""
+    stop = threading.Event()
+    before = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stream, text = engine.stream(messages, params), ""
     try:
-        return input(sign)
-    except EOFError:
-        return None
-    except UnicodeDecodeError:
-        raise ConfigError("a line of input is not valid UTF-8") from None
+        while not stop.is_set():
+            piece = next(stream)
+            write(piece)
+            text += piece
+        stream.close()
+        return text, None
+    except StopIteration as done:
+        return done.value.text, done.value.stats
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def read_line(sign: str) -> str | None:
+    """The next line of input (None at its end); Ctrl-C at a terminal's prompt says how to leave."""
+    while True:
+        try:
+            return input(sign)
+        except EOFError:
+            return None
+        except UnicodeDecodeError:
+            raise ConfigError("a line of input is not valid UTF-8") from None
+        except KeyboardInterrupt:
+            if not sign:
+                raise
+            print("\n(Ctrl-D or /exit ends the conversation)", file=sys.stderr)
