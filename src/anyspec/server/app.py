@@ -279,26 +279,26 @@ def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, run) ->
     from fastapi import Request
     from fastapi.responses import Response
 
-    async def body_of(request: Request):
-        return await read_json(request, settings.max_body_bytes, settings.body_timeout)
+    def answering(path: str, answer):
+        """The route at ``path``: ``answer(body)`` of the request's JSON body (499 if the client left)."""
+        async def route(request: Request):
+            try:
+                body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+            except ClientGone:
+                return Response(status_code=499)
+            return await answer(body)
+        app.post(path)(route)
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        try:
-            body = await body_of(request)
-        except ClientGone:
-            return Response(status_code=499)
+    async def tokenize(body):
         ids = await run(functools.partial(parse_tokenize, body, settings.model_name, tokenizer))
         return {"count": len(ids), "max_model_len": engine.target.context_length, "tokens": ids}
 
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        try:
-            body = await body_of(request)
-        except ClientGone:
-            return Response(status_code=499)
+    async def detokenize(body):
         ids = parse_detokenize(body, settings.model_name, engine.target.vocab_size)
         return {"prompt": await run(functools.partial(tokenizer.decode, ids))}
+
+    answering("/tokenize", tokenize)
+    answering("/detokenize", detokenize)
 
 
 def create_app(engine: Engine, settings: Settings):
