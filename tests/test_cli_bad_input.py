@@ -240,3 +240,12 @@ def test_a_bad_json_schema_file_is_one_line_before_loading(no_loading, capsys, t
     (["--min-tokens", "50", "--max-new-tokens", "20"], "to the most new tokens (20), got 50")])
 def test_a_bad_min_tokens_is_one_line_before_loading(no_loading, capsys, argv, says):
     one_line_error(capsys, ["generate", "--prompt", "hi", *argv], says)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--regex", "(unclosed"], "not a valid regular expression"),
+    (["--regex", "a", "--choice", "b"], "--regex and --choice cannot be used together"),
+    (["--choice", ""], "non-empty strings")])
+def test_a_bad_regex_or_choice_is_one_line_before_loading(no_loading, capsys, argv, says):
+    pytest.importorskip("llguidance")
+    one_line_error(capsys, ["generate", "--prompt", "x", *argv], says)

@@ -89,7 +89,8 @@ def test_ctrl_c_stops_an_answer_and_the_conversation_goes_on_from_what_was_shown
         return first_then_ctrl_c()
 
     monkeypatch.setattr(Engine, "stream", interrupted)
-    rc, out, err = chat(folders, monkeypatch, capsys, "Name a prime.\nAnd another?\n", "--max-new-tokens", "40")
+    rc, out, err = chat(folders, monkeypatch, capsys, "Name a prime.\nAnd another?\n",
+                        "--max-new-tokens", "40")
     params = SamplingParams(max_new_tokens=40)
     system = {"role": "system", "content": SYSTEM}
     first = [system, {"role": "user", "content": "Name a prime."}]

@@ -240,3 +240,18 @@ def test_one_call_helper_checks_before_loading(no_loading):
         anyspec.generate("hi", target="/no/such/dir")
     with pytest.raises(ConfigError, match="top_p"):
         anyspec.generate("hi", params=anyspec.SamplingParams(top_p=2.0))
+
+
+def test_choice_and_regex_hold_the_answer(tiny_dirs, capsys):
+    """The tiny random model writes anything unconstrained; held, it writes one of the choices, or
+    what the regular expression matches."""
+    pytest.importorskip("llguidance")
+    import re
+
+    common = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "Pick:",
+              "--max-new-tokens", "12", "--dtype", "fp32", "--json"]
+    for held, pattern in ((["--choice", "red", "--choice", "green blue"], "red|green blue"),
+                          (["--regex", "[0-9]{3}-[a-z]{2}"], "[0-9]{3}-[a-z]{2}"), ([], None)):
+        assert main([*common, *held]) == 0
+        text = json.loads(capsys.readouterr().out)["text"]
+        assert bool(pattern and re.fullmatch(pattern, text)) == bool(held), text

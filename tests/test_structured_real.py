@@ -148,6 +148,42 @@ def test_sampled_json_schema_answers_validate_and_follow_the_seed(client):
     assert spec[::4] == alone
 
 
+GUIDED = [
+    ({"guided_choice": ["positive", "negative", "neutral"]}, "Classify: 'I loved this film!'",
+     r"positive|negative|neutral"),
+    ({"guided_regex": r"\d{3}-\d{3}-\d{4}"}, "Make up a US phone number.", r"\d{3}-\d{3}-\d{4}"),
+    ({"structured_outputs": {"choice": ["Paris", "Lyon"]}}, "The capital of France?", "Paris|Lyon"),
+    ({"structured_outputs": {"regex": r"(yes|no), because [a-z ]{5,30}\."}}, "Is water wet? Say why.",
+     r"(yes|no), because [a-z ]{5,30}\."),
+    ({"guided_grammar": 'start: "SELECT " COL " FROM users"\nCOL: "name" | "age" | "*"'},
+     "A SQL query for every user's name.", r"SELECT (name|age|\*) FROM users"),
+    ({"guided_json": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+                      "additionalProperties": False}}, "Seven as JSON.", r'\{"n": -?\d+\}'),
+]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_vllms_guided_decoding_holds_the_answer_and_is_the_target_alones(client, temperature):
+    """vLLM's guided_choice, guided_regex, guided_grammar and guided_json, and structured_outputs:
+    every answer matches, greedy and sampled, as the constrained target alone answers; the same
+    questions unconstrained do not all match."""
+    import re
+
+    def ask(extra, question, **settings):
+        return client.chat.completions.create(
+            model="tiny-qwen2", messages=[{"role": "user", "content": question}], max_tokens=40,
+            temperature=temperature, seed=5, extra_body=extra | settings).choices[0]
+
+    free = []
+    for extra, question, pattern in GUIDED:
+        spec, alone = ask(extra, question), ask(extra, question, speculative=False)
+        text = spec.message.content
+        assert spec.finish_reason == "stop" and re.fullmatch(pattern, text), text
+        assert spec.message.content == alone.message.content
+        free.append(re.fullmatch(pattern, ask({}, question).message.content))
+    assert not all(free)
+
+
 def test_json_object_mode_on_both_endpoints(client):
     chat = client.chat.completions.create(
         model="tiny-qwen2", messages=[{"role": "user", "content": "A JSON object with one key, a."}],

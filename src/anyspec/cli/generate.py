@@ -25,7 +25,7 @@ from anyspec.errors import ConfigError
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
              "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at",
              "ngram_proposed", "ngram_accepted")
-GRAMMAR_STAT_KEYS = ("forced", "grammar_seconds")  # with --json-schema
+GRAMMAR_STAT_KEYS = ("forced", "grammar_seconds")  # with --json-schema, --regex or --choice
 
 
 def add_parser(sub) -> None:
@@ -39,6 +39,9 @@ def add_parser(sub) -> None:
                    help="with --json: each token's logprob and its N likeliest alternatives (0-20)")
     p.add_argument("--json-schema", metavar="FILE", default=None,
                    help="constrain the answer to this JSON Schema (a .json file); needs llguidance")
+    p.add_argument("--regex", default=None, help="constrain the answer to match this regular expression")
+    p.add_argument("--choice", action="append", default=None,
+                   help="constrain the answer to one of these strings (repeatable)")
     add_engine_options(p)
     p.add_argument("--allow-download", action="store_true", help="let transformers fetch hub ids")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -47,18 +50,32 @@ def add_parser(sub) -> None:
 
 
 def read_schema(path: str):
-    """The JSON Schema in ``path``, checked before any model loads."""
-    from anyspec.engine.grammar import check_schema
-
+    """The JSON Schema in ``path``."""
     try:
         with open(path, encoding="utf-8") as f:
-            schema = json.load(f)
+            return json.load(f)
     except OSError as exc:
         raise ConfigError(f"--json-schema: cannot read {path}: {exc.strerror}") from None
     except ValueError as exc:
         raise ConfigError(f"--json-schema: {path} is not valid JSON: {exc}") from None
-    check_schema(schema, "--json-schema")
-    return schema
+
+
+def read_guide(args) -> tuple[str, object, str] | None:
+    """What the answer is held to, ``(kind, value, flag)`` (``engine.grammar.GUIDES``), checked before
+    any model loads; None for free text."""
+    from anyspec.engine.grammar import GUIDES, check_grammar, guide_grammar
+
+    asked = [(kind, value, flag) for kind, value, flag in (
+        ("json", args.json_schema, "--json-schema"), ("regex", args.regex, "--regex"),
+        ("choice", args.choice, "--choice")) if value is not None]
+    if len(asked) > 1:
+        raise ConfigError(f"{asked[0][2]} and {asked[1][2]} cannot be used together")
+    if not asked:
+        return None
+    kind, value, flag = asked[0]
+    value = read_schema(value) if kind == "json" else value
+    check_grammar(guide_grammar(kind, value, flag), flag, GUIDES[kind])
+    return kind, value, flag
 
 
 def run(args) -> int:
@@ -70,15 +87,15 @@ def run(args) -> int:
     if args.logprobs is not None and not args.json:
         raise ConfigError("--logprobs needs --json, which prints them")
     check_prompt_text(args.prompt)
-    schema = read_schema(args.json_schema) if args.json_schema is not None else None
+    guide = read_guide(args)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     pair = load_pair(pair_plan(args))
     engine = Engine(pair.target, pair.draft, config)
-    if args.json_schema is not None:
+    if guide is not None:
         from anyspec.engine.grammar import Grammars
 
         grammars = Grammars(pair.target.tokenizer, pair.target.vocab_size, engine.eos_ids)
-        params = replace(params, grammar=grammars.json(schema, "--json-schema"))
+        params = replace(params, grammar=grammars.guide(*guide))
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -87,7 +104,7 @@ def run(args) -> int:
     result = engine.generate(prompt, params, on_text=None if args.json else write)
     stats = result.stats.to_dict()
     if args.json:
-        keys = STAT_KEYS + (GRAMMAR_STAT_KEYS if args.json_schema is not None else ())
+        keys = STAT_KEYS + (GRAMMAR_STAT_KEYS if guide is not None else ())
         extra = {"seed": stats["seed"]} if stats["seed"] is not None else {}  # reproduces a sampled answer
         if result.logprobs is not None:
             extra["logprobs"] = [{"token": e.token, "logprob": e.logprob, "top": e.top}

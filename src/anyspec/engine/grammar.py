@@ -1,5 +1,6 @@
-"""Constrained generation: a JSON schema or a tool-call format, compiled once against the target's
-tokenizer (llguidance), and each generation's place in it, which masks the target's logits.
+"""Constrained generation: a JSON schema, a tool-call format or vLLM's guided decoding (a regular
+expression, a choice of strings, a Lark grammar), compiled once against the target's tokenizer
+(llguidance), and each generation's place in it, which masks the target's logits.
 
 ``Grammars(tokenizer, vocab_size, end_ids)`` compiles and caches; ``Grammar.start(stats)`` gives a
 generation its ``Constraint``. In a verify, every row of the target's logits gets the mask of its
@@ -29,6 +30,8 @@ LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar
               max_lexer_states=50_000)  # what bounds compile and mask time (llguidance's fuel: ~50k/ms)
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 STYLE = dict(whitespace_flexible=False, item_separator=", ", key_separator=": ")  # as json.dumps writes
+GUIDES = {"json": "JSON Schema", "regex": "regular expression", "choice": "list of choices",
+          "grammar": "Lark grammar"}  # vLLM's guided decoding, and what each is
 
 
 class GrammarError(ConfigError):
@@ -62,6 +65,10 @@ class Grammars:
         """Any JSON object (``schema=None``, JSON mode) or a value matching ``schema``."""
         return self._compile(schema_grammar(schema, field), field)
 
+    def guide(self, kind: str, value, field: str) -> Grammar:
+        """vLLM's guided decoding of ``kind`` (``guide_grammar``)."""
+        return self._compile(guide_grammar(kind, value, field), field, GUIDES[kind])
+
     def tool_calls(self, functions: list[dict], one: bool, field: str, text: bool = False) -> Grammar:
         """One ``<tool_call>`` block (``one``) or several, each ``{"name": ..., "arguments": ...}`` of
         one of ``functions`` (OpenAI's ``{"name", "parameters"}``), as Qwen2.5's template asks.
@@ -81,7 +88,7 @@ class Grammars:
                 f"body: %json {body}\n")
         return self._compile(_llguidance().LLMatcher.grammar_from_lark(lark), field)
 
-    def _compile(self, text: str, field: str) -> Grammar:
+    def _compile(self, text: str, field: str, what: str = GUIDES["json"]) -> Grammar:
         if text in self.cache:
             self.cache.move_to_end(text)
             return self.cache[text]
@@ -89,7 +96,7 @@ class Grammars:
         if not matcher.is_error():
             matcher.compute_bitmask()  # the first mask builds the lexer's start: its limits count too
         if matcher.is_error():
-            raise GrammarError(f"'{field}' cannot be used: {_reason(matcher.get_error())}", field)
+            raise GrammarError(f"'{field}' cannot be used: {_reason(matcher.get_error(), what)}", field)
         grammar = Grammar(matcher, self.vocab_size)
         self.cache[text] = grammar
         while len(self.cache) > CACHED:
@@ -112,21 +119,53 @@ def schema_grammar(schema: dict | bool | None, field: str) -> str:
     return _llguidance().LLMatcher.grammar_from_json_schema(text, defaults=STYLE)
 
 
-def check_schema(schema, field: str) -> None:
-    """A schema's problems, found before any tokenizer is loaded (``Grammars.json`` finds the rest)."""
+def guide_grammar(kind: str, value, field: str) -> str:
+    """The llguidance grammar of vLLM's guided decoding: ``json`` (a JSON Schema, or its text),
+    ``regex`` (the whole answer matches it), ``choice`` (the answer is one of these strings) or
+    ``grammar`` (llguidance's Lark)."""
     ll = _llguidance()
-    limits = ll.LLParserLimits(**LIMITS)
-    error = ll.LLMatcher.validate_grammar(schema_grammar(schema, field), None, limits=limits)
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise GrammarError(f"'{field}' is not valid JSON: {exc}", field) from None
+        return schema_grammar(value, field)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise GrammarError(f"'{field}' must be a non-empty array of non-empty strings.", field)
+        text = "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
+    elif not isinstance(value, str) or not value:
+        raise GrammarError(f"'{field}' must be a non-empty string.", field)
+    else:
+        make = ll.LLMatcher.grammar_from_regex if kind == "regex" else ll.LLMatcher.grammar_from_lark
+        text = make(value)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise GrammarError(f"'{field}' is {len(text)} bytes as a grammar; at most {MAX_SCHEMA_BYTES} are "
+                           "compiled.", field)
+    return text
+
+
+def check_grammar(text: str, field: str, what: str = GUIDES["json"]) -> None:
+    """A grammar's problems, found before any tokenizer is loaded (``Grammars`` finds the rest)."""
+    ll = _llguidance()
+    error = ll.LLMatcher.validate_grammar(text, None, limits=ll.LLParserLimits(**LIMITS))
     if error and not error.startswith("WARNING"):
-        raise GrammarError(f"'{field}' cannot be used: {_reason(error)}", field)
+        raise GrammarError(f"'{field}' cannot be used: {_reason(error, what)}", field)
 
 
-def _reason(error: str) -> str:
+def check_schema(schema, field: str) -> None:
+    check_grammar(schema_grammar(schema, field), field)
+
+
+def _reason(error: str, what: str) -> str:
+    lines = [line.strip() for line in error.strip().splitlines()]  # one line: the first and the error's
+    error = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
     if "Unimplemented" in error or "Unknown format" in error:
-        return f"an unsupported JSON Schema feature ({error})"
+        return f"an unsupported {what} feature ({error})"
     if "fuel" in error or "limit" in error.lower() or "too" in error:
         return f"it is too large or too complex to compile in bounded time ({error})"
-    return f"it is not a valid JSON Schema ({error})"
+    return f"it is not a valid {what} ({error})"
 
 
 class Grammar:
@@ -184,7 +223,7 @@ class Constraint(Free):
         masks = self._tree(*proposal.trie) if proposal.trie else self._walk(proposal.ids)
         self.stats.grammar_seconds += time.perf_counter() - t0
         if self.matcher.is_error():
-            raise ConfigError(f"the answer's grammar failed: {_reason(self.matcher.get_error())}")
+            raise ConfigError(f"the answer's grammar failed: {self.matcher.get_error()}")
         return proposal, masks
 
     def _forced_after(self, ids: list[int], limit: int) -> list[int]:

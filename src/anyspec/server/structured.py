@@ -1,5 +1,7 @@
 """JSON mode, JSON schemas and tool calls in a request: ``response_format``, ``tools`` and
-``tool_choice`` checked and compiled into a grammar (``engine/grammar.py``) before any model work,
+``tool_choice``, or vLLM's guided decoding (``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar``, or the same under ``structured_outputs``), checked and compiled into a grammar
+(``engine/grammar.py``) before any model work,
 chat messages that carry tool calls and tool results, and the model's ``<tool_call>`` blocks read
 back into OpenAI's ``tool_calls``, whole or streamed.
 
@@ -18,7 +20,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from anyspec.engine.grammar import TOOL_CLOSE, TOOL_OPEN, GrammarError
+from anyspec.engine.grammar import GUIDES, TOOL_CLOSE, TOOL_OPEN, GrammarError
 from anyspec.engine.prompt import render_prompt
 from anyspec.errors import ConfigError
 
@@ -70,6 +72,33 @@ def response_format(body: dict, grammars) -> object:
         raise StructuredError("'response_format.json_schema.strict' must be a boolean.",
                               "response_format.json_schema.strict", "invalid_type")
     return _schema(grammars, inner.get("schema", {}), "response_format.json_schema.schema")
+
+
+def guided(body: dict, grammars) -> object:
+    """The grammar of vLLM's guided decoding, at most one kind (None: none asked for)."""
+    asked = [(f"guided_{kind}", kind, body[f"guided_{kind}"]) for kind in GUIDES
+             if body.get(f"guided_{kind}") is not None]
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        for key, value in _object(outputs, "structured_outputs").items():
+            if key == "json_object" and value is True:  # JSON mode
+                key, value = "json", {"type": "object"}
+            elif key not in GUIDES and value not in (None, False):
+                raise StructuredError(f"'structured_outputs.{key}' is not supported by this server; it takes "
+                                      f"{', '.join(GUIDES)}.", f"structured_outputs.{key}",
+                                      "unsupported_parameter")
+            if key in GUIDES and value is not None:
+                asked.append((f"structured_outputs.{key}", key, value))
+    if len(asked) > 1:
+        raise StructuredError(f"'{asked[0][0]}' and '{asked[1][0]}' cannot be used together: an answer "
+                              "follows one of them.", asked[1][0])
+    if not asked:
+        return None
+    param, kind, value = asked[0]
+    try:
+        return grammars().guide(kind, value, param)
+    except GrammarError as exc:
+        raise StructuredError(str(exc), exc.field) from None
 
 
 def _schema(grammars, schema, param: str):
@@ -125,6 +154,13 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
     """What ``response_format``, ``tools`` and ``tool_choice`` ask for; ``grammars()`` gives the
     compiler (``engine.grammar.Grammars``) only once one is needed."""
     tools = body.get("tools") or None  # [] is no tools
+    guide = guided(body, grammars)
+    if guide is not None:
+        for name in ("response_format", "tools"):
+            if body.get(name):
+                raise StructuredError(f"'{name}' and vLLM's guided decoding cannot be used together: an "
+                                      "answer follows one of them.", name)
+        return Structure(grammar=guide)
     if not chat:
         for name in ("tools", "tool_choice"):
             if body.get(name) is not None:
