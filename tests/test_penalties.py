@@ -5,6 +5,7 @@ SmolLM2-135M draft, GGUF), and the target alone follows OpenAI's rule."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
@@ -154,6 +155,28 @@ def test_stop_strings_wait_for_min_tokens():
         out = Output(pieces, {9}, SamplingParams(max_new_tokens=10, min_tokens=least, stop=["b"]))
         out.commit([1, 0, 0, 1, 2])
         assert (out.text, out.finish) == (text, "stop")
+
+
+def test_a_stop_token_ends_the_answer_and_is_kept_in_it():
+    from anyspec.engine.output import Output
+
+    out = Output([b"a", b"b", b"c"], {9}, SamplingParams(max_new_tokens=10, stop_token_ids=[1]))
+    assert out.commit([0, 2, 1, 0, 2]) == [0, 2, 1] and (out.text, out.finish) == ("acb", "stop")
+
+
+def test_stop_tokens_wait_for_min_tokens_in_the_logits_and_eos_for_ignore_eos():
+    from anyspec.engine.penalties import Penalties
+
+    def masked(**fields):
+        params = SamplingParams(max_new_tokens=10, stop_token_ids=[3], **fields)
+        penalties = Penalties.start(params, 6, {5})
+        penalties.commit([0])  # one token written: the rows are generated positions 1, 2, 3
+        logits = penalties.rows(Proposal([1, 2]))(torch.zeros(3, 6))
+        return [[j for j in range(6) if row[j] == -math.inf] for row in logits.tolist()]
+
+    assert masked(min_tokens=3) == [[3, 5], [3, 5], []]
+    assert masked(ignore_eos=True) == [[5], [5], [5]]
+    assert masked(ignore_eos=True, min_tokens=2) == [[3, 5], [5], [5]]
 
 
 @pytest.mark.parametrize(("fields", "names"), [(dict(min_tokens=-1), "min_tokens"),

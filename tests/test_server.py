@@ -290,6 +290,19 @@ def test_min_tokens_and_ignore_eos_hold_back_an_end_the_bias_forces(client, refe
     assert ignored.choices[0].text == want.text
 
 
+def test_stop_token_ids_end_the_answer_with_the_token_and_wait_for_min_tokens(client, reference):
+    prompt = "SELECT * FROM"
+    full = reference.generate(prompt, greedy(16))
+    stop = full.token_ids[4]
+    kw = dict(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0)
+    ended = client.completions.create(**kw, extra_body={"stop_token_ids": [stop]})
+    first = full.token_ids.index(stop) + 1
+    assert ended.usage.completion_tokens == first and ended.choices[0].finish_reason == "stop"
+    assert ended.choices[0].text == reference.target.tokenizer.decode(full.token_ids[:first])
+    held = client.completions.create(**kw, extra_body={"stop_token_ids": [stop], "min_tokens": first + 1})
+    assert held.usage.completion_tokens > first
+
+
 @pytest.mark.parametrize("as_list", [False, True])
 def test_stop_strings(client, reference, as_list):
     prompt = "SELECT * FROM"

@@ -64,6 +64,7 @@ def test_body_not_an_object(post):
     ("seed", True, "an integer"),
     ("model", 3, "a string"),
     ("min_tokens", 1.5, "an integer"),
+    ("stop_token_ids", 3, "an array"),
     ("ignore_eos", "yes", "a boolean"),
 ])
 def test_wrong_type(post, field, value, want):
@@ -193,7 +194,8 @@ def test_seed_beyond_64_bits(post, seed):
     ("presence_penalty", 2.5, "from -2 to 2"), ("frequency_penalty", -3, "from -2 to 2"),
     ("logit_bias", {"abc": 1}, "token ids from 0 to"), ("logit_bias", {"99999999": 1}, "token ids from 0 to"),
     ("logit_bias", {"-1": 1}, "token ids from 0 to"), ("logit_bias", {"15": 101}, "from -100 to 100"),
-    ("logit_bias", {"15": "1"}, "from -100 to 100"), ("logit_bias", {"15": True}, "from -100 to 100")])
+    ("logit_bias", {"15": "1"}, "from -100 to 100"), ("logit_bias", {"15": True}, "from -100 to 100"),
+    ("stop_token_ids", [1, -2], "token ids from 0 to"), ("stop_token_ids", [10**9], "token ids from 0 to")])
 def test_penalties_and_logit_bias_out_of_range(post, field, value, says):
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
 

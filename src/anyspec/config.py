@@ -149,6 +149,7 @@ class SamplingParams:
     ignore_eos: bool = False  # the end-of-sequence tokens are never chosen (max_new_tokens or a stop ends)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # vLLM's: each ends the answer, itself kept
     logprobs: int | None = None  # report each token's logprob and this many likeliest (None: off)
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (its KV then computed anew)
     grammar: object = None  # a compiled grammar the answer follows (engine/grammar.py; None: free text)
@@ -201,6 +202,9 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
                 raise ConfigError(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {value!r}", name)
+        ids = self.stop_token_ids
+        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise ConfigError("stop_token_ids must be a list of token ids (integers >= 0)", "stop_token_ids")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty strings", "stop")
         for s in self.stop:

@@ -1,5 +1,6 @@
-"""The generated text, token by token: an EOS, ``max_new_tokens`` or a stop string ends it (a stop
-string from the ``min_tokens``-th token on; the EOS tokens wait for it in the logits, ``penalties.py``).
+"""The generated text, token by token: an EOS, ``max_new_tokens``, a stop string or one of
+``stop_token_ids`` (kept in the answer, as vLLM keeps it) ends it; a stop string from the
+``min_tokens``-th token on (the EOS and stop tokens wait for it in the logits, ``penalties.py``).
 
 Tokens are bytes, and a token may end inside a UTF-8 character, so the bytes go through an
 incremental decoder and text streams only in whole characters. While stop strings are set, the last
@@ -28,6 +29,7 @@ class Output:
     def __init__(self, token_bytes: list[bytes], eos_ids: set[int], params: SamplingParams):
         self.token_bytes, self.eos_ids = token_bytes, eos_ids
         self.stops, self.max_new_tokens = params.stop, params.max_new_tokens
+        self.stop_ids = set(params.stop_token_ids)
         self.min_tokens = params.min_tokens  # stop strings count from this many tokens on
         self.ids: list[int] = []
         self.text = ""
@@ -60,6 +62,9 @@ class Output:
             cut = find_stop(self.text, self.stops, size) if len(self.ids) >= self.min_tokens else None
             if cut is not None:
                 self.text, self.finish = self.text[:cut], "stop"
+                break
+            if token in self.stop_ids:
+                self.finish = "stop"
                 break
             if len(self.ids) >= self.max_new_tokens:
                 self.finish = "length"

@@ -1,6 +1,6 @@
 """OpenAI's presence and frequency penalties and logit bias, vLLM's repetition penalty, and the
-end-of-sequence tokens held back (``ignore_eos``, or before ``min_tokens`` tokens) in a
-generation's rounds.
+end-of-sequence tokens held back (``ignore_eos``, or before ``min_tokens`` tokens, as vLLM's stop
+tokens are) in a generation's rounds.
 
 A verify row's logits are penalized by the tokens generated before it: the committed ones, then the
 proposed ones on its own path (a chain's earlier tokens, a trie node's ancestors), and its EOS
@@ -26,18 +26,22 @@ from anyspec.errors import ConfigError
 
 class Penalties:
     def __init__(self, params: SamplingParams, eos_ids: set[int]):
-        self.params, self.eos_ids = params, sorted(eos_ids)
+        self.params = params
+        # the tokens held back, and the generated position up to which: EOS, then vLLM's stop tokens
+        self.holds = [(torch.tensor(sorted(eos_ids), dtype=torch.long),
+                       math.inf if params.ignore_eos else params.min_tokens),
+                      (torch.tensor(sorted(params.stop_token_ids), dtype=torch.long), params.min_tokens)]
         self.counts: Counter[int] = Counter()  # the tokens generated so far
         self.seen: set[int] = set()  # the prompt's and the generated tokens (the repetition penalty's)
         self.written = 0
-        self.held = math.inf if params.ignore_eos else params.min_tokens  # positions without EOS
 
     @staticmethod
     def start(params: SamplingParams, vocab_size: int, eos_ids: set[int]) -> Penalties | None:
         """A generation's penalties; None where ``params`` ask for none."""
-        if too_large := [t for t in params.logit_bias if t >= vocab_size]:
-            raise ConfigError(f"logit_bias names token {too_large[0]}, beyond the target's {vocab_size} "
-                              "tokens", "logit_bias")
+        for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+            if too_large := [t for t in ids if t >= vocab_size]:
+                raise ConfigError(f"{name} names token {too_large[0]}, beyond the target's {vocab_size} "
+                                  "tokens", name)
         if not (params.presence_penalty or params.frequency_penalty or params.logit_bias
                 or params.repetition_penalty != 1.0 or params.min_tokens or params.ignore_eos):
             return None
@@ -58,7 +62,8 @@ class Penalties:
         p = self.params
         before = paths(proposal)
         counts = [self.counts + Counter(path) for path in before]
-        held = [r for r, path in enumerate(before) if self.written + len(path) < self.held]
+        held = [(torch.tensor([r for r, path in enumerate(before) if self.written + len(path) < until]), ids)
+                for ids, until in self.holds if len(ids)]
         repeated = None
         if p.repetition_penalty != 1.0:
             repeated = [torch.tensor(sorted(self.seen.union(path)), dtype=torch.long) for path in before]
@@ -66,8 +71,9 @@ class Penalties:
         def shape(logits):
             out = penalized(logits, counts, p.presence_penalty, p.frequency_penalty, p.logit_bias, repeated,
                             p.repetition_penalty)
-            if held and self.eos_ids:
-                out[torch.tensor(held)[:, None], torch.tensor(self.eos_ids)] = -math.inf
+            for rows, ids in held:
+                if len(rows):
+                    out[rows[:, None], ids] = -math.inf
             return out
         return shape
 

@@ -298,6 +298,10 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     max_tokens = body_field(body, "max_tokens", (int,), max_tokens)
     stop = _stop(body)
     min_tokens = body_field(body, "min_tokens", (int,), 0)
+    stop_ids = body_field(body, "stop_token_ids", (list,), [])
+    if not all(is_token_id(t) and 0 <= t < vocab for t in stop_ids):
+        raise ApiError(400, f"'stop_token_ids' must be token ids from 0 to {vocab - 1}.", "stop_token_ids",
+                       "invalid_value")
     repetition = body_field(body, "repetition_penalty", (int, float), 1.0)
     ignore_eos = body_field(body, "ignore_eos", (bool,), False)
     seed = body_field(body, "seed", (int,))
@@ -329,7 +333,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                                 min_p=float(min_p), presence_penalty=presence, frequency_penalty=frequency,
                                 repetition_penalty=float(repetition), logit_bias=bias,
                                 max_new_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos,
-                                seed=seed, stop=stop, logprobs=logprobs,
+                                seed=seed, stop=stop, stop_token_ids=stop_ids, logprobs=logprobs,
                                 prompt_logprobs=logprobs if echo else None, grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
