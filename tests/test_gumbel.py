@@ -111,6 +111,22 @@ def test_a_choice_is_the_first_largest_logit_plus_its_noise(how):
         assert want[-2] == vocab - 1 and want[-1] == 0
 
 
+def test_the_kernel_chooses_the_same_at_every_instruction_set_level():
+    """AVX-512 hashes and bounds 8 entries at a time (with DQ and CD), the other levels one by one."""
+    from anyspec.backends.linear import rowwise_kernel
+
+    choose, kernel = kernel_choose(), rowwise_kernel()
+    rows = rows_of_every_kind(151_936, 4)
+    want = [first_largest(row.numpy(), noise(4, p, 151_936)) for p, row in enumerate(rows)]
+    before = kernel.isa()
+    try:
+        for level in range(kernel.cpu_isa() + 1):
+            kernel.set_isa(level)
+            assert choose(rows, [gumbel.key(4, p) for p in range(len(rows))]) == want, level
+    finally:
+        kernel.set_isa(before)
+
+
 @pytest.mark.parametrize("how", list(CHOOSERS))
 def test_the_drafts_choice_reads_its_twins_target_noise(how):
     """A draft token with a target twin takes the twin's entry of the target's noise; the others the

@@ -12,6 +12,8 @@
 #include <optional>
 #include <vector>
 
+#include "quant.h"
+
 namespace anyspec {
 namespace {
 
@@ -36,10 +38,73 @@ inline double bound(uint64_t k) {  // n = 2^53 - 2k - 1 >= 1: G <= (53 - floor(l
   return (53 - (63 - __builtin_clzll(n))) * LN2;
 }
 
+struct Best {
+  double value;
+  int64_t at;
+  void consider(double logit, uint64_t k, int64_t v) {  // exact: ties go to the first entry
+    const double x = logit + anyspec::value(k);
+    if (x > value || (x == value && v < at)) value = x, at = v;
+  }
+};
+
+// Entries [begin, end) of a row against the best so far: skipped unhashed where the logit is too far
+// below it, skipped hashed where the integer's bound is, computed where neither.
+void scan(const float* row, int64_t begin, int64_t end, uint64_t key, const int64_t* twins, uint64_t twin_key,
+          double margin, Best& best) {
+  for (int64_t v = begin; v < end; ++v) {
+    const double logit = row[v];
+    if (!(logit + CEILING + margin >= best.value)) continue;  // -inf too
+    const uint64_t k = twins && twins[v] >= 0 ? bits(twin_key, static_cast<uint64_t>(twins[v])) : bits(key, v);
+    if (logit + bound(k) + margin >= best.value) best.consider(logit, k, v);
+  }
+}
+
+#if ANYSPEC_X86
+#define AVX512_DQ_CD __attribute__((target("avx512f,avx512dq,avx512cd")))
+
+// scan() of a row without twins, 8 entries a step: their logits, integers (vpmullq) and bounds
+// (vplzcntq) in vector registers; the few entries that reach the best go through Best::consider in
+// order, so the choice is scan()'s.
+AVX512_DQ_CD void scan512(const float* row, int64_t V, uint64_t key, double margin, Best& best) {
+  const __m512i golden = _mm512_set1_epi64(static_cast<int64_t>(GOLDEN)), step = _mm512_set1_epi64(8);
+  const __m512i mul1 = _mm512_set1_epi64(static_cast<int64_t>(0xBF58476D1CE4E5B9ull));
+  const __m512i mul2 = _mm512_set1_epi64(static_cast<int64_t>(0x94D049BB133111EBull));
+  const __m512i top = _mm512_set1_epi64((1ll << 53) - 1), ten = _mm512_set1_epi64(10);
+  const __m512i start = _mm512_set1_epi64(static_cast<int64_t>(key));
+  const __m512d ceiling = _mm512_set1_pd(CEILING), ln2 = _mm512_set1_pd(LN2);
+  __m512i counter = _mm512_setr_epi64(1, 2, 3, 4, 5, 6, 7, 8);  // entry v's counter + 1
+  int64_t v = 0;
+  alignas(64) uint64_t ks[8];
+  for (; v + 8 <= V; v += 8, counter = _mm512_add_epi64(counter, step)) {
+    const __m512d logit = _mm512_cvtps_pd(_mm256_loadu_ps(row + v));
+    const __m512d need = _mm512_set1_pd(best.value - margin);
+    const __mmask8 near = _mm512_cmp_pd_mask(_mm512_add_pd(logit, ceiling), need, _CMP_GE_OQ);
+    if (!near) continue;
+    __m512i x = _mm512_add_epi64(_mm512_mullo_epi64(counter, golden), start);
+    x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)), mul1);
+    x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), mul2);
+    const __m512i k = _mm512_srli_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 31)), 12);
+    const __m512i lz = _mm512_lzcnt_epi64(_mm512_sub_epi64(top, _mm512_add_epi64(k, k)));  // of n
+    const __m512d bound = _mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_sub_epi64(lz, ten)), ln2);
+    __mmask8 reach = _mm512_mask_cmp_pd_mask(near, _mm512_add_pd(logit, bound), need, _CMP_GE_OQ);
+    if (!reach) continue;
+    _mm512_store_si512(ks, k);
+    for (; reach; reach &= reach - 1) {
+      const int lane = __builtin_ctz(reach);
+      best.consider(row[v + lane], ks[lane], v + lane);
+    }
+  }
+  scan(row, v, V, key, nullptr, 0, margin, best);
+}
+
+bool vector_scan() {
+  static const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512cd");
+  return cpu && std::min(isa(), cpu_isa()) >= 2;  // ANYSPEC_ISA=avx2 or plain: scan()
+}
+#endif
+
 int64_t pick(const float* row, int64_t V, uint64_t key, const int64_t* twins, uint64_t twin_key) {
-  auto integer = [&](int64_t v) {
-    return twins && twins[v] >= 0 ? bits(twin_key, static_cast<uint64_t>(twins[v])) : bits(key, v);
-  };
   int64_t chosen = -1;
   float top = -std::numeric_limits<float>::infinity();
   double largest = 0;
@@ -49,16 +114,17 @@ int64_t pick(const float* row, int64_t V, uint64_t key, const int64_t* twins, ui
   }
   if (chosen < 0) return 0;
   const double margin = 1e-9 * (CEILING + largest);  // float64 roundings, far below it
-  double best = double(row[chosen]) + value(integer(chosen));
-  for (int64_t v = 0; v < V; ++v) {
-    const double logit = row[v];
-    if (!(logit + CEILING + margin >= best)) continue;  // -inf too
-    const uint64_t k = integer(v);
-    if (logit + bound(k) + margin < best) continue;
-    const double x = logit + value(k);
-    if (x > best || (x == best && v < chosen)) best = x, chosen = v;
+  const uint64_t k = twins && twins[chosen] >= 0 ? bits(twin_key, static_cast<uint64_t>(twins[chosen]))
+                                                 : bits(key, chosen);
+  Best best{double(row[chosen]) + value(k), chosen};
+#if ANYSPEC_X86
+  if (!twins && vector_scan()) {
+    scan512(row, V, key, margin, best);
+    return best.at;
   }
-  return chosen;
+#endif
+  scan(row, 0, V, key, twins, twin_key, margin, best);
+  return best.at;
 }
 
 // Each row's choice from rows [R, V] (float32), row r with the noise of keys[r], and where twins (V
