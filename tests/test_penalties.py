@@ -164,6 +164,24 @@ def test_a_stop_token_ends_the_answer_and_is_kept_in_it():
     assert out.commit([0, 2, 1, 0, 2]) == [0, 2, 1] and (out.text, out.finish) == ("acb", "stop")
 
 
+def test_include_stop_str_in_output_keeps_the_stop_string():
+    from anyspec.engine.output import Output
+
+    for include, text in ((False, "a"), (True, "acb")):
+        out = Output([b"a", b"b", b"c"], {9}, SamplingParams(max_new_tokens=10, stop=["cb", "b"],
+                                                             include_stop_str_in_output=include))
+        out.commit([0, 2, 1, 0])
+        assert (out.text, out.finish) == (text, "stop")
+
+
+def test_allowed_token_ids_leave_every_other_token_at_minus_infinity():
+    from anyspec.engine.penalties import Penalties
+
+    penalties = Penalties.start(SamplingParams(allowed_token_ids=[4, 1], logit_bias={1: 2.0}), 6, {5})
+    logits = penalties.rows(Proposal([]))(torch.arange(6.0)[None])
+    assert logits.tolist() == [[-math.inf, 3.0, -math.inf, -math.inf, 4.0, -math.inf]]
+
+
 def test_stop_tokens_wait_for_min_tokens_in_the_logits_and_eos_for_ignore_eos():
     from anyspec.engine.penalties import Penalties
 
@@ -182,6 +200,9 @@ def test_stop_tokens_wait_for_min_tokens_in_the_logits_and_eos_for_ignore_eos():
 @pytest.mark.parametrize(("fields", "names"), [(dict(min_tokens=-1), "min_tokens"),
                                                (dict(min_tokens=9, max_new_tokens=8), "min_tokens"),
                                                (dict(ignore_eos=1), "ignore_eos"),
+                                               (dict(allowed_token_ids=[]), "allowed_token_ids"),
+                                               (dict(include_stop_str_in_output=None),
+                                                "include_stop_str_in_output"),
                                                (dict(ignore_eos=True, grammar=object()), "ignore_eos")])
 def test_bad_min_tokens_and_ignore_eos_name_their_field(fields, names):
     with pytest.raises(ConfigError) as err:

@@ -303,6 +303,15 @@ def test_stop_token_ids_end_the_answer_with_the_token_and_wait_for_min_tokens(cl
     assert held.usage.completion_tokens > first
 
 
+def test_allowed_token_ids_hold_every_token_of_the_answer(client, reference):
+    prompt, allowed = "SELECT * FROM", [1000, 2000, 3000]
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0,
+                                    logprobs=0, extra_body={"allowed_token_ids": allowed})
+    want = reference.generate(prompt, SamplingParams(max_new_tokens=8, allowed_token_ids=allowed))
+    assert out.choices[0].text == want.text and set(want.token_ids) <= set(allowed)
+    assert set(reference.generate(prompt, greedy(8)).token_ids) - set(allowed)
+
+
 @pytest.mark.parametrize("as_list", [False, True])
 def test_stop_strings(client, reference, as_list):
     prompt = "SELECT * FROM"
@@ -313,6 +322,9 @@ def test_stop_strings(client, reference, as_list):
                                     stop=[stop, "never-seen"] if as_list else stop)
     assert out.choices[0].text == full[:full.index(stop)]
     assert out.choices[0].finish_reason == "stop"
+    kept = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0, stop=stop,
+                                     extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].text == full[:full.index(stop) + len(stop)]
 
 
 def test_metrics(server, client):

@@ -195,7 +195,8 @@ def test_seed_beyond_64_bits(post, seed):
     ("logit_bias", {"abc": 1}, "token ids from 0 to"), ("logit_bias", {"99999999": 1}, "token ids from 0 to"),
     ("logit_bias", {"-1": 1}, "token ids from 0 to"), ("logit_bias", {"15": 101}, "from -100 to 100"),
     ("logit_bias", {"15": "1"}, "from -100 to 100"), ("logit_bias", {"15": True}, "from -100 to 100"),
-    ("stop_token_ids", [1, -2], "token ids from 0 to"), ("stop_token_ids", [10**9], "token ids from 0 to")])
+    ("stop_token_ids", [1, -2], "token ids from 0 to"), ("stop_token_ids", [10**9], "token ids from 0 to"),
+    ("allowed_token_ids", [10**9], "token ids from 0 to"), ("allowed_token_ids", [], "non-empty list")])
 def test_penalties_and_logit_bias_out_of_range(post, field, value, says):
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
 
@@ -472,13 +473,15 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
     assert "has more than 4300 digits" in str(err.value) and "not valid JSON" not in str(err.value)
 
 
-@pytest.mark.parametrize(("field", "value"), [("repeat_penalty", 1.2), ("typical_p", 0.9), ("mirostat", 2)])
+@pytest.mark.parametrize(("field", "value"), [("repeat_penalty", 1.2), ("typical_p", 0.9), ("mirostat", 2),
+                                              ("bad_words", ["x"]), ("skip_special_tokens", False)])
 def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
     """OpenAI's, and other servers' that would change the answer: refused, not ignored, unless they
     change nothing."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
                  "not supported")
-    defaults = {"repeat_penalty": 1, "typical_p": 1.0, "mirostat": 0}
+    defaults = {"repeat_penalty": 1, "typical_p": 1.0, "mirostat": 0, "bad_words": [],
+                "skip_special_tokens": True}
     assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
 
 

@@ -150,6 +150,8 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)  # vLLM's: each ends the answer, itself kept
+    include_stop_str_in_output: bool = False  # vLLM's: a stop string that ends the answer stays in it
+    allowed_token_ids: list[int] | None = None  # vLLM's: the answer's tokens are these alone (None: any)
     logprobs: int | None = None  # report each token's logprob and this many likeliest (None: off)
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (its KV then computed anew)
     grammar: object = None  # a compiled grammar the answer follows (engine/grammar.py; None: free text)
@@ -190,8 +192,9 @@ class SamplingParams:
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise ConfigError(f"min_tokens must be an integer from 0 to the most new tokens "
                               f"({self.max_new_tokens}), got {self.min_tokens!r}", "min_tokens")
-        if not isinstance(self.ignore_eos, bool):
-            raise ConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}", "ignore_eos")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}", name)
         if self.grammar is not None and (self.min_tokens or self.ignore_eos):
             raise ConfigError("min_tokens and ignore_eos cannot hold back the end of an answer that follows "
                               "a grammar (its end is the grammar's)",
@@ -202,13 +205,20 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
                 raise ConfigError(f"{name} must be an integer from 0 to {MAX_LOGPROBS}, got {value!r}", name)
-        ids = self.stop_token_ids
-        if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+        if not _token_ids(self.stop_token_ids):
             raise ConfigError("stop_token_ids must be a list of token ids (integers >= 0)", "stop_token_ids")
+        allowed = self.allowed_token_ids
+        if allowed is not None and not (allowed and _token_ids(allowed)):
+            raise ConfigError("allowed_token_ids must be a non-empty list of token ids (integers >= 0)",
+                              "allowed_token_ids")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError("stop strings must be non-empty strings", "stop")
         for s in self.stop:
             check_text(s, "a stop string", "stop")
+
+
+def _token_ids(ids) -> bool:
+    return isinstance(ids, list) and all(_is_int(t) and t >= 0 for t in ids)
 
 
 def seed_fits(seed) -> bool:

@@ -30,6 +30,7 @@ class Output:
         self.token_bytes, self.eos_ids = token_bytes, eos_ids
         self.stops, self.max_new_tokens = params.stop, params.max_new_tokens
         self.stop_ids = set(params.stop_token_ids)
+        self.include_stop = params.include_stop_str_in_output
         self.min_tokens = params.min_tokens  # stop strings count from this many tokens on
         self.ids: list[int] = []
         self.text = ""
@@ -50,7 +51,7 @@ class Output:
         return committed
 
     def _commit(self, tokens: list[int]) -> list[int]:
-        committed, cut = [], None
+        committed, found = [], None
         for token in tokens:
             if token in self.eos_ids:
                 self.finish = "stop"
@@ -59,8 +60,9 @@ class Output:
             self.ids.append(token)
             size = len(self.text)
             self.text += self._decoder.decode(self.token_bytes[token])
-            cut = find_stop(self.text, self.stops, size) if len(self.ids) >= self.min_tokens else None
-            if cut is not None:
+            found = find_stop(self.text, self.stops, size) if len(self.ids) >= self.min_tokens else None
+            if found is not None:
+                cut = found[0] + (len(found[1]) if self.include_stop else 0)
                 self.text, self.finish = self.text[:cut], "stop"
                 break
             if token in self.stop_ids:
@@ -70,7 +72,7 @@ class Output:
                 self.finish = "length"
                 break
         if self.finish is not None:
-            if cut is None:
+            if found is None:
                 self.text += self._decoder.decode(b"", final=True)  # an unfinished character: U+FFFD
             self._hold = 0
         return committed
@@ -88,11 +90,12 @@ class Output:
         return piece
 
 
-def find_stop(text: str, stops: list[str], before: int) -> int | None:
-    """Index of the earliest stop string that ends after position ``before``, or None."""
+def find_stop(text: str, stops: list[str], before: int) -> tuple[int, str] | None:
+    """Index of the earliest stop string that ends after position ``before``, and that string (the
+    first given of those there), or None."""
     best = None
     for s in stops:
         i = text.find(s, max(0, before - len(s) + 1))
-        if i >= 0 and (best is None or i < best):
-            best = i
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, s)
     return best

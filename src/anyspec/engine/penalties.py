@@ -1,6 +1,6 @@
-"""OpenAI's presence and frequency penalties and logit bias, vLLM's repetition penalty, and the
-end-of-sequence tokens held back (``ignore_eos``, or before ``min_tokens`` tokens, as vLLM's stop
-tokens are) in a generation's rounds.
+"""OpenAI's presence and frequency penalties and logit bias, vLLM's repetition penalty and
+``allowed_token_ids``, and the end-of-sequence tokens held back (``ignore_eos``, or before
+``min_tokens`` tokens, as vLLM's stop tokens are) in a generation's rounds.
 
 A verify row's logits are penalized by the tokens generated before it: the committed ones, then the
 proposed ones on its own path (a chain's earlier tokens, a trie node's ancestors), and its EOS
@@ -38,12 +38,14 @@ class Penalties:
     @staticmethod
     def start(params: SamplingParams, vocab_size: int, eos_ids: set[int]) -> Penalties | None:
         """A generation's penalties; None where ``params`` ask for none."""
-        for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids)):
+        for name, ids in (("logit_bias", params.logit_bias), ("stop_token_ids", params.stop_token_ids),
+                          ("allowed_token_ids", params.allowed_token_ids or [])):
             if too_large := [t for t in ids if t >= vocab_size]:
                 raise ConfigError(f"{name} names token {too_large[0]}, beyond the target's {vocab_size} "
                                   "tokens", name)
         if not (params.presence_penalty or params.frequency_penalty or params.logit_bias
-                or params.repetition_penalty != 1.0 or params.min_tokens or params.ignore_eos):
+                or params.repetition_penalty != 1.0 or params.min_tokens or params.ignore_eos
+                or params.allowed_token_ids is not None):
             return None
         return Penalties(params, eos_ids)
 
@@ -74,6 +76,9 @@ class Penalties:
             for rows, ids in held:
                 if len(rows):
                     out[rows[:, None], ids] = -math.inf
+            if p.allowed_token_ids is not None:
+                kept = out[:, p.allowed_token_ids]
+                out.fill_(-math.inf)[:, p.allowed_token_ids] = kept
             return out
         return shape
 

@@ -27,7 +27,9 @@ UNSUPPORTED = {"best_of": (None, 1),
                "repeat_penalty": (None, 1), "typical_p": (None, 1),
                "mirostat": (None, 0), "tfs_z": (None, 1), "top_a": (None, 0), "dry_multiplier": (None, 0),
                "xtc_probability": (None, 0), "dynatemp_range": (None, 0), "use_beam_search": (None, False),
-               "length_penalty": (None, 1)}
+               "length_penalty": (None, 1), "bad_words": (None, []), "truncate_prompt_tokens": (None,),
+               "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
+               "prompt_logprobs": (None,)}
 ROLES = ("system", "user", "assistant", "tool")
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
@@ -249,6 +251,14 @@ def _penalties(body: dict, vocab: int) -> tuple[float, float, dict[int, float]]:
     return penalties[0], penalties[1], bias
 
 
+def _token_list(body: dict, name: str, vocab: int) -> list[int] | None:
+    """vLLM's ``stop_token_ids`` or ``allowed_token_ids``: ids of the target's vocabulary."""
+    ids = body_field(body, name, (list,))
+    if ids is not None and not all(is_token_id(t) and 0 <= t < vocab for t in ids):
+        raise ApiError(400, f"'{name}' must be token ids from 0 to {vocab - 1}.", name, "invalid_value")
+    return ids
+
+
 def _stop(body: dict) -> str | list[str]:
     stop = body_field(body, "stop", (str, list), [])
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
@@ -298,10 +308,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     max_tokens = body_field(body, "max_tokens", (int,), max_tokens)
     stop = _stop(body)
     min_tokens = body_field(body, "min_tokens", (int,), 0)
-    stop_ids = body_field(body, "stop_token_ids", (list,), [])
-    if not all(is_token_id(t) and 0 <= t < vocab for t in stop_ids):
-        raise ApiError(400, f"'stop_token_ids' must be token ids from 0 to {vocab - 1}.", "stop_token_ids",
-                       "invalid_value")
+    stop_ids, allowed = (_token_list(body, name, vocab) for name in ("stop_token_ids", "allowed_token_ids"))
+    include_stop = body_field(body, "include_stop_str_in_output", (bool,), False)
     repetition = body_field(body, "repetition_penalty", (int, float), 1.0)
     ignore_eos = body_field(body, "ignore_eos", (bool,), False)
     seed = body_field(body, "seed", (int,))
@@ -333,7 +341,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                                 min_p=float(min_p), presence_penalty=presence, frequency_penalty=frequency,
                                 repetition_penalty=float(repetition), logit_bias=bias,
                                 max_new_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos,
-                                seed=seed, stop=stop, stop_token_ids=stop_ids, logprobs=logprobs,
+                                seed=seed, stop=stop, stop_token_ids=stop_ids or [], logprobs=logprobs,
+                                allowed_token_ids=allowed, include_stop_str_in_output=include_stop,
                                 prompt_logprobs=logprobs if echo else None, grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
