@@ -223,3 +223,18 @@ def test_a_suffix_asks_the_target_to_fill_in_the_middle(pair):  # noqa: F811
                                             temperature=0, extra_body={"speculative": speculative})
             assert out.choices[0].text == want and out.usage.prompt_tokens == len(ids)
     assert "total" in want  # the middle defines what the suffix uses
+
+
+def test_the_draft_reads_the_text_before_the_hole_alone(pair):  # noqa: F811
+    """The draft knows nothing of the target's FIM tokens: it reads the prefix, and the middle goes on
+    from there; other prompts it reads whole."""
+    from anyspec.engine.prompt import encode_prompt, fill_in_the_middle, infill_prefix
+
+    target, draft = pair
+    reader = Engine(target, draft).reader
+    prefix, suffix = "def mean(xs):\n    ", "\n    return total / len(xs)\n"
+    text = fill_in_the_middle(target.tokenizer, prefix, suffix)
+    ctx = reader.start(text, text, target.tokenizer.encode(text))
+    assert ctx.ids == encode_prompt(draft.tokenizer, prefix)[0] and infill_prefix(text) == prefix
+    plain = prefix + "total = sum(xs)"
+    assert reader.start(plain, plain, []).ids == encode_prompt(draft.tokenizer, plain)[0]

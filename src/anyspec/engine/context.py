@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from anyspec.algorithms.spelling import ANCHOR, encode_exact, incomplete_utf8_tail
-from anyspec.engine.prompt import encode_prompt
+from anyspec.engine.prompt import encode_prompt, infill_prefix
 
 WINDOW = 4
 
@@ -123,8 +123,12 @@ class DraftReader:
 
     def start(self, prompt: str | list[dict], target_text: str, target_ids: list[int]) -> DraftContext:
         """Its own tokenization of the prompt (its chat template, else the target's text), or the
-        target's ids mapped one by one; past ``window`` tokens, only its end (``prompt_window``)."""
+        target's ids mapped one by one; past ``window`` tokens, only its end (``prompt_window``).
+        Of a fill-in-the-middle prompt it reads the text before the hole alone: the target's FIM
+        tokens mean nothing to most drafts, and the middle goes on from that text."""
         if self.own:
+            if isinstance(prompt, str) and (prefix := infill_prefix(prompt)) is not None:
+                prompt = target_text = prefix
             ids = encode_prompt(self.tokenizer, prompt, fallback_text=target_text)[0]
             ids = prompt_window(ids, self.window)
             return DraftContext(ids=ids, n_fixed=len(ids))

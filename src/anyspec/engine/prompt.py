@@ -123,6 +123,15 @@ FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
               ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"))
 
 
+def infill_prefix(prompt: str) -> str | None:
+    """The text before the hole of a fill-in-the-middle prompt (``fill_in_the_middle``'s form), or
+    None for any other prompt."""
+    for pre, suf, mid in FIM_TOKENS:
+        if prompt.startswith(pre) and prompt.endswith(mid) and suf in prompt:
+            return prompt[len(pre):prompt.index(suf)]
+    return None
+
+
 def fill_in_the_middle(tokenizer, prefix: str, suffix: str) -> str | None:
     """The prompt that asks for the text between ``prefix`` and ``suffix``, with the first of
     ``FIM_TOKENS`` the tokenizer has as tokens; None when it has none of them."""
