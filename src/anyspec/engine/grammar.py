@@ -154,10 +154,6 @@ def check_grammar(text: str, field: str, what: str = GUIDES["json"]) -> None:
         raise GrammarError(f"'{field}' cannot be used: {_reason(error, what)}", field)
 
 
-def check_schema(schema, field: str) -> None:
-    check_grammar(schema_grammar(schema, field), field)
-
-
 def _reason(error: str, what: str) -> str:
     lines = [line.strip() for line in error.strip().splitlines()]  # one line: the first and the error's
     error = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])

@@ -166,7 +166,7 @@ def _prompts(body: dict, vocab: int) -> list[str | list[int]]:
         name = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
         if isinstance(one, str):
             checked_text(one, name)
-        elif not (isinstance(one, list) and all(map(is_token_id, one))):
+        elif not (isinstance(one, list) and all(map(_is_id, one))):
             raise ApiError(400, f"'{name}' must be a string or an array of token ids.", name, "invalid_type")
         elif (bad := next((t for t in one if not 0 <= t < vocab), None)) is not None:
             raise ApiError(400, f"'{name}' holds token id {_number(bad)}; this model's ids run from 0 to "
@@ -191,14 +191,14 @@ def _infills(prompts: list[str | list[int]], suffix: str | None, tokenizer) -> l
     return filled
 
 
-def is_token_id(value) -> bool:
+def _is_id(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def encoded_prompt(tokenizer, prompt: str | list[int] | list[dict], param: str, tools) -> Prompt:
     """A prompt's target ids: text and messages encoded (the chat template, ``tools``), token ids as
     they are."""
-    if isinstance(prompt, list) and all(map(is_token_id, prompt)):
+    if isinstance(prompt, list) and all(map(_is_id, prompt)):
         text = tokenizer.decode(prompt)
         return Prompt(text, list(prompt), text)
     try:
@@ -251,10 +251,11 @@ def _penalties(body: dict, vocab: int) -> tuple[float, float, dict[int, float]]:
     return penalties[0], penalties[1], bias
 
 
-def _token_list(body: dict, name: str, vocab: int) -> list[int] | None:
-    """vLLM's ``stop_token_ids`` or ``allowed_token_ids``: ids of the target's vocabulary."""
+def token_list(body: dict, name: str, vocab: int) -> list[int] | None:
+    """An array of ids of the target's vocabulary (vLLM's ``stop_token_ids``, ``allowed_token_ids``,
+    ``/detokenize``'s ``tokens``), or None where it is not given."""
     ids = body_field(body, name, (list,))
-    if ids is not None and not all(is_token_id(t) and 0 <= t < vocab for t in ids):
+    if ids is not None and not all(_is_id(t) and 0 <= t < vocab for t in ids):
         raise ApiError(400, f"'{name}' must be token ids from 0 to {vocab - 1}.", name, "invalid_value")
     return ids
 
@@ -308,7 +309,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     max_tokens = body_field(body, "max_tokens", (int,), max_tokens)
     stop = _stop(body)
     min_tokens = body_field(body, "min_tokens", (int,), 0)
-    stop_ids, allowed = (_token_list(body, name, vocab) for name in ("stop_token_ids", "allowed_token_ids"))
+    stop_ids, allowed = (token_list(body, name, vocab) for name in ("stop_token_ids", "allowed_token_ids"))
     include_stop = body_field(body, "include_stop_str_in_output", (bool,), False)
     repetition = body_field(body, "repetition_penalty", (int, float), 1.0)
     ignore_eos = body_field(body, "ignore_eos", (bool,), False)

@@ -11,7 +11,7 @@ from anyspec.server.protocol import (
     check_model,
     checked_text,
     encoded_prompt,
-    is_token_id,
+    token_list,
 )
 
 
@@ -37,9 +37,7 @@ def parse_tokenize(body, model_name: str, tokenizer) -> list[int]:
 def parse_detokenize(body, model_name: str, vocab: int) -> list[int]:
     """``POST /detokenize`` (vLLM's): ``tokens``, ids of the target's vocabulary."""
     check_model(body, model_name)
-    tokens = body_field(body, "tokens", (list,))
+    tokens = token_list(body, "tokens", vocab)
     if tokens is None:
         raise ApiError(400, "Missing required parameter: 'tokens'.", "tokens", "missing_required_parameter")
-    if not all(is_token_id(t) and 0 <= t < vocab for t in tokens):
-        raise ApiError(400, f"'tokens' must be token ids from 0 to {vocab - 1}.", "tokens", "invalid_value")
     return tokens
