@@ -245,7 +245,13 @@ def test_a_bad_min_tokens_is_one_line_before_loading(no_loading, capsys, argv, s
 @pytest.mark.parametrize(("argv", "says"), [
     (["--regex", "(unclosed"], "not a valid regular expression"),
     (["--regex", "a", "--choice", "b"], "--regex and --choice cannot be used together"),
-    (["--choice", ""], "non-empty strings")])
-def test_a_bad_regex_or_choice_is_one_line_before_loading(no_loading, capsys, argv, says):
+    (["--choice", ""], "non-empty strings"),
+    (["--grammar-file", "/no/such.gbnf"], "--grammar-file: cannot read /no/such.gbnf"),
+    (["--grammar-file", "GRAMMAR"], "not a valid GBNF grammar (Rule 'value' not found)"),
+    (["--grammar-file", "GRAMMAR", "--regex", "a"], "--regex and --grammar-file cannot be used together")])
+def test_a_bad_guide_is_one_line_before_loading(no_loading, capsys, tmp_path, argv, says):
     pytest.importorskip("llguidance")
+    grammar = tmp_path / "bad.gbnf"
+    grammar.write_text('root ::= "n=" value\n')
+    argv = [str(grammar) if a == "GRAMMAR" else a for a in argv]
     one_line_error(capsys, ["generate", "--prompt", "x", *argv], says)

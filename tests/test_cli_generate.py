@@ -242,16 +242,20 @@ def test_one_call_helper_checks_before_loading(no_loading):
         anyspec.generate("hi", params=anyspec.SamplingParams(top_p=2.0))
 
 
-def test_choice_and_regex_hold_the_answer(tiny_dirs, capsys):
-    """The tiny random model writes anything unconstrained; held, it writes one of the choices, or
-    what the regular expression matches."""
+def test_choice_regex_and_grammar_hold_the_answer(tiny_dirs, capsys, tmp_path):
+    """The tiny random model writes anything unconstrained; held, it writes one of the choices, what
+    the regular expression matches, or what the GBNF grammar's ``root`` does."""
     pytest.importorskip("llguidance")
     import re
+
+    gbnf = tmp_path / "pair.gbnf"
+    gbnf.write_text('root ::= word "=" [0-9]+\nword ::= "x" | "yz"\n')
 
     common = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "Pick:",
               "--max-new-tokens", "12", "--dtype", "fp32", "--json"]
     for held, pattern in ((["--choice", "red", "--choice", "green blue"], "red|green blue"),
-                          (["--regex", "[0-9]{3}-[a-z]{2}"], "[0-9]{3}-[a-z]{2}"), ([], None)):
+                          (["--regex", "[0-9]{3}-[a-z]{2}"], "[0-9]{3}-[a-z]{2}"),
+                          (["--grammar-file", str(gbnf)], "(x|yz)=[0-9]+"), ([], None)):
         assert main([*common, *held]) == 0
         text = json.loads(capsys.readouterr().out)["text"]
         assert bool(pattern and re.fullmatch(pattern, text)) == bool(held), text

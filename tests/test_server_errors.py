@@ -399,8 +399,18 @@ def schema_format(schema) -> dict:
     ("/v1/completions", {"guided_choice": []}, "guided_choice", "invalid_value", "non-empty array"),
     ("/v1/completions", {"guided_choice": ["a", 1]}, "guided_choice", "invalid_value", "non-empty strings"),
     ("/v1/chat/completions", {"guided_grammar": "start: nope"}, "guided_grammar", "invalid_value",
-     "not a valid Lark grammar"),
+     "not a valid Lark or GBNF grammar"),
     ("/v1/chat/completions", {"guided_json": "{not json"}, "guided_json", "invalid_value", "not valid JSON"),
+    ("/v1/completions", {"guided_grammar": 'root ::= "a" b'}, "guided_grammar", "invalid_value",
+     "not a valid GBNF grammar (Rule 'b' not found)"),
+    ("/v1/chat/completions", {"grammar": 'root ::= "a'}, "grammar", "invalid_value",
+     "not a valid GBNF grammar (Unexpected end of input"),
+    ("/v1/completions", {"json_schema": {"type": "nope"}}, "json_schema", "invalid_value",
+     "not a valid JSON Schema"),
+    ("/v1/chat/completions", {"grammar": 'root ::= "a"', "guided_regex": "a"}, "grammar", "invalid_value",
+     "'guided_regex' and 'grammar' cannot be used together"),
+    ("/v1/chat/completions", {"json_schema": {}, "response_format": {"type": "json_object"}},
+     "response_format", "invalid_value", "'response_format' and 'json_schema' cannot be used together"),
     ("/v1/completions", {"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "invalid_value",
      "cannot be used together"),
     ("/v1/completions", {"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs.choice",
@@ -474,15 +484,17 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
 
 
 @pytest.mark.parametrize(("field", "value"), [("repeat_penalty", 1.2), ("typical_p", 0.9), ("mirostat", 2),
-                                              ("bad_words", ["x"]), ("skip_special_tokens", False)])
+                                              ("bad_words", ["x"]), ("skip_special_tokens", False),
+                                              ("n_predict", 8), ("top_n_sigma", 1.0)])
 def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
     """OpenAI's, and other servers' that would change the answer: refused, not ignored, unless they
     change nothing."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
                  "not supported")
     defaults = {"repeat_penalty": 1, "typical_p": 1.0, "mirostat": 0, "bad_words": [],
-                "skip_special_tokens": True}
-    assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
+                "skip_special_tokens": True, "top_n_sigma": -1}
+    if field in defaults:
+        assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
 
 
 def test_a_suffix_needs_fill_in_the_middle_tokens_and_text_prompts(post):

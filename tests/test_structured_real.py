@@ -159,12 +159,19 @@ GUIDED = [
      "A SQL query for every user's name.", r"SELECT (name|age|\*) FROM users"),
     ({"guided_json": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
                       "additionalProperties": False}}, "Seven as JSON.", r'\{"n": -?\d+\}'),
+    # llama.cpp's fields: a GBNF grammar, and a JSON Schema
+    ({"grammar": 'root ::= "SELECT " col " FROM users"\ncol ::= "name" | "age" | "*"'},
+     "A SQL query for every user's age.", r"SELECT (name|age|\*) FROM users"),
+    ({"json_schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                      "additionalProperties": False}}, "Is the sky blue? Answer in JSON.",
+     r'\{"ok": (true|false)\}'),
 ]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_vllms_guided_decoding_holds_the_answer_and_is_the_target_alones(client, temperature):
-    """vLLM's guided_choice, guided_regex, guided_grammar and guided_json, and structured_outputs:
+    """vLLM's guided_choice, guided_regex, guided_grammar and guided_json, structured_outputs, and
+    llama.cpp's grammar and json_schema:
     every answer matches, greedy and sampled, as the constrained target alone answers; the same
     questions unconstrained do not all match."""
     import re

@@ -42,6 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--regex", default=None, help="constrain the answer to match this regular expression")
     p.add_argument("--choice", action="append", default=None,
                    help="constrain the answer to one of these strings (repeatable)")
+    p.add_argument("--grammar-file", metavar="FILE", default=None,
+                   help="constrain the answer to this grammar (GBNF, as llama.cpp's, or llguidance's Lark)")
     add_engine_options(p)
     p.add_argument("--allow-download", action="store_true", help="let transformers fetch hub ids")
     p.add_argument("--trust-remote-code", action="store_true")
@@ -49,15 +51,16 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def read_schema(path: str):
-    """The JSON Schema in ``path``."""
+def read_file(path: str, flag: str, schema: bool):
+    """The JSON Schema (``schema``) or the text in ``path``."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return json.load(f) if schema else f.read()
     except OSError as exc:
-        raise ConfigError(f"--json-schema: cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
     except ValueError as exc:
-        raise ConfigError(f"--json-schema: {path} is not valid JSON: {exc}") from None
+        what = "JSON" if schema else "UTF-8 text"
+        raise ConfigError(f"{flag}: {path} is not valid {what}: {exc}") from None
 
 
 def read_guide(args) -> tuple[str, object, str] | None:
@@ -67,13 +70,15 @@ def read_guide(args) -> tuple[str, object, str] | None:
 
     asked = [(kind, value, flag) for kind, value, flag in (
         ("json", args.json_schema, "--json-schema"), ("regex", args.regex, "--regex"),
-        ("choice", args.choice, "--choice")) if value is not None]
+        ("choice", args.choice, "--choice"), ("grammar", args.grammar_file, "--grammar-file"))
+        if value is not None]
     if len(asked) > 1:
         raise ConfigError(f"{asked[0][2]} and {asked[1][2]} cannot be used together")
     if not asked:
         return None
     kind, value, flag = asked[0]
-    value = read_schema(value) if kind == "json" else value
+    if kind in ("json", "grammar"):
+        value = read_file(value, flag, kind == "json")
     check_grammar(guide_grammar(kind, value, flag), flag, GUIDES[kind])
     return kind, value, flag
 

@@ -31,7 +31,7 @@ LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 STYLE = dict(whitespace_flexible=False, item_separator=", ", key_separator=": ")  # as json.dumps writes
 GUIDES = {"json": "JSON Schema", "regex": "regular expression", "choice": "list of choices",
-          "grammar": "Lark grammar"}  # vLLM's guided decoding, and what each is
+          "grammar": "Lark or GBNF grammar"}  # vLLM's guided decoding, and what each is
 
 
 class GrammarError(ConfigError):
@@ -122,7 +122,7 @@ def schema_grammar(schema: dict | bool | None, field: str) -> str:
 def guide_grammar(kind: str, value, field: str) -> str:
     """The llguidance grammar of vLLM's guided decoding: ``json`` (a JSON Schema, or its text),
     ``regex`` (the whole answer matches it), ``choice`` (the answer is one of these strings) or
-    ``grammar`` (llguidance's Lark)."""
+    ``grammar`` (llguidance's Lark, or the GBNF of llama.cpp and of vLLM's xgrammar)."""
     ll = _llguidance()
     if kind == "json":
         if isinstance(value, str):
@@ -137,9 +137,17 @@ def guide_grammar(kind: str, value, field: str) -> str:
         text = "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
     elif not isinstance(value, str) or not value:
         raise GrammarError(f"'{field}' must be a non-empty string.", field)
+    elif kind == "regex":
+        text = ll.LLMatcher.grammar_from_regex(value)
     else:
-        make = ll.LLMatcher.grammar_from_regex if kind == "regex" else ll.LLMatcher.grammar_from_lark
-        text = make(value)
+        from llguidance.gbnf_to_lark import any_to_lark
+        try:
+            lark = any_to_lark(value)
+        except Exception as exc:  # noqa: BLE001 (its converter raises bare Exceptions too)
+            reason = " ".join(str(exc).split())
+            raise GrammarError(f"'{field}' cannot be used: it is not a valid GBNF grammar ({reason})",
+                               field) from None
+        text = ll.LLMatcher.grammar_from_lark(lark)
     if len(text) > MAX_SCHEMA_BYTES:
         raise GrammarError(f"'{field}' is {len(text)} bytes as a grammar; at most {MAX_SCHEMA_BYTES} are "
                            "compiled.", field)

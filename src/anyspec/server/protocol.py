@@ -29,7 +29,7 @@ UNSUPPORTED = {"best_of": (None, 1),
                "xtc_probability": (None, 0), "dynatemp_range": (None, 0), "use_beam_search": (None, False),
                "length_penalty": (None, 1), "bad_words": (None, []), "truncate_prompt_tokens": (None,),
                "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
-               "prompt_logprobs": (None,)}
+               "prompt_logprobs": (None,), "n_predict": (None,), "top_n_sigma": (None, -1)}
 ROLES = ("system", "user", "assistant", "tool")
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}

@@ -1,6 +1,7 @@
 """JSON mode, JSON schemas and tool calls in a request: ``response_format``, ``tools`` and
 ``tool_choice``, or vLLM's guided decoding (``guided_json``, ``guided_regex``, ``guided_choice``,
-``guided_grammar``, or the same under ``structured_outputs``), checked and compiled into a grammar
+``guided_grammar``, or the same under ``structured_outputs``), or llama.cpp's ``grammar`` and
+``json_schema``, checked and compiled into a grammar
 (``engine/grammar.py``) before any model work,
 chat messages that carry tool calls and tool results, and the model's ``<tool_call>`` blocks read
 back into OpenAI's ``tool_calls``, whole or streamed.
@@ -27,6 +28,7 @@ from anyspec.errors import ConfigError
 CALL = re.compile(re.escape(TOOL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CLOSE), re.DOTALL)
 FORMATS = ("text", "json_object", "json_schema")
 CHOICES = ("none", "auto", "required")
+LLAMA_GUIDES = {"grammar": "grammar", "json_schema": "json"}  # llama.cpp server's fields
 
 
 class StructuredError(Exception):
@@ -75,9 +77,10 @@ def response_format(body: dict, grammars) -> object:
 
 
 def guided(body: dict, grammars) -> object:
-    """The grammar of vLLM's guided decoding, at most one kind (None: none asked for)."""
-    asked = [(f"guided_{kind}", kind, body[f"guided_{kind}"]) for kind in GUIDES
-             if body.get(f"guided_{kind}") is not None]
+    """The grammar of vLLM's guided decoding or llama.cpp's ``grammar`` or ``json_schema``, at most
+    one kind, and the field that asked for it (None: none asked for)."""
+    named = {f"guided_{kind}": kind for kind in GUIDES} | LLAMA_GUIDES
+    asked = [(name, kind, body[name]) for name, kind in named.items() if body.get(name) is not None]
     outputs = body.get("structured_outputs")
     if outputs is not None:
         for key, value in _object(outputs, "structured_outputs").items():
@@ -96,7 +99,7 @@ def guided(body: dict, grammars) -> object:
         return None
     param, kind, value = asked[0]
     try:
-        return grammars().guide(kind, value, param)
+        return param, grammars().guide(kind, value, param)
     except GrammarError as exc:
         raise StructuredError(str(exc), exc.field) from None
 
@@ -158,9 +161,9 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
     if guide is not None:
         for name in ("response_format", "tools"):
             if body.get(name):
-                raise StructuredError(f"'{name}' and vLLM's guided decoding cannot be used together: an "
-                                      "answer follows one of them.", name)
-        return Structure(grammar=guide)
+                raise StructuredError(f"'{name}' and '{guide[0]}' cannot be used together: an answer "
+                                      "follows one of them.", name)
+        return Structure(grammar=guide[1])
     if not chat:
         for name in ("tools", "tool_choice"):
             if body.get(name) is not None:
