@@ -262,6 +262,51 @@ def test_a_tool_calling_conversation(client, stream):
     assert not calls and finish in ("stop", "length") and isinstance(content, str)
 
 
+def flat(tool: dict) -> dict:
+    """A chat tool as the Responses API writes it."""
+    return {"type": "function"} | tool["function"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_calling_conversation_through_the_responses_api(client, stream):
+    """The same turns through /v1/responses: a required call comes back as a function_call item (in
+    its own events when streamed), the chat's call; its output sent back as an item gets an answer."""
+    question = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    settings = dict(model="tiny-qwen2", tools=[flat(WEATHER), flat(TIME)], max_output_tokens=48,
+                    temperature=0)
+
+    def respond(items, **extra):
+        if not stream:
+            return client.responses.create(input=items, **settings | extra)
+        events = list(client.responses.create(input=items, stream=True, **settings | extra))
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        added = [e.item for e in events if e.type == "response.output_item.added"]
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+        kinds = [i.type for i in events[-1].response.output]
+        assert [i.type for i in added] == [i.type for i in done] == kinds
+        for item in done:
+            if item.type == "function_call":
+                arguments = [e.delta for e in events if e.type == "response.function_call_arguments.delta"
+                             and e.item_id == item.id]
+                assert "".join(arguments) == item.arguments
+        return events[-1].response
+
+    out = respond(question, tool_choice="required", parallel_tool_calls=False)
+    chat = client.chat.completions.create(model="tiny-qwen2", messages=question, tools=[WEATHER, TIME],
+                                          max_tokens=48, temperature=0, tool_choice="required",
+                                          parallel_tool_calls=False).choices[0].message.tool_calls
+    calls = [item for item in out.output if item.type == "function_call"]
+    assert out.status == "completed" and [c.name for c in calls] == ["get_weather"], out.output
+    assert calls[0].arguments == chat[0].function.arguments
+    assert json.loads(calls[0].arguments)["city"] == "Paris"
+    items = question + [{"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name,
+                         "arguments": calls[0].arguments},
+                        {"type": "function_call_output", "call_id": calls[0].call_id,
+                         "output": '{"temperature": 18, "sky": "clear"}'}]
+    answer = respond(items, tool_choice="none", max_output_tokens=24)
+    assert [item.type for item in answer.output] == ["message"] and answer.output_text
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
     """The engine without the server: TLI, a chain of 3 (the server's tests run SLEM with branches)."""

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app over one engine (``anyspec serve``; ``protocol.py`` checks the requests).
 
-``POST /v1/completions`` and ``POST /v1/chat/completions`` (server-sent events with ``stream: true``),
-``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text). The official ``openai``
+``POST /v1/completions``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` (server-sent
+events with ``stream: true``; ``responses.py``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
+(Prometheus text), ``POST /tokenize`` and ``/detokenize`` (``routes.py``). The official ``openai``
 client works against it unchanged.
 
 Scheduling: one worker thread runs up to ``--max-batch`` generations together (``scheduler.py``):
@@ -45,85 +46,21 @@ import asyncio
 import contextlib
 import copy
 import functools
-import json
 import math
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
-from anyspec.config import MAX_BATCH
 from anyspec.engine import Engine
 from anyspec.engine.grammar import Grammars
-from anyspec.errors import ConfigError
+from anyspec.server import responses
 from anyspec.server.answers import as_api_error, full_response, response_head, stream_chunks
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, parse_request
+from anyspec.server.routes import Settings, add_info_routes, add_token_routes, read_json
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
-from anyspec.server.tokens import parse_detokenize, parse_tokenize
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
-
-
-@dataclass
-class Settings:
-    """The server's limits, checked here (a ``ConfigError`` names the ``anyspec serve`` option)."""
-    model_name: str
-    queue_size: int = 16
-    queue_timeout: float = 60.0
-    generation_timeout: float = 300.0
-    max_body_bytes: int = 1_000_000
-    default_max_tokens: int = 256
-    max_batch: int = MAX_BATCH
-    max_prompt_tokens: int | None = None  # None: up to the target's context
-    worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
-    body_timeout: float = 30.0  # seconds for a request's body to arrive in full; then 408
-
-    def __post_init__(self):
-        for name in ("queue_size", "max_body_bytes", "default_max_tokens", "max_batch", "max_prompt_tokens"):
-            value = getattr(self, name)
-            if value is None and name == "max_prompt_tokens":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
-        for name in ("queue_timeout", "generation_timeout", "body_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
-
-
-async def read_json(request, limit: int, timeout: float | None = None):
-    """The request's JSON body: at most ``limit`` bytes, in full within ``timeout`` seconds (408)."""
-    too_large = ApiError(400, f"The request body is larger than this server's limit of {limit} bytes.", None,
-                         "request_too_large")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    from starlette.requests import ClientDisconnect
-
-    body = bytearray()
-    try:
-        async with asyncio.timeout(timeout):
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    raise too_large
-    except ClientDisconnect:
-        raise ClientGone from None
-    except TimeoutError:
-        raise ApiError(408, f"The request body did not arrive in full within {timeout:g} s.", None,
-                       "request_timeout") from None
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise ApiError(400, "The JSON body of your request is nested too deeply.", None,
-                       "invalid_json") from None
-    except ValueError as exc:
-        if "integer string conversion" in str(exc):
-            raise ApiError(400, f"A number in the JSON body of your request has more than "
-                                f"{sys.get_int_max_str_digits()} digits.", None, "invalid_json") from None
-        raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
-                       "invalid_json") from None
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
+          "/tokenize", "/detokenize")
 
 
 async def next_event(job: Job, request, deadline: float | None = None):
@@ -246,61 +183,6 @@ def add_error_handlers(app) -> None:
     app.add_exception_handler(Exception, on_crash)
 
 
-def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Scheduler, metrics: Metrics) -> None:
-    """``GET /v1/models``, ``/v1/models/{model}``, ``/health`` and ``/metrics``."""
-    from fastapi.responses import Response
-    from prometheus_client import CONTENT_TYPE_LATEST
-
-    @app.get("/v1/models")
-    async def models():
-        draft = engine.draft.name if engine.draft is not None else None
-        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
-                                            "owned_by": "anyspec", "anyspec": {"draft": draft}}]}
-
-    @app.get("/v1/models/{model}")
-    async def model(model: str):
-        listed = (await models())["data"][0]
-        if model != listed["id"]:
-            raise ApiError(404, f"The model '{model}' does not exist; this server serves '{listed['id']}'.",
-                           "model", "model_not_found")
-        return listed
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "queue_depth": scheduler.depth, "running": len(scheduler.running)}
-
-    @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, run) -> None:
-    """``POST /tokenize`` and ``/detokenize`` (``tokens.py``); ``run(fn)``: ``fn`` off the event loop."""
-    from fastapi import Request
-    from fastapi.responses import Response
-
-    def answering(path: str, answer):
-        """The route at ``path``: ``answer(body)`` of the request's JSON body (499 if the client left)."""
-        async def route(request: Request):
-            try:
-                body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-            except ClientGone:
-                return Response(status_code=499)
-            return await answer(body)
-        app.post(path)(route)
-
-    async def tokenize(body):
-        ids = await run(functools.partial(parse_tokenize, body, settings.model_name, tokenizer))
-        return {"count": len(ids), "max_model_len": engine.target.context_length, "tokens": ids}
-
-    async def detokenize(body):
-        ids = parse_detokenize(body, settings.model_name, engine.target.vocab_size)
-        return {"prompt": await run(functools.partial(tokenizer.decode, ids))}
-
-    answering("/tokenize", tokenize)
-    answering("/detokenize", detokenize)
-
-
 def create_app(engine: Engine, settings: Settings):
     """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan
     (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``)."""
@@ -331,25 +213,32 @@ def create_app(engine: Engine, settings: Settings):
 
     add_error_handlers(app)
 
-    async def generate(request: Request, chat: bool):
+    async def generate(request: Request, chat: bool, api: str = "openai"):
         try:
             body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
         except ClientGone:  # hung up before the body ended
             return Response(status_code=499)
-        parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
-            parse_request, body, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
-            settings.max_prompt_tokens, grammars, engine.target.vocab_size))
-        jobs, n = choice_jobs(parsed, settings.queue_size), parsed.n
+        asked = responses.chat_body(body) if api == "responses" else body
+        try:
+            parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
+                parse_request, asked, chat, settings.model_name, tokenizer, context,
+                settings.default_max_tokens, settings.max_prompt_tokens, grammars, engine.target.vocab_size))
+        except ApiError as exc:
+            raise responses.renamed(exc) if api == "responses" else exc from None
+        jobs, n, read_calls = choice_jobs(parsed, settings.queue_size), parsed.n, parsed.structure.read_calls
         if not await admit(jobs, request, scheduler, settings, metrics):
             return Response(status_code=499)
-        head = response_head(chat, settings.model_name)
+        head = responses.shell(body, settings.model_name) if api == "responses" else response_head(
+            chat, settings.model_name)
         echoes = [p.sent for p in parsed.prompts for _ in range(n)] if parsed.echo else None
         if parsed.stream:
+            sources = [job.events.get for job in jobs]
+            chunks = (responses.events(sources[0], head, read_calls) if api == "responses" else
+                      stream_chunks(sources, head, chat, n, parsed.include_usage, read_calls, echoes))
+
             async def events():
                 try:
-                    sources = [job.events.get for job in jobs]
-                    async for chunk in stream_chunks(sources, head, chat, n, parsed.include_usage,
-                                                     parsed.structure.read_calls, echoes):
+                    async for chunk in chunks:
                         yield chunk
                 finally:
                     cancel(scheduler, jobs)
@@ -365,7 +254,9 @@ def create_app(engine: Engine, settings: Settings):
         except ApiError:
             cancel(scheduler, jobs)
             raise
-        return full_response(head, chat, outcomes, n, parsed.structure.read_calls, echoes)
+        if api == "responses":
+            return responses.whole(head, outcomes[0], read_calls)
+        return full_response(head, chat, outcomes, n, read_calls, echoes)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -374,6 +265,10 @@ def create_app(engine: Engine, settings: Settings):
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await generate(request, chat=True)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        return await generate(request, chat=True, api="responses")
 
     add_info_routes(app, engine, settings, scheduler, metrics)
     add_token_routes(app, engine, settings, tokenizer,

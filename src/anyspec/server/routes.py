@@ -1,0 +1,133 @@
+"""The server's settings, a request body read within its limits, and the routes beside
+generation: ``GET /v1/models``, ``/health``, ``/metrics``, and ``POST /tokenize`` and
+``/detokenize`` (``tokens.py``)."""
+
+import asyncio
+import functools
+import json
+import sys
+from dataclasses import dataclass
+
+from anyspec.config import MAX_BATCH
+from anyspec.engine import Engine
+from anyspec.errors import ConfigError
+from anyspec.server.metrics import Metrics
+from anyspec.server.protocol import ApiError, ClientGone
+from anyspec.server.scheduler import Scheduler
+from anyspec.server.tokens import parse_detokenize, parse_tokenize
+
+
+@dataclass
+class Settings:
+    """The server's limits, checked here (a ``ConfigError`` names the ``anyspec serve`` option)."""
+    model_name: str
+    queue_size: int = 16
+    queue_timeout: float = 60.0
+    generation_timeout: float = 300.0
+    max_body_bytes: int = 1_000_000
+    default_max_tokens: int = 256
+    max_batch: int = MAX_BATCH
+    max_prompt_tokens: int | None = None  # None: up to the target's context
+    worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
+    body_timeout: float = 30.0  # seconds for a request's body to arrive in full; then 408
+
+    def __post_init__(self):
+        for name in ("queue_size", "max_body_bytes", "default_max_tokens", "max_batch", "max_prompt_tokens"):
+            value = getattr(self, name)
+            if value is None and name == "max_prompt_tokens":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
+        for name in ("queue_timeout", "generation_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
+
+
+async def read_json(request, limit: int, timeout: float | None = None):
+    """The request's JSON body: at most ``limit`` bytes, in full within ``timeout`` seconds (408)."""
+    too_large = ApiError(400, f"The request body is larger than this server's limit of {limit} bytes.", None,
+                         "request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    from starlette.requests import ClientDisconnect
+
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+    except ClientDisconnect:
+        raise ClientGone from None
+    except TimeoutError:
+        raise ApiError(408, f"The request body did not arrive in full within {timeout:g} s.", None,
+                       "request_timeout") from None
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ApiError(400, "The JSON body of your request is nested too deeply.", None,
+                       "invalid_json") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise ApiError(400, f"A number in the JSON body of your request has more than "
+                                f"{sys.get_int_max_str_digits()} digits.", None, "invalid_json") from None
+        raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
+                       "invalid_json") from None
+
+
+def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Scheduler, metrics: Metrics) -> None:
+    """``GET /v1/models``, ``/v1/models/{model}``, ``/health`` and ``/metrics``."""
+    from fastapi.responses import Response
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    @app.get("/v1/models")
+    async def models():
+        draft = engine.draft.name if engine.draft is not None else None
+        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
+                                            "owned_by": "anyspec", "anyspec": {"draft": draft}}]}
+
+    @app.get("/v1/models/{model}")
+    async def model(model: str):
+        listed = (await models())["data"][0]
+        if model != listed["id"]:
+            raise ApiError(404, f"The model '{model}' does not exist; this server serves '{listed['id']}'.",
+                           "model", "model_not_found")
+        return listed
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "queue_depth": scheduler.depth, "running": len(scheduler.running)}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, run) -> None:
+    """``POST /tokenize`` and ``/detokenize`` (``tokens.py``); ``run(fn)``: ``fn`` off the event loop."""
+    from fastapi import Request
+    from fastapi.responses import Response
+
+    def answering(path: str, answer):
+        """The route at ``path``: ``answer(body)`` of the request's JSON body (499 if the client left)."""
+        async def route(request: Request):
+            try:
+                body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+            except ClientGone:
+                return Response(status_code=499)
+            return await answer(body)
+        app.post(path)(route)
+
+    async def tokenize(body):
+        ids = await run(functools.partial(parse_tokenize, body, settings.model_name, tokenizer))
+        return {"count": len(ids), "max_model_len": engine.target.context_length, "tokens": ids}
+
+    async def detokenize(body):
+        ids = parse_detokenize(body, settings.model_name, engine.target.vocab_size)
+        return {"prompt": await run(functools.partial(tokenizer.decode, ids))}
+
+    answering("/tokenize", tokenize)
+    answering("/detokenize", detokenize)

@@ -1,0 +1,146 @@
+"""OpenAI's Responses API (``POST /v1/responses``) over real HTTP, driven by the official ``openai``
+client, on tiny random-weight models with real tokenizers: each answer is the engine's for the same
+conversation, whole or streamed, and bad fields are 400s naming the Responses field."""
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa: E402, F401
+
+from anyspec.engine import SamplingParams  # noqa: E402
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
+
+
+@pytest.fixture(scope="module")
+def server(folders):
+    with live_server(load_engine(*folders), queue_size=8) as (url, _):
+        yield url
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+def greedy(n, **kw):
+    return SamplingParams(temperature=0.0, max_new_tokens=n, **kw)
+
+
+def test_a_response_is_the_engines_answer_to_the_conversation(client, reference):
+    out = client.responses.create(model=MODEL_NAME, instructions="You are terse.", input="Name a prime.",
+                                  max_output_tokens=8, temperature=0)
+    alone = reference.generate(CHAT, greedy(8))
+    assert out.object == "response" and out.id.startswith("resp_") and out.model == MODEL_NAME
+    assert out.output_text == alone.text and len(out.output) == 1
+    assert out.output[0].type == "message" and out.output[0].role == "assistant"
+    assert out.usage.input_tokens == alone.stats.prompt_tokens
+    assert out.usage.output_tokens == len(alone.token_ids)
+    assert out.usage.total_tokens == out.usage.input_tokens + out.usage.output_tokens
+    cut = alone.finish_reason == "length"
+    assert out.status == ("incomplete" if cut else "completed")
+    details = out.incomplete_details
+    assert (details is not None and details.reason == "max_output_tokens") == cut
+    assert out.model_extra["anyspec"]["drafted"] > 0
+    items = client.responses.create(model=MODEL_NAME, max_output_tokens=8, temperature=0, input=[
+        {"role": "developer", "content": "You are terse."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name a prime."}]}])
+    assert items.output_text == alone.text
+
+
+def test_a_streamed_response_gives_the_whole_answer_in_typed_events(client, reference):
+    events = list(client.responses.create(model=MODEL_NAME, input=CHAT, max_output_tokens=12, temperature=0,
+                                          stream=True))
+    alone = reference.generate(CHAT, greedy(12))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done",
+                          "response.incomplete" if alone.finish_reason == "length" else "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1 and "".join(deltas) == alone.text == events[-4].text
+    final = events[-1].response
+    assert final.output_text == alone.text and final.usage.output_tokens == len(alone.token_ids)
+    assert final.id == events[0].response.id and events[0].response.status == "in_progress"
+
+
+def test_sampled_responses_follow_the_seed_and_extensions_pass_through(client, reference):
+    kw = dict(model=MODEL_NAME, input=CHAT, max_output_tokens=10, temperature=0.9, top_p=0.95)
+    a = client.responses.create(**kw, extra_body={"seed": 3, "top_k": 40}).output_text
+    off = client.responses.create(**kw, extra_body={"seed": 3, "top_k": 40, "speculative": False})
+    assert a == off.output_text == reference.generate(CHAT, SamplingParams(
+        temperature=0.9, top_p=0.95, top_k=40, max_new_tokens=10, seed=3)).text
+    assert off.model_extra["anyspec"]["speculative"] is False
+
+
+def test_function_call_items_are_the_chats_tool_calls_and_tool_messages(client):
+    """A conversation with a call and its output, as Responses items and as chat messages: the same
+    answer."""
+    call = {"city": "Oslo"}
+    items = [{"role": "user", "content": "Weather in Oslo?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+              "arguments": json.dumps(call)},
+             {"type": "function_call_output", "call_id": "call_1", "output": "12 C and rain"}]
+    messages = [{"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": json.dumps(call)}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "12 C and rain"}]
+    got = client.responses.create(model=MODEL_NAME, input=items, max_output_tokens=10, temperature=0)
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=10, temperature=0)
+    assert got.output_text == chat.choices[0].message.content
+    assert got.usage.input_tokens == chat.usage.prompt_tokens
+    bare = client.responses.create(model=MODEL_NAME, input=items[:1], max_output_tokens=10, temperature=0)
+    assert bare.usage.input_tokens < got.usage.input_tokens
+
+
+def test_text_format_holds_the_answer_to_the_schema(client):
+    pytest.importorskip("llguidance")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    out = client.responses.create(model=MODEL_NAME, input="A digit as JSON.", max_output_tokens=16,
+                                  temperature=0, text={"format": {"type": "json_schema", "name": "digit",
+                                                                  "schema": schema, "strict": True}})
+    assert 0 <= json.loads(out.output_text)["n"] <= 9
+    assert out.text.format.type == "json_schema"
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "A digit as JSON."}], max_tokens=16,
+        temperature=0, response_format={"type": "json_schema",
+                                        "json_schema": {"name": "digit", "schema": schema}})
+    assert out.output_text == chat.choices[0].message.content
+    free = client.responses.create(model=MODEL_NAME, input="A digit as JSON.", max_output_tokens=16,
+                                   temperature=0)
+    assert free.output_text != out.output_text
+
+
+@pytest.mark.parametrize(("extra", "param", "code", "says"), [
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter",
+     "keeps no responses"),
+    ({"messages": CHAT}, "messages", "unsupported_parameter", "it takes 'input'"),
+    ({"max_tokens": 4}, "max_tokens", "unsupported_parameter", "it takes 'max_output_tokens'"),
+    ({"input": []}, "input", "invalid_value", "non-empty array"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0]", "invalid_value", "reads text only"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "invalid_value", "no 'reasoning'"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments",
+     "invalid_type", "must be a string"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_parameter", "no built-in tools"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "invalid_value", "max_output_tokens"),
+    ({"temperature": -1}, "temperature", "invalid_value", "temperature"),
+    ({"tool_choice": "required"}, "tool_choice", "invalid_value", "needs 'tools'"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}},
+     "text.format.schema", "invalid_value", "not a valid JSON Schema"),
+    ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter", "not supported"),
+])
+def test_bad_responses_fields_are_400s_naming_the_field(server, extra, param, code, says):
+    body = {"model": MODEL_NAME, "input": "hi", "max_output_tokens": 4} | extra
+    r = httpx.post(server + "/v1/responses", json=body, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param and error["code"] == code, error
+    assert says in error["message"], error["message"]
