@@ -38,6 +38,8 @@ def free_port() -> int:
     (["--k", "1000000000000"], "num_speculative_tokens (k) must be an integer from 1 to 64"),
     (["--threads", "100000"], "--threads must be at most this machine's"),
     (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
+    (["--api-key", ""], "--api-key must be printable ASCII without spaces"),
+    (["--api-key", "sk one"], "--api-key must be printable ASCII without spaces"),
 ])
 def test_bad_command_line_fails_in_one_line_before_loading(no_loading, capsys, argv, says):
     assert cli.main(["serve", *argv]) == 2
@@ -179,6 +181,50 @@ def test_serve_max_prompt_tokens_reaches_the_settings():
     parse = build_parser().parse_args
     assert check_args(parse(["serve"]))[0].max_prompt_tokens is None
     assert check_args(parse(["serve", "--max-prompt-tokens", "512"]))[0].max_prompt_tokens == 512
+
+
+def test_serve_api_key_and_origins_reach_the_settings(monkeypatch):
+    from anyspec.cli.commands import build_parser
+    from anyspec.cli.serve import check_args
+
+    def settings(*argv):
+        return check_args(build_parser().parse_args(["serve", *argv]))[0]
+
+    monkeypatch.delenv("ANYSPEC_API_KEY", raising=False)
+    assert settings().api_key is None and settings().allowed_origins is None
+    got = settings("--api-key", "sk-1", "--allowed-origins", "http://a.example", "--allowed-origins", "*")
+    assert got.api_key == "sk-1" and got.allowed_origins == ["http://a.example", "*"]
+    monkeypatch.setenv("ANYSPEC_API_KEY", "sk-env")
+    assert settings().api_key == "sk-env" and settings("--api-key", "sk-2").api_key == "sk-2"
+
+
+def test_an_api_key_guards_every_route_but_health_and_metrics(folders):
+    """Without the key (or with another) a request is a 401 in OpenAI's form, counted in /metrics;
+    with it the openai client is answered; CORS answers the allowed origin alone."""
+    from live_server import live_server, load_engine
+
+    with live_server(load_engine(*folders), api_key="sk-test", allowed_origins=["http://app.example"]) as (
+            url, _):
+        body = {"model": "tiny-qwen2", "prompt": "hi", "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer sk-other"}, {"Authorization": "sk-test"}):
+            for method, path in (("POST", "/v1/completions"), ("POST", "/v1/responses"),
+                                 ("GET", "/v1/models"), ("POST", "/tokenize")):
+                r = httpx.request(method, url + path, json=body, headers=headers, timeout=60)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+                assert r.headers["www-authenticate"] == "Bearer"
+        assert httpx.get(url + "/health").status_code == 200
+        assert 'path="/v1/completions",status="401"} 3.0' in httpx.get(url + "/metrics").text
+        client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
+        assert client.completions.create(**body).choices[0].text
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="sk-wrong", max_retries=0).completions.create(**body)
+        preflight = {"Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization"}
+        allowed = httpx.options(url + "/v1/completions", headers={"Origin": "http://app.example"} | preflight)
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == "http://app.example"
+        other = httpx.options(url + "/v1/completions", headers={"Origin": "http://evil.example"} | preflight)
+        assert "access-control-allow-origin" not in other.headers
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [

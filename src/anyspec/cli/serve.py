@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import signal
 import socket
 import sys
@@ -39,6 +40,11 @@ def add_parser(sub) -> None:
     p.add_argument("--default-max-tokens", type=int, default=256, help="when a request sets no max_tokens")
     p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
                    help="refuse (400) a request whose prompt has more than N tokens (default: the context)")
+    p.add_argument("--api-key", default=os.environ.get("ANYSPEC_API_KEY"), metavar="KEY",
+                   help="requests need 'Authorization: Bearer KEY' (all routes but /health and /metrics); "
+                        "default: $ANYSPEC_API_KEY, else none")
+    p.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGIN",
+                   help="answer CORS requests from this browser origin (repeatable; '*': any; default: none)")
     p.set_defaults(func=run)
 
 

@@ -33,6 +33,9 @@ answer by a grammar compiled against the target's tokenizer (``structured.py``, 
 Chat roles are ``system``, ``user``, ``assistant`` and ``tool``; message contents are read as plain
 text, so a control token written in them (``<|im_end|>``, ``<tool_call>``) is text, not a turn
 boundary or a call.
+``--api-key`` makes every route but ``/health`` and ``/metrics`` answer 401 ``invalid_api_key``
+without ``Authorization: Bearer <key>``; ``--allowed-origins`` answers those browser origins' CORS
+requests (none by default).
 Bad input answers ``{"error": {"message", "type", "param", "code"}}``: 400 for malformed or invalid
 fields, an oversized body (``--max-body-bytes``; 400 ``request_too_large`` rather than 413) and a
 prompt or ``max_tokens`` beyond the target's context; 404 ``model_not_found`` for an unknown model,
@@ -56,7 +59,7 @@ from anyspec.server import responses
 from anyspec.server.answers import as_api_error, full_response, response_head, stream_chunks
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, parse_request
-from anyspec.server.routes import Settings, add_info_routes, add_token_routes, read_json
+from anyspec.server.routes import Settings, add_info_routes, add_token_routes, read_json, require_key
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
@@ -209,7 +212,14 @@ def create_app(engine: Engine, settings: Settings):
 
     app = FastAPI(title="anyspec", lifespan=lifespan)
     app.state.scheduler, app.state.metrics = scheduler, metrics
-    app.add_middleware(count_requests, metrics=metrics)
+    if settings.api_key is not None:
+        app.add_middleware(require_key, key=settings.api_key)
+    app.add_middleware(count_requests, metrics=metrics)  # outside the key's check: 401s are counted
+    if settings.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"])
 
     add_error_handlers(app)
 

@@ -12,7 +12,7 @@ from anyspec.config import MAX_BATCH
 from anyspec.engine import Engine
 from anyspec.errors import ConfigError
 from anyspec.server.metrics import Metrics
-from anyspec.server.protocol import ApiError, ClientGone
+from anyspec.server.protocol import ApiError, ClientGone, error_body
 from anyspec.server.scheduler import Scheduler
 from anyspec.server.tokens import parse_detokenize, parse_tokenize
 
@@ -30,6 +30,8 @@ class Settings:
     max_prompt_tokens: int | None = None  # None: up to the target's context
     worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
     body_timeout: float = 30.0  # seconds for a request's body to arrive in full; then 408
+    api_key: str | None = None  # every route but /health and /metrics needs "Authorization: Bearer <key>"
+    allowed_origins: list[str] | None = None  # browser origins answered with CORS headers ("*": any)
 
     def __post_init__(self):
         for name in ("queue_size", "max_body_bytes", "default_max_tokens", "max_batch", "max_prompt_tokens"):
@@ -42,6 +44,9 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
+        if self.api_key is not None and (not self.api_key or not self.api_key.isprintable()
+                                         or not self.api_key.isascii() or " " in self.api_key):
+            raise ConfigError("--api-key must be printable ASCII without spaces (an HTTP header holds it)")
 
 
 async def read_json(request, limit: int, timeout: float | None = None):
@@ -76,6 +81,31 @@ async def read_json(request, limit: int, timeout: float | None = None):
                                 f"{sys.get_int_max_str_digits()} digits.", None, "invalid_json") from None
         raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
                        "invalid_json") from None
+
+
+OPEN = ("/health", "/metrics")  # answered without the API key, for probes and scrapers
+
+
+def require_key(app, key: str):
+    """ASGI middleware: a request without ``Authorization: Bearer <key>`` answers 401 as OpenAI does
+    (``invalid_api_key``), except on ``OPEN`` routes and CORS preflights."""
+    import hmac
+
+    from fastapi.responses import JSONResponse
+
+    wanted = f"Bearer {key}".encode()
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN or scope["method"] == "OPTIONS":
+            return await app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if hmac.compare_digest(given, wanted):
+            return await app(scope, receive, send)
+        said = "no API key was given" if not given else "the API key given is not this server's"
+        body = error_body(401, f"Incorrect API key: {said}. Send 'Authorization: Bearer <key>'.", None,
+                          "invalid_api_key")
+        await JSONResponse(body, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+    return wrapped
 
 
 def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Scheduler, metrics: Metrics) -> None:
