@@ -235,6 +235,18 @@ def test_a_bad_json_schema_file_is_one_line_before_loading(no_loading, capsys, t
     one_line_error(capsys, ["generate", "--prompt", "x", "--json-schema", str(path)], says)
 
 
+@pytest.mark.parametrize(("given", "says"), [
+    ("/no/such.jinja", "--chat-template: /no/such.jinja is neither a file nor a template's text"),
+    ("FILE", "--chat-template: the template does not parse: Encountered unknown tag 'endfor'"),
+    ("{{ messages[0] ", "--chat-template: the template does not parse: unexpected end of template")])
+def test_a_bad_chat_template_is_one_line_before_loading(no_loading, capsys, tmp_path, given, says):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% if messages %}x{% endfor %}")
+    for command in ("generate", "serve", "chat"):
+        argv = [command, "--chat-template", str(bad) if given == "FILE" else given]
+        one_line_error(capsys, argv + (["--prompt", "x"] if command == "generate" else []), says)
+
+
 @pytest.mark.parametrize(("argv", "says"), [
     (["--min-tokens", "-1"], "min_tokens must be an integer from 0"),
     (["--min-tokens", "50", "--max-new-tokens", "20"], "to the most new tokens (20), got 50")])

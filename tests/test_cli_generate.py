@@ -211,6 +211,23 @@ def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):
     assert "ngram must be an integer from 0 (off) to 4" in capsys.readouterr().err
 
 
+def test_a_chat_template_given_replaces_the_targets_own(tiny_dirs, capsys, tmp_path):
+    """--chat with --chat-template answers the prompt the given template renders (the same as that
+    text sent plainly), not the one the model's own template renders."""
+    template = tmp_path / "qa.jinja"
+    template.write_text("{% for m in messages %}Q: {{ m['content'] }}\n{% endfor %}A:")
+    common = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+              "--max-new-tokens", "10",
+              "--dtype", "fp32", "--json"]
+    answers = []
+    for extra in (["--prompt", "Name a prime.", "--chat", "--chat-template", str(template)],
+                  ["--prompt", "Q: Name a prime.\nA:"], ["--prompt", "Name a prime.", "--chat"],
+                  ["--prompt", "Name a prime.", "--chat", "--chat-template", template.read_text()]):
+        assert main([*common, *extra]) == 0
+        answers.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert answers[0] == answers[1] == answers[3] != answers[2]
+
+
 def test_json_output_under_a_schema_adds_the_grammars_counts(tiny_dirs, capsys, tmp_path):
     pytest.importorskip("llguidance")
     schema = tmp_path / "schema.json"

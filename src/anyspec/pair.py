@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 from anyspec.config import SamplingParams, SpeculativeConfig, check_prompt
@@ -26,6 +27,7 @@ class PairPlan(NamedTuple):
     threads: int | None = None
     allow_download: bool = False
     trust_remote_code: bool = False
+    chat_template: str | None = None  # the target's chat template in place of its own (read_template)
 
 
 class Pair(NamedTuple):
@@ -36,7 +38,8 @@ class Pair(NamedTuple):
 
 def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_dtype: str | None = None,
                threads: int | None = None, allow_download: bool = False,
-               trust_remote_code: bool = False) -> PairPlan:
+               trust_remote_code: bool = False, chat_template: str | None = None) -> PairPlan:
+    """The pair to load, every option checked; ``chat_template``: a file, or a template's text."""
     from anyspec.backends import load as backend
 
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -51,7 +54,33 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
             raise ConfigError(f"{role} is empty; give a model folder, a .gguf file or a built-in name")
     for spec in [target] + ([draft] if draft else []):
         backend.check_model_path(spec, allow_download)
-    return PairPlan(target, draft, resolved, draft_resolved, threads, allow_download, trust_remote_code)
+    template = read_template(chat_template) if chat_template is not None else None
+    return PairPlan(target, draft, resolved, draft_resolved, threads, allow_download, trust_remote_code,
+                    template)
+
+
+def read_template(given: str) -> str:
+    """A chat template's Jinja text from a file, or given as text (as vLLM's ``--chat-template``),
+    parsed as transformers will render it."""
+    path = Path(given).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--chat-template: cannot read {given}: {exc}") from None
+    elif "{{" in given or "{%" in given:
+        text = given
+    else:
+        raise ConfigError(f"--chat-template: {given} is neither a file nor a template's text")
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except TemplateSyntaxError as exc:
+        raise ConfigError(f"--chat-template: the template does not parse: {exc.message} "
+                          f"(line {exc.lineno})") from None
+    return text
 
 
 def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> Pair:
@@ -69,6 +98,8 @@ def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> P
     gc.disable()
     try:
         target = backend.load_model(plan.target, dtype=plan.dtype, name=names[0], **options)
+        if plan.chat_template is not None:
+            target.tokenizer.chat_template = plan.chat_template
         draft = None
         if plan.draft:
             draft = backend.load_model(plan.draft, dtype=plan.draft_dtype, name=names[1], **options)

@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     from anyspec.bench.methods import DEFAULT_METHODS, METHODS
 
     p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines")
-    add_model_options(p, no_draft=False)
+    add_model_options(p, no_draft=False, chat_template=False)
     p.add_argument("--prompts", nargs="+", default=None, metavar="SET_OR_FILE",
                    help="JSONL prompt files, or sets shipped with anyspec by name: code, prose, edit, doc, "
                         "long, chat, json (default: code prose)")

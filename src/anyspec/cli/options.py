@@ -17,7 +17,7 @@ from anyspec.errors import ConfigError
 from anyspec.pair import PairPlan, check_pair
 
 
-def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True) -> None:
+def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True, chat_template: bool = True) -> None:
     from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
     p.add_argument("--target", default=DEFAULT_TARGET,
@@ -26,6 +26,9 @@ def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True) -> None
                    help="draft model: a folder, a .gguf file or a built-in name (default %(default)s)")
     if no_draft:
         p.add_argument("--no-draft", action="store_true", help="decode with the target alone (the baseline)")
+    if chat_template:
+        p.add_argument("--chat-template", default=None, metavar="FILE",
+                       help="the target's chat template (a Jinja file, or its text) for the model's own")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
@@ -103,7 +106,7 @@ def pair_plan(args, draft: bool = True) -> PairPlan:
     use_draft = draft and not getattr(args, "no_draft", False)
     return check_pair(args.target, args.draft if use_draft else None, args.dtype, args.draft_dtype,
                       args.threads, getattr(args, "allow_download", False),
-                      getattr(args, "trust_remote_code", False))
+                      getattr(args, "trust_remote_code", False), getattr(args, "chat_template", None))
 
 
 def check_prompt_text(text: str) -> None:
