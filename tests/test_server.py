@@ -298,6 +298,7 @@ def test_stop_token_ids_end_the_answer_with_the_token_and_wait_for_min_tokens(cl
     ended = client.completions.create(**kw, extra_body={"stop_token_ids": [stop]})
     first = full.token_ids.index(stop) + 1
     assert ended.usage.completion_tokens == first and ended.choices[0].finish_reason == "stop"
+    assert ended.choices[0].model_extra["stop_reason"] == stop
     assert ended.choices[0].text == reference.target.tokenizer.decode(full.token_ids[:first])
     held = client.completions.create(**kw, extra_body={"stop_token_ids": [stop], "min_tokens": first + 1})
     assert held.usage.completion_tokens > first
@@ -321,7 +322,12 @@ def test_stop_strings(client, reference, as_list):
     out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0,
                                     stop=[stop, "never-seen"] if as_list else stop)
     assert out.choices[0].text == full[:full.index(stop)]
-    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].finish_reason == "stop" and out.choices[0].model_extra["stop_reason"] == stop
+    streamed = list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0,
+                                              stop=stop, stream=True))
+    assert streamed[-1].choices[0].model_extra["stop_reason"] == stop
+    plain = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0)
+    assert plain.choices[0].model_extra["stop_reason"] is None
     kept = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0, stop=stop,
                                      extra_body={"include_stop_str_in_output": True})
     assert kept.choices[0].text == full[:full.index(stop) + len(stop)]

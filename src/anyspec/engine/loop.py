@@ -52,6 +52,7 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
     # with SamplingParams.prompt_logprobs: one per prompt token, the first None (nothing before it)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
 
 
 class Engine:
@@ -243,7 +244,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
             lookup.drafted(len(committed) - proposal.lead, meter.total() - started, behind)
 
     count_end(stats, meter, target, draft, ctx, t_start)
-    return GenerationResult(output.text, output.ids, output.finish, stats, output.logprobs, scored)
+    return GenerationResult(output.text, output.ids, output.finish, stats, output.logprobs, scored,
+                            output.stopped_by)
 
 
 def follow(engine: Engine, meter: Meter, draft, ctx, ids: list[int]) -> None:

@@ -35,6 +35,7 @@ class Output:
         self.ids: list[int] = []
         self.text = ""
         self.finish: str | None = None  # "stop" (EOS or a stop string) or "length"
+        self.stopped_by: str | int | None = None  # the stop string or stop token id that ended it
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._hold = max((len(s) for s in self.stops), default=1) - 1
         self._streamed = 0
@@ -63,10 +64,10 @@ class Output:
             found = find_stop(self.text, self.stops, size) if len(self.ids) >= self.min_tokens else None
             if found is not None:
                 cut = found[0] + (len(found[1]) if self.include_stop else 0)
-                self.text, self.finish = self.text[:cut], "stop"
+                self.text, self.finish, self.stopped_by = self.text[:cut], "stop", found[1]
                 break
             if token in self.stop_ids:
-                self.finish = "stop"
+                self.finish, self.stopped_by = "stop", token
                 break
             if len(self.ids) >= self.max_new_tokens:
                 self.finish = "length"

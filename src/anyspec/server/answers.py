@@ -116,8 +116,8 @@ async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: 
                     yield "chunk", head | {"choices": [choice]} | extra
                 finish = call_finish(found, finish)
             pending = (value.logprobs or [])[sent:]
-            yield "chunk", (head | {"choices": [logged(_choice(chat, None, finish, index))]} | extra
-                            | {"anyspec": choice_stats(value)})
+            last = logged(_choice(chat, None, finish, index)) | {"stop_reason": value.stop_reason}
+            yield "chunk", head | {"choices": [last]} | extra | {"anyspec": choice_stats(value)}
             yield "done", value
             return
 
@@ -214,10 +214,10 @@ def _full_choice(chat: bool, outcome: Outcome, index: int, read_calls: bool, ech
     content, calls = read_tool_calls(outcome.text) if read_calls else (outcome.text, [])
     if chat:
         message = {"role": "assistant", "content": content} | ({"tool_calls": calls} if calls else {})
-        return {"index": index, "message": message, "logprobs": logprobs,
+        return {"index": index, "message": message, "logprobs": logprobs, "stop_reason": outcome.stop_reason,
                 "finish_reason": call_finish(calls, outcome.finish_reason)}
     return {"index": index, "text": (echo or "") + outcome.text, "logprobs": logprobs,
-            "finish_reason": outcome.finish_reason}
+            "finish_reason": outcome.finish_reason, "stop_reason": outcome.stop_reason}
 
 
 def full_response(head: dict, chat: bool, outcomes: list[Outcome], n: int = 1, read_calls: bool = False,

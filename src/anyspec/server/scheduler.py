@@ -62,6 +62,7 @@ class Outcome:
     logprobs: list[tuple[bytes, float, list[tuple[bytes, float]]]] | None = None
     # with prompt logprobs asked for (echo): the same per prompt token, the first without (None)
     prompt_logprobs: list[tuple[bytes, float | None, list[tuple[bytes, float]] | None]] | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended the answer
 
 
 @dataclass(eq=False)  # a job is itself: it keys the batch
@@ -247,7 +248,8 @@ class Scheduler:
         job.emit("done", Outcome(result.text, result.finish_reason, len(result.token_ids),
                                  stats.prompt_tokens, stats, run.speculative,
                                  logprobs=self._spelled(result.logprobs),
-                                 prompt_logprobs=self._spelled(result.prompt_logprobs, job.ids)))
+                                 prompt_logprobs=self._spelled(result.prompt_logprobs, job.ids),
+                                 stop_reason=result.stop_reason))
 
     def _spelled(self, entries: list | None, ids: list[int] | None = None) -> list | None:
         """Logprob entries with their tokens as bytes; ``ids``: the prompt's, whose first has none."""
