@@ -214,6 +214,10 @@ def test_an_api_key_guards_every_route_but_health_and_metrics(folders):
                 assert r.headers["www-authenticate"] == "Bearer"
         assert httpx.get(url + "/health").status_code == 200
         assert 'path="/v1/completions",status="401"} 3.0' in httpx.get(url + "/metrics").text
+        message = {"model": "tiny-qwen2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        for key, status in (("sk-test", 200), ("sk-other", 401)):  # as Anthropic's clients send it
+            assert httpx.post(url + "/v1/messages", json=message, headers={"x-api-key": key},
+                              timeout=60).status_code == status
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
         assert client.completions.create(**body).choices[0].text
         with pytest.raises(openai.AuthenticationError):

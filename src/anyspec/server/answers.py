@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 
@@ -53,6 +54,16 @@ def as_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ConfigError):
         return ApiError(400, str(exc), None, "invalid_value")
     return ApiError(500, f"The generation failed: {type(exc).__name__}: {exc}", None, "generation_failed")
+
+
+def renamed(exc: ApiError, names: list[tuple[str, str]]) -> ApiError:
+    """A chat field's error naming the field of another API it came from: each ``(pattern, name)``
+    replaced in the message and the parameter."""
+    def rename(text: str | None) -> str | None:
+        for pattern, name in names:
+            text = text and re.sub(rf"\b{pattern}", name, text)
+        return text
+    return ApiError(exc.status, rename(exc.message), rename(exc.param), exc.code, exc.headers)
 
 
 def sse(obj: dict) -> str:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app over one engine (``anyspec serve``; ``protocol.py`` checks the requests).
 
-``POST /v1/completions``, ``POST /v1/chat/completions`` and ``POST /v1/responses`` (server-sent
-events with ``stream: true``; ``responses.py``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
+``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (OpenAI's Responses,
+``responses.py``) and ``POST /v1/messages`` (Anthropic's Messages, ``messages.py``), server-sent
+events with ``stream: true``; ``GET /v1/models``, ``GET /health``, ``GET /metrics``
 (Prometheus text), ``POST /tokenize`` and ``/detokenize`` (``routes.py``). The official ``openai``
 client works against it unchanged.
 
@@ -55,15 +56,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from anyspec.engine import Engine
 from anyspec.engine.grammar import Grammars
-from anyspec.server import responses
-from anyspec.server.answers import as_api_error, full_response, response_head, stream_chunks
+from anyspec.server import messages, responses
+from anyspec.server.answers import as_api_error, full_response, renamed, response_head, stream_chunks
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, parse_request
 from anyspec.server.routes import Settings, add_info_routes, add_token_routes, read_json, require_key
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
-          "/tokenize", "/detokenize")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/models", "/health",
+          "/metrics", "/tokenize", "/detokenize")
 
 
 async def next_event(job: Job, request, deadline: float | None = None):
@@ -190,7 +191,7 @@ def create_app(engine: Engine, settings: Settings):
     """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan
     (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``)."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import Response, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     metrics = Metrics()
     scheduler = Scheduler(engine, settings.queue_size, settings.generation_timeout, metrics,
@@ -223,27 +224,29 @@ def create_app(engine: Engine, settings: Settings):
 
     add_error_handlers(app)
 
-    async def generate(request: Request, chat: bool, api: str = "openai"):
+    async def generate(request: Request, chat: bool, api=None):
+        """A completion, or a chat completion; ``api``: another API's module read into a chat
+        completion and answered as that API answers (``responses``, ``messages``)."""
         try:
             body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
         except ClientGone:  # hung up before the body ended
             return Response(status_code=499)
-        asked = responses.chat_body(body) if api == "responses" else body
+        asked = api.chat_body(body) if api else body
         try:
             parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
                 parse_request, asked, chat, settings.model_name, tokenizer, context,
                 settings.default_max_tokens, settings.max_prompt_tokens, grammars, engine.target.vocab_size))
         except ApiError as exc:
-            raise responses.renamed(exc) if api == "responses" else exc from None
+            raise renamed(exc, api.RENAMED) if api else exc from None
         jobs, n, read_calls = choice_jobs(parsed, settings.queue_size), parsed.n, parsed.structure.read_calls
         if not await admit(jobs, request, scheduler, settings, metrics):
             return Response(status_code=499)
-        head = responses.shell(body, settings.model_name) if api == "responses" else response_head(
-            chat, settings.model_name)
+        head = (api.head(body, settings.model_name, len(parsed.prompts[0].ids)) if api
+                else response_head(chat, settings.model_name))
         echoes = [p.sent for p in parsed.prompts for _ in range(n)] if parsed.echo else None
         if parsed.stream:
             sources = [job.events.get for job in jobs]
-            chunks = (responses.events(sources[0], head, read_calls) if api == "responses" else
+            chunks = (api.events(sources[0], head, read_calls) if api else
                       stream_chunks(sources, head, chat, n, parsed.include_usage, read_calls, echoes))
 
             async def events():
@@ -264,8 +267,8 @@ def create_app(engine: Engine, settings: Settings):
         except ApiError:
             cancel(scheduler, jobs)
             raise
-        if api == "responses":
-            return responses.whole(head, outcomes[0], read_calls)
+        if api:
+            return api.whole(head, outcomes[0], read_calls)
         return full_response(head, chat, outcomes, n, read_calls, echoes)
 
     @app.post("/v1/completions")
@@ -278,7 +281,14 @@ def create_app(engine: Engine, settings: Settings):
 
     @app.post("/v1/responses")
     async def create_response(request: Request):
-        return await generate(request, chat=True, api="responses")
+        return await generate(request, chat=True, api=responses)
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request):
+        try:
+            return await generate(request, chat=True, api=messages)
+        except ApiError as exc:  # in Anthropic's form
+            return JSONResponse(messages.error(exc), exc.status, exc.headers)
 
     add_info_routes(app, engine, settings, scheduler, metrics)
     add_token_routes(app, engine, settings, tokenizer,

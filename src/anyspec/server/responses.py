@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import time
 import uuid
 
@@ -168,16 +167,7 @@ def chat_body(body) -> dict:
     return sent
 
 
-def renamed(exc: ApiError) -> ApiError:
-    """A chat field's error, naming the Responses field it came from."""
-    def rename(text: str | None) -> str | None:
-        for pattern, name in RENAMED:
-            text = text and re.sub(rf"\b{pattern}", name, text)
-        return text
-    return ApiError(exc.status, rename(exc.message), rename(exc.param), exc.code, exc.headers)
-
-
-def shell(body: dict, model_name: str) -> dict:
+def head(body: dict, model_name: str, prompt_tokens: int) -> dict:
     """The response object before any output: the request's settings, as OpenAI echoes them."""
     return {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
             "status": "in_progress", "error": None, "incomplete_details": None, "model": model_name,

@@ -87,7 +87,8 @@ OPEN = ("/health", "/metrics")  # answered without the API key, for probes and s
 
 
 def require_key(app, key: str):
-    """ASGI middleware: a request without ``Authorization: Bearer <key>`` answers 401 as OpenAI does
+    """ASGI middleware: a request without ``Authorization: Bearer <key>`` (or Anthropic's
+    ``x-api-key: <key>``) answers 401 as OpenAI does
     (``invalid_api_key``), except on ``OPEN`` routes and CORS preflights."""
     import hmac
 
@@ -98,7 +99,9 @@ def require_key(app, key: str):
     async def wrapped(scope, receive, send):
         if scope["type"] != "http" or scope["path"] in OPEN or scope["method"] == "OPTIONS":
             return await app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
+        headers = dict(scope["headers"])
+        anthropic = headers.get(b"x-api-key")  # what Anthropic's clients send
+        given = headers.get(b"authorization") or (b"Bearer " + anthropic if anthropic is not None else b"")
         if hmac.compare_digest(given, wanted):
             return await app(scope, receive, send)
         said = "no API key was given" if not given else "the API key given is not this server's"

@@ -1,0 +1,143 @@
+"""Anthropic's Messages API (``POST /v1/messages``) over real HTTP on tiny random-weight models with
+real tokenizers: each answer is the engine's (or the chat endpoint's) for the same conversation,
+whole or streamed, and bad requests are 400s in Anthropic's error form."""
+
+import json
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa: E402, F401
+
+from anyspec.engine import SamplingParams  # noqa: E402
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
+
+
+@pytest.fixture(scope="module")
+def server(folders):
+    with live_server(load_engine(*folders), queue_size=8) as (url, _):
+        yield url
+
+
+def ask(server, **body):
+    r = httpx.post(server + "/v1/messages", json={"model": MODEL_NAME, "temperature": 0} | body, timeout=120)
+    return r.status_code, r.json()
+
+
+def streamed(server, **body) -> list[tuple[str, dict]]:
+    """The stream's events, ``(name, data)``."""
+    with httpx.stream("POST", server + "/v1/messages", timeout=120,
+                      json={"model": MODEL_NAME, "temperature": 0, "stream": True} | body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        text = r.read().decode()
+    out = []
+    for block in text.strip().split("\n\n"):
+        name, data = block.split("\n")
+        out.append((name.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    assert all(data["type"] == name for name, data in out)
+    return out
+
+
+def test_a_message_is_the_engines_answer_to_the_conversation(server, reference):
+    status, out = ask(server, system="You are terse.", max_tokens=8,
+                      messages=[{"role": "user", "content": [{"type": "text", "text": "Name a prime."}]}])
+    alone = reference.generate(CHAT, SamplingParams(max_new_tokens=8))
+    assert status == 200 and out["type"] == "message" and out["role"] == "assistant"
+    assert out["id"].startswith("msg_") and out["model"] == MODEL_NAME
+    assert out["content"] == [{"type": "text", "text": alone.text}]
+    assert out["stop_reason"] == ("max_tokens" if alone.finish_reason == "length" else "end_turn")
+    usage = out["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == alone.stats.prompt_tokens
+    assert usage["output_tokens"] == len(alone.token_ids) and out["anyspec"]["drafted"] > 0
+
+
+def test_a_stop_sequence_ends_the_message_and_is_named(server, reference):
+    question = [{"role": "user", "content": "Once upon a time"}]
+    full = reference.generate(question, SamplingParams(max_new_tokens=16)).text
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    assert stop.strip(), f"pick a visible stop string from {full!r}"
+    status, out = ask(server, max_tokens=16, stop_sequences=[stop, "never-seen"], messages=question)
+    assert status == 200 and out["content"][0]["text"] == full[:full.index(stop)]
+    assert out["stop_reason"] == "stop_sequence" and out["stop_sequence"] == stop
+    events = streamed(server, max_tokens=16, stop_sequences=[stop], messages=question)
+    assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
+    _, plain = ask(server, max_tokens=16, messages=question)
+    assert plain["stop_sequence"] is None and plain["content"][0]["text"] == full
+
+
+def test_a_streamed_message_gives_the_whole_answer_in_its_events(server, reference):
+    events = streamed(server, max_tokens=12, system="You are terse.",
+                      messages=[{"role": "user", "content": "Name a prime."}])
+    alone = reference.generate(CHAT, SamplingParams(max_new_tokens=12))
+    names = [name for name, _ in events]
+    assert names[:2] == ["message_start", "content_block_start"] and names[-3:] == [
+        "content_block_stop", "message_delta", "message_stop"]
+    deltas = [data["delta"]["text"] for name, data in events if name == "content_block_delta"]
+    assert len(deltas) > 1 and "".join(deltas) == alone.text
+    start, end = events[0][1]["message"], events[-2][1]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert end["delta"]["stop_reason"] == ("max_tokens" if alone.finish_reason == "length" else "end_turn")
+    assert end["usage"]["output_tokens"] == len(alone.token_ids)
+
+
+def test_tool_use_and_tool_result_blocks_are_the_chats_calls_and_tool_messages(server):
+    call = {"city": "Oslo"}
+    blocks = [{"role": "user", "content": "Weather in Oslo?"},
+              {"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, {
+                  "type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": call}]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                            "content": [{"type": "text", "text": "12 C and rain"}]},
+                                           {"type": "text", "text": "Is that cold?"}]}]
+    messages = [{"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": "Let me look.", "tool_calls": [{
+                    "id": "toolu_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(call)}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "12 C and rain"},
+                {"role": "user", "content": "Is that cold?"}]
+    status, out = ask(server, max_tokens=10, messages=blocks)
+    chat = httpx.post(server + "/v1/chat/completions", timeout=120, json={
+        "model": MODEL_NAME, "temperature": 0, "max_tokens": 10, "messages": messages}).json()
+    assert status == 200 and out["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+    def prompt(usage: dict) -> int:
+        return usage["input_tokens"] + usage["cache_read_input_tokens"]
+
+    assert prompt(out["usage"]) == chat["usage"]["prompt_tokens"]
+    bare = ask(server, max_tokens=10, messages=blocks[:1])[1]
+    assert prompt(bare["usage"]) < chat["usage"]["prompt_tokens"]
+
+
+def test_output_config_format_holds_the_answer_to_the_schema(server):
+    pytest.importorskip("llguidance")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    question = [{"role": "user", "content": "A digit as JSON."}]
+    status, out = ask(server, max_tokens=16, messages=question,
+                      output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert status == 200 and 0 <= json.loads(out["content"][0]["text"])["n"] <= 9
+    _, free = ask(server, max_tokens=16, messages=question)
+    assert free["content"][0]["text"] != out["content"][0]["text"]
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    ({"max_tokens": None}, "'max_tokens' is required"),
+    ({"max_tokens": 0}, "'max_tokens' must be at least 1"),
+    ({"messages": []}, "'messages' must be a non-empty array"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "'messages[0].content[0].type' must be text or tool_result in a user message"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}]},
+     "an object 'input'"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "runs no server tools"),
+    ({"tool_choice": {"type": "some"}}, "'tool_choice.type' must be auto, any, tool or none"),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking' is not supported"),
+    ({"stop_sequences": [1]}, "'stop_sequences': expected a string or an array of strings"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}},
+     "'output_config.format.schema' cannot be used"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "nope"}}]}, "tools[0].input_schema"),
+])
+def test_bad_requests_are_400s_in_anthropics_form(server, body, says):
+    status, out = ask(server, **{"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]} | body)
+    assert status == 400 and out["type"] == "error" and out["error"]["type"] == "invalid_request_error", out
+    assert says in out["error"]["message"], out["error"]["message"]
