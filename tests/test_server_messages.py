@@ -141,3 +141,24 @@ def test_bad_requests_are_400s_in_anthropics_form(server, body, says):
     status, out = ask(server, **{"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]} | body)
     assert status == 400 and out["type"] == "error" and out["error"]["type"] == "invalid_request_error", out
     assert says in out["error"]["message"], out["error"]["message"]
+
+
+def test_count_tokens_is_what_the_message_holds(server):
+    tools = [{"name": "get_weather", "description": "The weather in a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    question = {"system": "You are terse.", "messages": [{"role": "user", "content": "Weather in Oslo?"}]}
+
+    def count(**body) -> int:
+        r = httpx.post(server + "/v1/messages/count_tokens", json={"model": MODEL_NAME} | body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["input_tokens"]
+
+    _, out = ask(server, max_tokens=2, **question)
+    assert count(**question) == out["usage"]["input_tokens"] + out["usage"]["cache_read_input_tokens"]
+    assert count(**question | {"system": "You are terse and kind."}) > count(**question)
+    r = httpx.post(server + "/v1/messages/count_tokens", timeout=60,
+                   json={"model": MODEL_NAME, "tools": tools} | question)  # a template without tools
+    assert r.status_code == 400 and "no tool support" in r.json()["error"]["message"]
+    r = httpx.post(server + "/v1/messages/count_tokens", json={"model": MODEL_NAME, "messages": []},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

@@ -307,6 +307,37 @@ def test_a_tool_calling_conversation_through_the_responses_api(client, stream):
     assert [item.type for item in answer.output] == ["message"] and answer.output_text
 
 
+def test_anthropic_tool_use_round_trip_and_its_token_count(client):
+    """/v1/messages on the default pair: tool_choice any gives a tool_use block; its result sent back
+    as a tool_result block gets text; count_tokens counts the tools' rendering too."""
+    import httpx
+
+    url = str(client.base_url).removesuffix("/v1/").removesuffix("/v1")
+    tools = [{"name": f["function"]["name"], "description": f["function"]["description"],
+              "input_schema": f["function"]["parameters"]} for f in (WEATHER, TIME)]
+    ask = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    body = {"model": "tiny-qwen2", "max_tokens": 48, "temperature": 0, "tools": tools}
+
+    def post(path, **more):
+        r = httpx.post(url + path, json=body | more, timeout=600)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    out = post("/v1/messages", messages=ask, tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    calls = [b for b in out["content"] if b["type"] == "tool_use"]
+    assert out["stop_reason"] == "tool_use" and [c["name"] for c in calls] == ["get_weather"], out
+    assert calls[0]["input"]["city"] == "Paris" and calls[0]["id"].startswith("toolu_")
+    turn = ask + [{"role": "assistant", "content": out["content"]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0]["id"],
+                                                "content": '{"temperature": 18, "sky": "clear"}'}]}]
+    answer = post("/v1/messages", messages=turn, tool_choice={"type": "none"}, max_tokens=24)
+    assert [b["type"] for b in answer["content"]] == ["text"] and answer["content"][0]["text"]
+    counted = post("/v1/messages/count_tokens", messages=turn)["input_tokens"]
+    assert counted == answer["usage"]["input_tokens"] + answer["usage"]["cache_read_input_tokens"]
+    body.pop("tools")
+    assert post("/v1/messages/count_tokens", messages=turn)["input_tokens"] < counted
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
     """The engine without the server: TLI, a chain of 3 (the server's tests run SLEM with branches)."""

@@ -63,8 +63,8 @@ from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, pa
 from anyspec.server.routes import Settings, add_info_routes, add_token_routes, read_json, require_key
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/models", "/health",
-          "/metrics", "/tokenize", "/detokenize")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+          "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize")
 
 
 async def next_event(job: Job, request, deadline: float | None = None):
@@ -224,20 +224,24 @@ def create_app(engine: Engine, settings: Settings):
 
     add_error_handlers(app)
 
-    async def generate(request: Request, chat: bool, api=None):
-        """A completion, or a chat completion; ``api``: another API's module read into a chat
-        completion and answered as that API answers (``responses``, ``messages``)."""
-        try:
-            body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-        except ClientGone:  # hung up before the body ended
-            return Response(status_code=499)
+    async def parse(body, chat: bool, api=None) -> Parsed:
+        """The request checked and its prompts encoded, off the event loop; ``api``: another API's
+        module, whose request is read into a chat completion's (``responses``, ``messages``)."""
         asked = api.chat_body(body) if api else body
         try:
-            parsed = await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
+            return await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
                 parse_request, asked, chat, settings.model_name, tokenizer, context,
                 settings.default_max_tokens, settings.max_prompt_tokens, grammars, engine.target.vocab_size))
         except ApiError as exc:
             raise renamed(exc, api.RENAMED) if api else exc from None
+
+    async def generate(request: Request, chat: bool, api=None):
+        """A completion, or a chat completion; ``api``: another API answered as it answers."""
+        try:
+            body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+        except ClientGone:  # hung up before the body ended
+            return Response(status_code=499)
+        parsed = await parse(body, chat, api)
         jobs, n, read_calls = choice_jobs(parsed, settings.queue_size), parsed.n, parsed.structure.read_calls
         if not await admit(jobs, request, scheduler, settings, metrics):
             return Response(status_code=499)
@@ -289,6 +293,18 @@ def create_app(engine: Engine, settings: Settings):
             return await generate(request, chat=True, api=messages)
         except ApiError as exc:  # in Anthropic's form
             return JSONResponse(messages.error(exc), exc.status, exc.headers)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request):
+        """The prompt tokens a message request holds (its tools rendered), as Anthropic counts them."""
+        try:
+            body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+            parsed = await parse({"max_tokens": 1} | body if isinstance(body, dict) else body, True, messages)
+        except ClientGone:
+            return Response(status_code=499)
+        except ApiError as exc:
+            return JSONResponse(messages.error(exc), exc.status, exc.headers)
+        return {"input_tokens": len(parsed.prompts[0].ids)}
 
     add_info_routes(app, engine, settings, scheduler, metrics)
     add_token_routes(app, engine, settings, tokenizer,
