@@ -27,6 +27,8 @@ BAD = [
     (["--top-p", "0"], "top_p"),
     (["--top-p", "1.5"], "top_p"),
     (["--top-k", "-1"], "top_k"),
+    (["--typical-p", "0"], "typical_p must be in (0, 1]"),
+    (["--top-n-sigma", "-1"], "top_n_sigma must be from 0 to 100"),
     (["--max-new-tokens", "0"], "max_new_tokens"),
     (["--target", "/no/such/model"], "/no/such/model"),
     (["--draft", "./missing.gguf"], "missing.gguf"),

@@ -140,6 +140,59 @@ def test_top_p_over_the_largest_probabilities_is_the_whole_rows_sort_and_each_ro
     assert torch.equal(together, torch.cat([filtered_logits(row[None], 1.0, 0, top_p) for row in logits]))
 
 
+def test_typical_p_keeps_the_tokens_nearest_the_entropy():
+    """p = 1/2, 1/4, 1/8, 1/8: H = 1.75 bits, so token 1 (2 bits) is nearest, then token 0 (1 bit),
+    then tokens 2 and 3 (3 bits each, together)."""
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.125]))
+    for mass, kept in ((0.2, [1]), (0.5, [0, 1]), (0.8, [0, 1, 2, 3])):
+        out = filtered_logits(logits, typical_p=mass)
+        assert torch.isfinite(out).nonzero().flatten().tolist() == kept, mass
+    after_top_k = filtered_logits(logits, top_k=2, typical_p=0.5)  # 2/3 and 1/3 left: 2/3 is nearer
+    assert torch.isfinite(after_top_k).tolist() == [True, False, False, False]
+
+
+def test_top_n_sigma_keeps_the_logits_within_n_deviations_of_the_largest():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -math.inf])  # the finite four: mean 1.5, deviation 1.118
+    for n, kept in ((1.0, [0, 1]), (2.0, [0, 1, 2]), (3.0, [0, 1, 2, 3]), (0.0, [0, 1, 2, 3])):
+        assert torch.isfinite(filtered_logits(logits, top_n_sigma=n)).nonzero().flatten().tolist() == kept
+    assert torch.equal(filtered_logits(logits / 0.5, top_n_sigma=1.0).isfinite(),  # scale-free
+                       filtered_logits(logits, temperature=0.5, top_n_sigma=1.0).isfinite())
+
+
+def typical_by_sorting(logits: torch.Tensor, mass: float) -> torch.Tensor:
+    """The typical-p filter written plainly: each row's finite entries sorted whole by distance."""
+    rows = []
+    for row in logits.double():
+        finite = torch.isfinite(row)
+        p = torch.softmax(row, dim=-1)
+        surprisal = -torch.log(p[finite])
+        distance = (surprisal - (p[finite] * surprisal).sum()).abs()
+        order = torch.sort(distance, stable=True).indices
+        reached = torch.cumsum(p[finite][order], 0)
+        last = order[min(int((reached < mass).sum()), len(order) - 1)]
+        keep = torch.zeros_like(finite)
+        keep[finite] = distance <= distance[last]
+        rows.append(keep)
+    return torch.stack(rows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.05, 8.0), min_size=1, max_size=4), st.sampled_from([0.2, 0.5, 0.9, 0.95]),
+       st.integers(0, 2**31), st.booleans())
+def test_typical_p_by_buckets_is_the_whole_rows_sort_and_each_rows_own(scales, mass, seed, holes):
+    """Flat to peaked rows, some with entries already out: the bucketed search keeps what a full
+    sort keeps, and a row alone is filtered as beside the others."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(scales), 5000, generator=g) * torch.tensor(scales)[:, None]
+    if holes:
+        logits[:, ::3] = -math.inf
+    together = filtered_logits(logits, typical_p=mass)
+    assert torch.equal(torch.isfinite(together), typical_by_sorting(logits, mass))
+    assert torch.equal(together, torch.cat([filtered_logits(row[None], typical_p=mass) for row in logits]))
+    sigma = filtered_logits(logits, top_n_sigma=1.5)
+    assert torch.equal(sigma, torch.cat([filtered_logits(row[None], top_n_sigma=1.5) for row in logits]))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from([-math.inf, -2.0, 0.0, 0.5, 3.0, math.inf, math.nan]), min_size=1,
                 max_size=40), st.integers(1, 3))

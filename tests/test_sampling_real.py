@@ -40,8 +40,11 @@ def prompts() -> list[list[dict]]:
 
 
 def requests() -> list[tuple[list[dict], SamplingParams]]:
-    """Each prompt at each seed; at the second seed with min-p too."""
+    """Each prompt at each seed; at the second seed with min-p too, at the third with typical-p and
+    top-nσ."""
     return [(messages, SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05 if seed == SEEDS[1] else 0.0,
+                                      typical_p=0.9 if seed == SEEDS[2] else 1.0,
+                                      top_n_sigma=2.0 if seed == SEEDS[2] else 0.0,
                                       max_new_tokens=20, seed=seed))
             for messages in prompts()[:10] for seed in SEEDS]
 
@@ -78,7 +81,8 @@ def test_the_server_answers_a_seed_alike_with_and_without_speculation(pair, refe
             return client.chat.completions.create(
                 model="tiny-qwen2", messages=messages, max_tokens=params.max_new_tokens,
                 temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-                extra_body=extra | {"min_p": params.min_p})
+                extra_body=extra | {"min_p": params.min_p, "typical_p": params.typical_p,
+                                    "top_n_sigma": params.top_n_sigma})
 
         for messages, params in asked:
             spec, alone = ask(messages, params), ask(messages, params, speculative=False)

@@ -207,6 +207,16 @@ def test_min_p_out_of_range(post, value):
     assert_error(r, 400, "min_p", "invalid_value", "from 0 to 1")
 
 
+@pytest.mark.parametrize(("field", "value", "says"), [("typical_p", 0, "above 0 and at most 1 (1 = off)"),
+                                                     ("typical_p", 1.5, "above 0 and at most 1"),
+                                                     ("top_n_sigma", 101, "at most 100 (0 or below = off)"),
+                                                     ("top_n_sigma", "2", "number")])
+def test_typical_p_and_top_n_sigma_out_of_range(post, field, value, says):
+    r = post("/v1/completions", json=OK | {field: value})
+    assert_error(r, 400, field, "invalid_type" if isinstance(value, str) else "invalid_value", says)
+    assert post("/v1/completions", json=OK | {field: -1 if field == "top_n_sigma" else 1}).status_code == 200
+
+
 def test_top_k_below_minus_one(post):
     assert_error(post("/v1/completions", json=OK | {"top_k": -5}), 400, "top_k", "invalid_value", "top_k")
 
@@ -483,16 +493,15 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
     assert "has more than 4300 digits" in str(err.value) and "not valid JSON" not in str(err.value)
 
 
-@pytest.mark.parametrize(("field", "value"), [("repeat_penalty", 1.2), ("typical_p", 0.9), ("mirostat", 2),
+@pytest.mark.parametrize(("field", "value"), [("repeat_penalty", 1.2), ("mirostat", 2),
                                               ("bad_words", ["x"]), ("skip_special_tokens", False),
-                                              ("n_predict", 8), ("top_n_sigma", 1.0)])
+                                              ("n_predict", 8)])
 def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value):
     """OpenAI's, and other servers' that would change the answer: refused, not ignored, unless they
     change nothing."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "unsupported_parameter",
                  "not supported")
-    defaults = {"repeat_penalty": 1, "typical_p": 1.0, "mirostat": 0, "bad_words": [],
-                "skip_special_tokens": True, "top_n_sigma": -1}
+    defaults = {"repeat_penalty": 1, "mirostat": 0, "bad_words": [], "skip_special_tokens": True}
     if field in defaults:
         assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
 

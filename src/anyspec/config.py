@@ -140,6 +140,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # 0 = off
+    typical_p: float = 1.0  # locally typical sampling (transformers'): off at 1
+    top_n_sigma: float = 0.0  # llama.cpp's: the tokens within n standard deviations of the top (0 = off)
     presence_penalty: float = 0.0  # OpenAI's: off at 0, each from -2 to 2
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # vLLM's: off at 1; a seen token's logit / it where > 0, * it where not
@@ -172,6 +174,11 @@ class SamplingParams:
                               f"anyway), got {self.top_p}", "top_p")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ConfigError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}", "min_p")
+        if not _is_number(self.typical_p) or not 0 < self.typical_p <= 1:
+            raise ConfigError(f"typical_p must be in (0, 1] (1 = off), got {self.typical_p}", "typical_p")
+        if not _is_number(self.top_n_sigma) or not 0 <= self.top_n_sigma <= 100:
+            raise ConfigError(f"top_n_sigma must be from 0 to 100 (0 = off), got {self.top_n_sigma}",
+                              "top_n_sigma")
         for name, value in (("presence_penalty", self.presence_penalty),
                             ("frequency_penalty", self.frequency_penalty)):
             if not _is_number(value) or not -2 <= value <= 2:

@@ -1,5 +1,5 @@
-"""Logits to a probability distribution: temperature, then top-k, then top-p (nucleus), then min-p;
-and the largest entries of a vocabulary row.
+"""Logits to a probability distribution: temperature, then top-nσ, top-k, top-p (nucleus), min-p
+and typical-p; and the largest entries of a vocabulary row.
 
 The draft and the target go through the same filter (``filtered_logits``), so the draft chooses
 from a distribution shaped by the same settings as the target's (``engine/sampler.py``).
@@ -14,25 +14,32 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
-                    top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+                    top_p: float = 1.0, min_p: float = 0.0, **more) -> torch.Tensor:
     """``logits [..., V]`` -> float32 probabilities ``[..., V]``: the softmax of ``filtered_logits``."""
-    return torch.softmax(filtered_logits(logits, temperature, top_k, top_p, min_p), dim=-1)
+    return torch.softmax(filtered_logits(logits, temperature, top_k, top_p, min_p, **more), dim=-1)
 
 
 def filtered_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
-                    top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
-    """``logits [..., V]`` / ``temperature`` (> 0) as float32, -inf where top-k, top-p (nucleus) or
-    min-p leave a token out. Min-p keeps the tokens at least ``min_p`` times as probable as the
-    likeliest, in what top-k and top-p left.
+                    top_p: float = 1.0, min_p: float = 0.0, typical_p: float = 1.0,
+                    top_n_sigma: float = 0.0) -> torch.Tensor:
+    """``logits [..., V]`` / ``temperature`` (> 0) as float32, -inf where top-nσ, top-k, top-p
+    (nucleus), min-p or typical-p leave a token out, in that order, each on what the ones before
+    left. Top-nσ (llama.cpp's) keeps the logits at most ``top_n_sigma`` standard deviations below
+    the largest. Min-p keeps the tokens at least ``min_p`` times as probable as the likeliest.
+    Typical-p (transformers') keeps the tokens whose surprisal is nearest the entropy, the fewest
+    whose probabilities reach ``typical_p`` (``typical``).
 
-    ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` switch those filters off. Tokens at ``-inf`` (e.g.
-    outside the intersection) stay there.
+    ``top_n_sigma = 0``, ``top_k = 0``, ``top_p = 1``, ``min_p = 0`` and ``typical_p = 1`` switch
+    those filters off. Tokens at ``-inf`` (e.g. outside the intersection) stay there.
     """
     logits = logits.float() / temperature
+    if top_n_sigma > 0:
+        logits = _rowwise(logits, lambda row: _within_sigmas(row, top_n_sigma))
     if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -42,7 +49,54 @@ def filtered_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int =
     if min_p > 0.0:
         probs = torch.softmax(logits, dim=-1)
         logits = logits.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    if typical_p < 1.0:
+        logits = _rowwise(logits, lambda row: typical(row, typical_p))
     return logits
+
+
+def _rowwise(logits: torch.Tensor, kept) -> torch.Tensor:
+    """``logits`` with -inf where ``kept(row)`` (a float64 row in numpy, its boolean mask) is False:
+    row by row, so that a row's statistics are summed the same way in any batch."""
+    rows = logits.detach().reshape(-1, logits.shape[-1]).contiguous().numpy()
+    masks = [kept(row.astype(np.float64)) for row in rows]
+    return logits.masked_fill(~torch.from_numpy(np.stack(masks)).reshape(logits.shape), float("-inf"))
+
+
+def _within_sigmas(x: np.ndarray, n: float) -> np.ndarray:
+    finite = np.isfinite(x)
+    if not finite.any():
+        return finite
+    values = x[finite]
+    return finite & (x >= values.max() - n * values.std())
+
+
+def typical(x: np.ndarray, mass: float, bins: int = 1024) -> np.ndarray:
+    """Which of the logits ``x`` (float64, one row) locally typical sampling keeps: with p the
+    softmax and H its entropy, the tokens nearest H in surprisal -log p, the fewest whose
+    probabilities sum to ``mass`` or more, with every token as near as the last of them. The
+    distances go into ``bins`` buckets, and only the bucket where the sum crosses ``mass`` is sorted
+    (a row has 151,936 entries, slow to sort whole)."""
+    finite = np.isfinite(x)
+    if not finite.any():
+        return finite
+    values = x[finite] - x[finite].max()
+    weights = np.exp(values)
+    total = weights.sum()
+    p, surprisal = weights / total, np.log(total) - values
+    distance = np.abs(surprisal - (p * surprisal).sum())
+    width = distance.max() / bins
+    if width == 0:
+        return finite
+    bucket = np.minimum((distance / width).astype(np.int64), bins - 1)
+    below = np.cumsum(np.bincount(bucket, weights=p, minlength=bins))
+    crossing = min(int(np.searchsorted(below, mass)), bins - 1)
+    inside = np.flatnonzero(bucket == crossing)
+    inside = inside[np.argsort(distance[inside], kind="stable")]
+    reached = (below[crossing - 1] if crossing else 0.0) + np.cumsum(p[inside])
+    last = inside[min(int(np.searchsorted(reached, mass)), len(inside) - 1)]
+    kept = np.zeros_like(finite)
+    kept[finite] = distance <= distance[last]
+    return kept
 
 
 def nucleus_floor(probs: torch.Tensor, top_p: float) -> torch.Tensor:

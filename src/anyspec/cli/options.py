@@ -38,6 +38,9 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) 
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--min-p", type=float, default=0.0, help="0 = off (default)")
+    p.add_argument("--typical-p", type=float, default=1.0, help="locally typical sampling (1 = off, default)")
+    p.add_argument("--top-n-sigma", type=float, default=0.0,
+                   help="keep the logits within N standard deviations of the largest (0 = off, default)")
     p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
@@ -53,7 +56,8 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) 
 def sampling_params(args, **more) -> SamplingParams:
     """The checked ``SamplingParams`` of ``add_sampling_options``' flags, and ``more`` fields."""
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                          min_p=args.min_p, presence_penalty=args.presence_penalty,
+                          min_p=args.min_p, typical_p=args.typical_p, top_n_sigma=args.top_n_sigma,
+                          presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty,
                           repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
                           min_tokens=args.min_tokens, ignore_eos=args.ignore_eos, seed=args.seed,

@@ -51,7 +51,8 @@ class Sampler:
 
     def filtered(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         p = self.params
-        return filtered_logits(constrain(logits, mask), p.temperature, p.top_k, p.top_p, p.min_p)
+        return filtered_logits(constrain(logits, mask), p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p,
+                               p.top_n_sigma)
 
     def choices(self, logits: torch.Tensor, positions: list[int]) -> list[int]:
         """The target's token for each row of ``logits [R, V]``, row r at generated ``positions[r]``."""

@@ -23,12 +23,13 @@ them) gets ``n`` choices, each a job, all queued together; choice i of a prompt 
 ``seed + i`` (``Parsed.choice_params``). A streamed answer interleaves the choices' chunks by
 ``index``. ``echo`` (completions) puts the prompt, and with ``logprobs`` its tokens' logprobs,
 before each choice's answer.
-Request extensions: ``top_k``, ``min_p``, ``speculative: false`` (target only, for comparison).
+Request extensions: ``top_k``, ``min_p``, ``typical_p``, ``top_n_sigma``, ``speculative: false``
+(target only, for comparison).
 ``presence_penalty``, ``frequency_penalty`` and ``logit_bias`` are OpenAI's (``engine/penalties.py``).
 Responses carry ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Fields the
 server cannot honour (``functions``, ``best_of``, ...) answer 400, as do other servers' sampling
-fields (``repetition_penalty``, ``repeat_penalty``, ``typical_p``, ``ignore_eos``, ...) unless their
-value changes nothing; other unknown fields are ignored.
+fields (``repeat_penalty``, ``mirostat``, ``dry_multiplier``, ...) unless their value changes
+nothing; other unknown fields are ignored.
 ``response_format`` (``json_object``, ``json_schema``) and ``tools``/``tool_choice`` constrain the
 answer by a grammar compiled against the target's tokenizer (``structured.py``, ``engine/grammar.py``).
 Chat roles are ``system``, ``user``, ``assistant`` and ``tool``; message contents are read as plain

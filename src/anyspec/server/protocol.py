@@ -24,12 +24,12 @@ MAX_CHOICES = 128  # OpenAI's limit on n
 UNSUPPORTED = {"best_of": (None, 1),
                "functions": (None, []), "function_call": (None, "none", "auto"),
                # other servers' fields that would change the answer: refused unless they change nothing
-               "repeat_penalty": (None, 1), "typical_p": (None, 1),
+               "repeat_penalty": (None, 1),
                "mirostat": (None, 0), "tfs_z": (None, 1), "top_a": (None, 0), "dry_multiplier": (None, 0),
                "xtc_probability": (None, 0), "dynatemp_range": (None, 0), "use_beam_search": (None, False),
                "length_penalty": (None, 1), "bad_words": (None, []), "truncate_prompt_tokens": (None,),
                "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
-               "prompt_logprobs": (None,), "n_predict": (None,), "top_n_sigma": (None, -1)}
+               "prompt_logprobs": (None,), "n_predict": (None,)}
 ROLES = ("system", "user", "assistant", "tool")
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
@@ -209,24 +209,25 @@ def encoded_prompt(tokenizer, prompt: str | list[int] | list[dict], param: str, 
     return Prompt(prompt, ids, text)
 
 
-def _shaping(body: dict) -> tuple[float, float, int, float]:
-    """``temperature``, ``top_p``, ``top_k`` and ``min_p``, each checked against its range."""
-    temperature = body_field(body, "temperature", (int, float), 1.0)
-    if not 0 <= temperature <= 2:
-        raise ApiError(400, f"'temperature' must be between 0 and 2, got {_number(temperature)}.",
-                       "temperature", "invalid_value")
-    top_p = body_field(body, "top_p", (int, float), 1.0)
-    if not 0 < top_p <= 1:
-        raise ApiError(400, f"'top_p' must be above 0 and at most 1, got {_number(top_p)}.", "top_p",
-                       "invalid_value")
-    top_k = body_field(body, "top_k", (int,), 0)
-    if top_k < -1:
-        raise ApiError(400, f"'top_k' must be >= 0 (0 or -1 = off), got {top_k}.", "top_k", "invalid_value")
-    min_p = body_field(body, "min_p", (int, float), 0.0)
-    if not 0 <= min_p <= 1:
-        raise ApiError(400, f"'min_p' must be from 0 to 1 (0 = off), got {_number(min_p)}.", "min_p",
-                       "invalid_value")
-    return temperature, top_p, top_k, min_p
+SHAPES = {  # each filter's field: its default, its range, and how the range reads
+    "temperature": (1.0, lambda v: 0 <= v <= 2, "between 0 and 2"),
+    "top_p": (1.0, lambda v: 0 < v <= 1, "above 0 and at most 1"),
+    "top_k": (0, lambda v: v >= -1, ">= 0 (0 or -1 = off)"),
+    "min_p": (0.0, lambda v: 0 <= v <= 1, "from 0 to 1 (0 = off)"),
+    "typical_p": (1.0, lambda v: 0 < v <= 1, "above 0 and at most 1 (1 = off)"),
+    "top_n_sigma": (-1.0, lambda v: -1e9 < v <= 100, "at most 100 (0 or below = off)"),
+}
+
+
+def _shaping(body: dict) -> dict:
+    """``SamplingParams``' temperature and filters, each checked against its range."""
+    out = {}
+    for name, (default, fits, says) in SHAPES.items():
+        value = body_field(body, name, (int,) if name == "top_k" else (int, float), default)
+        if not fits(value):
+            raise ApiError(400, f"'{name}' must be {says}, got {_number(value)}.", name, "invalid_value")
+        out[name] = max(value, 0) if name == "top_k" else max(float(value), 0.0)
+    return out
 
 
 def _penalties(body: dict, vocab: int) -> tuple[float, float, dict[int, float]]:
@@ -303,7 +304,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         raise ApiError(400, f"{len(sent)} prompts with n {n} make {len(sent) * n} choices; at most "
                             f"{MAX_CHOICES}.", "n" if n > 1 else "prompt", "invalid_value")
     wanted = _checked(structure, body, chat, tokenizer, grammars)
-    temperature, top_p, top_k, min_p = _shaping(body)
+    shaping = _shaping(body)
     presence, frequency, bias = _penalties(body, vocab)
     max_tokens = body_field(body, "max_completion_tokens", (int,)) if chat else None
     max_tokens = body_field(body, "max_tokens", (int,), max_tokens)
@@ -338,8 +339,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                for one, name in zip(sent, names, strict=True)]
     max_tokens = _max_tokens(prompts, names, max_tokens, context, default_max_tokens, max_prompt_tokens)
     try:
-        params = SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=max(top_k, 0),
-                                min_p=float(min_p), presence_penalty=presence, frequency_penalty=frequency,
+        params = SamplingParams(**shaping, presence_penalty=presence, frequency_penalty=frequency,
                                 repetition_penalty=float(repetition), logit_bias=bias,
                                 max_new_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos,
                                 seed=seed, stop=stop, stop_token_ids=stop_ids or [], logprobs=logprobs,
