@@ -188,17 +188,113 @@ def add_error_handlers(app) -> None:
     app.add_exception_handler(Exception, on_crash)
 
 
+async def parse_off_loop(engine: Engine, settings: Settings, tokenizer, tokenizing, grammars, body,
+                         chat: bool, api=None) -> Parsed:
+    """The request checked and its prompts encoded, on the ``tokenizing`` thread; ``api``: another
+    API's module, whose request is read into a chat completion's (``responses``, ``messages``)."""
+    asked = api.chat_body(body) if api else body
+    try:
+        return await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
+            parse_request, asked, chat, settings.model_name, tokenizer, engine.target.context_length,
+            settings.default_max_tokens, settings.max_prompt_tokens, grammars, engine.target.vocab_size))
+    except ApiError as exc:
+        raise renamed(exc, api.RENAMED) if api else exc from None
+
+
+async def generate(request, chat: bool, api, parse, settings: Settings, scheduler: Scheduler,
+                   metrics: Metrics):
+    """A completion, or a chat completion; ``api``: another API's module, answered as it answers."""
+    from fastapi.responses import Response, StreamingResponse
+
+    try:
+        body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+    except ClientGone:  # hung up before the body ended
+        return Response(status_code=499)
+    parsed = await parse(body, chat, api)
+    jobs, n, read_calls = choice_jobs(parsed, settings.queue_size), parsed.n, parsed.structure.read_calls
+    if not await admit(jobs, request, scheduler, settings, metrics):
+        return Response(status_code=499)
+    head = (api.head(body, settings.model_name, len(parsed.prompts[0].ids)) if api
+            else response_head(chat, settings.model_name))
+    echoes = [p.sent for p in parsed.prompts for _ in range(n)] if parsed.echo else None
+    if parsed.stream:
+        sources = [job.events.get for job in jobs]
+        chunks = (api.events(sources[0], head, read_calls) if api else
+                  stream_chunks(sources, head, chat, n, parsed.include_usage, read_calls, echoes))
+
+        async def events():
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                cancel(scheduler, jobs)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    try:
+        outcomes = [await outcome_of(job, request) for job in jobs]
+    except ClientGone:
+        cancel(scheduler, jobs)
+        return Response(status_code=499)
+    except ApiError:
+        cancel(scheduler, jobs)
+        raise
+    if api:
+        return api.whole(head, outcomes[0], read_calls)
+    return full_response(head, chat, outcomes, n, read_calls, echoes)
+
+
+def add_generation_routes(app, settings: Settings, scheduler: Scheduler, metrics: Metrics, parse) -> None:
+    """The routes that generate: completions, chat completions, OpenAI's Responses and Anthropic's
+    Messages (and its token count); ``parse(body, chat, api)``: ``parse_off_loop``'s."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, Response
+
+    def answer(request: Request, chat: bool = True, api=None):
+        return generate(request, chat, api, parse, settings, scheduler, metrics)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await answer(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await answer(request)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        return await answer(request, api=responses)
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request):
+        try:
+            return await answer(request, api=messages)
+        except ApiError as exc:  # in Anthropic's form
+            return JSONResponse(messages.error(exc), exc.status, exc.headers)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request):
+        """The prompt tokens a message request holds (its tools rendered), as Anthropic counts them."""
+        try:
+            body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
+            parsed = await parse({"max_tokens": 1} | body if isinstance(body, dict) else body, True, messages)
+        except ClientGone:
+            return Response(status_code=499)
+        except ApiError as exc:
+            return JSONResponse(messages.error(exc), exc.status, exc.headers)
+        return {"input_tokens": len(parsed.prompts[0].ids)}
+
+
 def create_app(engine: Engine, settings: Settings):
     """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan
     (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi import FastAPI
 
     metrics = Metrics()
     scheduler = Scheduler(engine, settings.queue_size, settings.generation_timeout, metrics,
                           settings.max_batch)
     tokenizer = copy.deepcopy(engine.target.tokenizer)  # the worker uses the original
-    context = engine.target.context_length
     metrics.queue_state = lambda: (scheduler.depth, len(scheduler.running))
 
     tokenizing = ThreadPoolExecutor(1, "anyspec-tokenize")  # off the event loop: /health stays quick
@@ -225,88 +321,8 @@ def create_app(engine: Engine, settings: Settings):
 
     add_error_handlers(app)
 
-    async def parse(body, chat: bool, api=None) -> Parsed:
-        """The request checked and its prompts encoded, off the event loop; ``api``: another API's
-        module, whose request is read into a chat completion's (``responses``, ``messages``)."""
-        asked = api.chat_body(body) if api else body
-        try:
-            return await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
-                parse_request, asked, chat, settings.model_name, tokenizer, context,
-                settings.default_max_tokens, settings.max_prompt_tokens, grammars, engine.target.vocab_size))
-        except ApiError as exc:
-            raise renamed(exc, api.RENAMED) if api else exc from None
-
-    async def generate(request: Request, chat: bool, api=None):
-        """A completion, or a chat completion; ``api``: another API answered as it answers."""
-        try:
-            body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-        except ClientGone:  # hung up before the body ended
-            return Response(status_code=499)
-        parsed = await parse(body, chat, api)
-        jobs, n, read_calls = choice_jobs(parsed, settings.queue_size), parsed.n, parsed.structure.read_calls
-        if not await admit(jobs, request, scheduler, settings, metrics):
-            return Response(status_code=499)
-        head = (api.head(body, settings.model_name, len(parsed.prompts[0].ids)) if api
-                else response_head(chat, settings.model_name))
-        echoes = [p.sent for p in parsed.prompts for _ in range(n)] if parsed.echo else None
-        if parsed.stream:
-            sources = [job.events.get for job in jobs]
-            chunks = (api.events(sources[0], head, read_calls) if api else
-                      stream_chunks(sources, head, chat, n, parsed.include_usage, read_calls, echoes))
-
-            async def events():
-                try:
-                    async for chunk in chunks:
-                        yield chunk
-                finally:
-                    cancel(scheduler, jobs)
-
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-
-        try:
-            outcomes = [await outcome_of(job, request) for job in jobs]
-        except ClientGone:
-            cancel(scheduler, jobs)
-            return Response(status_code=499)
-        except ApiError:
-            cancel(scheduler, jobs)
-            raise
-        if api:
-            return api.whole(head, outcomes[0], read_calls)
-        return full_response(head, chat, outcomes, n, read_calls, echoes)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await generate(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await generate(request, chat=True)
-
-    @app.post("/v1/responses")
-    async def create_response(request: Request):
-        return await generate(request, chat=True, api=responses)
-
-    @app.post("/v1/messages")
-    async def create_message(request: Request):
-        try:
-            return await generate(request, chat=True, api=messages)
-        except ApiError as exc:  # in Anthropic's form
-            return JSONResponse(messages.error(exc), exc.status, exc.headers)
-
-    @app.post("/v1/messages/count_tokens")
-    async def count_message_tokens(request: Request):
-        """The prompt tokens a message request holds (its tools rendered), as Anthropic counts them."""
-        try:
-            body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-            parsed = await parse({"max_tokens": 1} | body if isinstance(body, dict) else body, True, messages)
-        except ClientGone:
-            return Response(status_code=499)
-        except ApiError as exc:
-            return JSONResponse(messages.error(exc), exc.status, exc.headers)
-        return {"input_tokens": len(parsed.prompts[0].ids)}
-
+    parse = functools.partial(parse_off_loop, engine, settings, tokenizer, tokenizing, grammars)
+    add_generation_routes(app, settings, scheduler, metrics, parse)
     add_info_routes(app, engine, settings, scheduler, metrics)
     add_token_routes(app, engine, settings, tokenizer,
                      lambda fn: asyncio.get_running_loop().run_in_executor(tokenizing, fn))
