@@ -51,6 +51,11 @@ def test_a_response_is_the_engines_answer_to_the_conversation(client, reference)
         {"role": "developer", "content": "You are terse."},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name a prime."}]}])
     assert items.output_text == alone.text
+    codex = client.responses.create(model=MODEL_NAME, instructions="You are terse.", input="Name a prime.",
+                                    max_output_tokens=8, temperature=0, store=False,
+                                    reasoning={"effort": "medium", "summary": "auto"},
+                                    include=["reasoning.encrypted_content"])
+    assert codex.output_text == alone.text  # no reasoning to do or to include
 
 
 def test_a_streamed_response_gives_the_whole_answer_in_typed_events(client, reference):
@@ -136,7 +141,7 @@ def test_text_format_holds_the_answer_to_the_schema(client):
     ({"tool_choice": "required"}, "tool_choice", "invalid_value", "needs 'tools'"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}},
      "text.format.schema", "invalid_value", "not a valid JSON Schema"),
-    ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter", "not supported"),
+    ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter", "not supported"),
 ])
 def test_bad_responses_fields_are_400s_naming_the_field(server, extra, param, code, says):
     body = {"model": MODEL_NAME, "input": "hi", "max_output_tokens": 4} | extra

@@ -8,7 +8,8 @@ system message before them, ``max_output_tokens`` the chat's ``max_tokens``, ``t
 ``response_format`` and the function ``tools`` (flat, as Responses writes them) and
 ``tool_choice`` its own. The chat's sampling fields and extensions (``seed``, ``top_k``,
 ``speculative``, ...) pass through. Nothing is stored: ``previous_response_id`` and
-``conversation`` answer 400, as do built-in tools (web search, files, ...) and non-text content.
+``conversation`` answer 400, as do built-in tools (web search, files, ...) and non-text content;
+``reasoning`` changes nothing (the models answer without reasoning first).
 Errors name the Responses fields.
 """
 
@@ -31,8 +32,8 @@ OWN = ("input", "instructions", "max_output_tokens", "text", "tools", "tool_choi
        "top_logprobs", "background", "max_tool_calls")
 REFUSED = {  # Responses fields this server cannot honour, and the values that change nothing
     "previous_response_id": (None,), "conversation": (None,), "background": (None, False), "prompt": (None,),
-    "include": (None, []), "truncation": (None, "disabled"), "top_logprobs": (None, 0),
-    "max_tool_calls": (None,), "reasoning": (None, {}, {"effort": None}, {"effort": None, "summary": None})}
+    "include": (None, [], ["reasoning.encrypted_content"]), "truncation": (None, "disabled"),
+    "top_logprobs": (None, 0), "max_tool_calls": (None,)}  # reasoning: the models do not reason first
 CHAT_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
                "max_completion_tokens": "max_output_tokens", "response_format": "text.format", "n": None,
                "logprobs": None, "stream_options": None, "functions": "tools", "function_call": "tool_choice",
