@@ -117,6 +117,22 @@ def folders(tok_qwen2, tok_llama2, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def server(folders):
+    """A live server over ``folders`` (``live_server.py``): its base URL."""
+    from live_server import live_server, load_engine
+
+    with live_server(load_engine(*folders), queue_size=8) as (url, _):
+        yield url
+
+
+@pytest.fixture
+def client(server):
+    """The ``openai`` client of ``server``."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
 def reference(folders):
     """An engine over ``folders``, to compute the answers a server must give."""
     from live_server import load_engine

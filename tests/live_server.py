@@ -13,6 +13,14 @@ from anyspec.backends.load import load_model
 from anyspec.engine import Engine, SpeculativeConfig
 
 MODEL_NAME = "tiny-qwen2"
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
+
+
+def greedy(n: int, **kw):
+    """Greedy ``SamplingParams`` for ``n`` new tokens."""
+    from anyspec.engine import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_new_tokens=n, **kw)
 
 
 def tiny_pair(tok_target, tok_draft, folder):

@@ -9,17 +9,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa: E402, F401
-
-from anyspec.engine import SamplingParams  # noqa: E402
-
-CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
-
-
-@pytest.fixture(scope="module")
-def server(folders):
-    with live_server(load_engine(*folders), queue_size=8) as (url, _):
-        yield url
+from live_server import CHAT, MODEL_NAME, greedy, one_thread  # noqa: E402, F401
 
 
 def ask(server, **body):
@@ -44,7 +34,7 @@ def streamed(server, **body) -> list[tuple[str, dict]]:
 def test_a_message_is_the_engines_answer_to_the_conversation(server, reference):
     status, out = ask(server, system="You are terse.", max_tokens=8,
                       messages=[{"role": "user", "content": [{"type": "text", "text": "Name a prime."}]}])
-    alone = reference.generate(CHAT, SamplingParams(max_new_tokens=8))
+    alone = reference.generate(CHAT, greedy(8))
     assert status == 200 and out["type"] == "message" and out["role"] == "assistant"
     assert out["id"].startswith("msg_") and out["model"] == MODEL_NAME
     assert out["content"] == [{"type": "text", "text": alone.text}]
@@ -56,7 +46,7 @@ def test_a_message_is_the_engines_answer_to_the_conversation(server, reference):
 
 def test_a_stop_sequence_ends_the_message_and_is_named(server, reference):
     question = [{"role": "user", "content": "Once upon a time"}]
-    full = reference.generate(question, SamplingParams(max_new_tokens=16)).text
+    full = reference.generate(question, greedy(16)).text
     stop = full[len(full) // 2: len(full) // 2 + 2]
     assert stop.strip(), f"pick a visible stop string from {full!r}"
     status, out = ask(server, max_tokens=16, stop_sequences=[stop, "never-seen"], messages=question)
@@ -71,7 +61,7 @@ def test_a_stop_sequence_ends_the_message_and_is_named(server, reference):
 def test_a_streamed_message_gives_the_whole_answer_in_its_events(server, reference):
     events = streamed(server, max_tokens=12, system="You are terse.",
                       messages=[{"role": "user", "content": "Name a prime."}])
-    alone = reference.generate(CHAT, SamplingParams(max_new_tokens=12))
+    alone = reference.generate(CHAT, greedy(12))
     names = [name for name, _ in events]
     assert names[:2] == ["message_start", "content_block_start"] and names[-3:] == [
         "content_block_stop", "message_delta", "message_stop"]

@@ -10,26 +10,9 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from live_server import MODEL_NAME, live_server, load_engine, one_thread  # noqa: E402, F401
+from live_server import CHAT, MODEL_NAME, greedy, one_thread  # noqa: E402, F401
 
 from anyspec.engine import SamplingParams  # noqa: E402
-
-CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
-
-
-@pytest.fixture(scope="module")
-def server(folders):
-    with live_server(load_engine(*folders), queue_size=8) as (url, _):
-        yield url
-
-
-@pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
-
-
-def greedy(n, **kw):
-    return SamplingParams(temperature=0.0, max_new_tokens=n, **kw)
 
 
 def test_a_response_is_the_engines_answer_to_the_conversation(client, reference):
