@@ -411,6 +411,7 @@ def schema_format(schema) -> dict:
     ("/v1/chat/completions", {"guided_grammar": "start: nope"}, "guided_grammar", "invalid_value",
      "not a valid Lark or GBNF grammar"),
     ("/v1/chat/completions", {"guided_json": "{not json"}, "guided_json", "invalid_value", "not valid JSON"),
+    ("/v1/completions", {"guided_json": False}, "guided_json", "invalid_value", "the schema false"),
     ("/v1/completions", {"guided_grammar": 'root ::= "a" b'}, "guided_grammar", "invalid_value",
      "not a valid GBNF grammar (Rule 'b' not found)"),
     ("/v1/chat/completions", {"grammar": 'root ::= "a'}, "grammar", "invalid_value",

@@ -5,6 +5,8 @@ whole or streamed, and bad requests are 400s in Anthropic's error form."""
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -152,3 +154,41 @@ def test_count_tokens_is_what_the_message_holds(server):
     r = httpx.post(server + "/v1/messages/count_tokens", json={"model": MODEL_NAME, "messages": []},
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+SCALARS = (st.none() | st.booleans() | st.integers(-3, 10**6)
+           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6))
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+FIELDS = {"/v1/responses": ["input", "instructions", "max_output_tokens", "text", "tools", "tool_choice",
+                            "temperature", "top_p", "reasoning", "include", "store", "stream",
+                            "parallel_tool_calls", "metadata"],
+          "/v1/messages": ["messages", "system", "max_tokens", "tools", "tool_choice", "stop_sequences",
+                           "temperature", "top_k", "output_config", "thinking", "metadata", "stream"],
+          "/v1/chat/completions": ["messages", "max_tokens", "tools", "tool_choice", "response_format",
+                                   "stop", "logprobs", "top_logprobs", "n", "seed", "logit_bias",
+                                   "stream_options", "guided_json", "structured_outputs", "min_tokens",
+                                   "stop_token_ids"]}
+VALID = {"/v1/responses": {"model": MODEL_NAME, "input": "hi", "max_output_tokens": 1},
+         "/v1/messages": {"model": MODEL_NAME, "max_tokens": 1,
+                          "messages": [{"role": "user", "content": "hi"}]},
+         "/v1/chat/completions": {"model": MODEL_NAME, "max_tokens": 1,
+                                  "messages": [{"role": "user", "content": "hi"}]}}
+ITEM_KEYS = ["role", "content", "type", "call_id", "name", "arguments", "output", "input", "id", "tool_calls"]
+ITEM_WORDS = ["user", "assistant", "message", "text", "function_call", "tool_use"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(list(VALID)), st.data())
+def test_any_value_in_any_field_is_answered_or_refused_never_a_crash(server, path, data):
+    """A valid request (Messages, Responses or a chat completion) with one field (or one of its
+    items) set to any JSON value: 200 or a 400, never a 500."""
+    body = dict(VALID[path])
+    name = data.draw(st.sampled_from(FIELDS[path]))
+    value = data.draw(JSON)
+    if data.draw(st.booleans()) and name in ("input", "messages"):
+        value = [data.draw(st.dictionaries(st.sampled_from(ITEM_KEYS), JSON | st.sampled_from(ITEM_WORDS),
+                                           max_size=4))]
+    body[name] = value
+    r = httpx.post(server + path, json=body, timeout=120)
+    assert r.status_code in (200, 400), (body, r.status_code, r.text)

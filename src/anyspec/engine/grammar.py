@@ -110,9 +110,11 @@ def schema_grammar(schema: dict | bool | None, field: str) -> str:
     target under it than under compact JSON, and neither can run on in whitespace."""
     if schema is None:
         schema = {"type": "object"}
+    if schema is False:
+        raise GrammarError(f"'{field}' is the schema false, which no answer matches.", field)
     if not isinstance(schema, dict | bool):
         raise GrammarError(f"'{field}' must be a JSON Schema object.", field)
-    text = json.dumps(schema)
+    text = json.dumps({} if schema is True else schema)  # true: any JSON value
     if len(text) > MAX_SCHEMA_BYTES:
         raise GrammarError(f"'{field}' is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are "
                            "compiled.", field)

@@ -77,7 +77,7 @@ def _item(item, i: int, out: list[dict]) -> None:
         raise _bad(f"'{param}' must be an object.", param, "invalid_type")
     kind = item.get("type", "message")
     if kind == "message":
-        if item.get("role") not in ROLES:
+        if not isinstance(item.get("role"), str) or item["role"] not in ROLES:
             raise _bad(f"'{param}.role' must be one of {', '.join(ROLES)}.", f"{param}.role")
         out.append({"role": ROLES[item["role"]], "content": _text(item.get("content"), f"{param}.content")})
     elif kind == "function_call_output":
