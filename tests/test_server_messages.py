@@ -168,12 +168,16 @@ FIELDS = {"/v1/responses": ["input", "instructions", "max_output_tokens", "text"
           "/v1/chat/completions": ["messages", "max_tokens", "tools", "tool_choice", "response_format",
                                    "stop", "logprobs", "top_logprobs", "n", "seed", "logit_bias",
                                    "stream_options", "guided_json", "structured_outputs", "min_tokens",
-                                   "stop_token_ids"]}
+                                   "stop_token_ids"],
+          "/v1/completions": ["prompt", "suffix", "echo", "logprobs", "n", "best_of", "stop", "max_tokens",
+                              "guided_regex", "guided_choice", "grammar", "json_schema", "allowed_token_ids",
+                              "typical_p", "top_n_sigma", "repetition_penalty"]}
 VALID = {"/v1/responses": {"model": MODEL_NAME, "input": "hi", "max_output_tokens": 1},
          "/v1/messages": {"model": MODEL_NAME, "max_tokens": 1,
                           "messages": [{"role": "user", "content": "hi"}]},
          "/v1/chat/completions": {"model": MODEL_NAME, "max_tokens": 1,
-                                  "messages": [{"role": "user", "content": "hi"}]}}
+                                  "messages": [{"role": "user", "content": "hi"}]},
+         "/v1/completions": {"model": MODEL_NAME, "max_tokens": 1, "prompt": "hi"}}
 ITEM_KEYS = ["role", "content", "type", "call_id", "name", "arguments", "output", "input", "id", "tool_calls"]
 ITEM_WORDS = ["user", "assistant", "message", "text", "function_call", "tool_use"]
 
@@ -181,12 +185,12 @@ ITEM_WORDS = ["user", "assistant", "message", "text", "function_call", "tool_use
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(list(VALID)), st.data())
 def test_any_value_in_any_field_is_answered_or_refused_never_a_crash(server, path, data):
-    """A valid request (Messages, Responses or a chat completion) with one field (or one of its
-    items) set to any JSON value: 200 or a 400, never a 500."""
+    """A valid request (Messages, Responses, a chat completion or a completion) with one field (or
+    one of its items) set to any JSON value: 200 or a 400, never a 500."""
     body = dict(VALID[path])
     name = data.draw(st.sampled_from(FIELDS[path]))
     value = data.draw(JSON)
-    if data.draw(st.booleans()) and name in ("input", "messages"):
+    if data.draw(st.booleans()) and name in ("input", "messages", "prompt"):
         value = [data.draw(st.dictionaries(st.sampled_from(ITEM_KEYS), JSON | st.sampled_from(ITEM_WORDS),
                                            max_size=4))]
     body[name] = value
