@@ -166,22 +166,24 @@ def count_requests(app, metrics: Metrics):
 
 
 def add_error_handlers(app) -> None:
-    """Every error answers ``{"error": {...}}``: an ``ApiError`` as it says, an HTTP error (an unknown
-    route) with its status, anything else as a 500."""
+    """Every error answers ``{"error": {...}}`` (Anthropic's form on ``/v1/messages``): an
+    ``ApiError`` as it says, an HTTP error (an unknown route) with its status, anything else as a 500."""
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
 
-    def error(exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.status, exc.message, exc.param, exc.code), exc.status, exc.headers)
+    def error(request, exc: ApiError) -> JSONResponse:
+        body = (messages.error(exc) if request.url.path.startswith("/v1/messages")
+                else error_body(exc.status, exc.message, exc.param, exc.code))
+        return JSONResponse(body, exc.status, exc.headers)
 
     async def on_api_error(request, exc: ApiError):
-        return error(exc)
+        return error(request, exc)
 
     async def on_http_error(request, exc: HTTPException):
-        return error(ApiError(exc.status_code, str(exc.detail)))
+        return error(request, ApiError(exc.status_code, str(exc.detail)))
 
     async def on_crash(request, exc: Exception):
-        return error(as_api_error(exc))
+        return error(request, as_api_error(exc))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)
@@ -249,7 +251,7 @@ def add_generation_routes(app, settings: Settings, scheduler: Scheduler, metrics
     """The routes that generate: completions, chat completions, OpenAI's Responses and Anthropic's
     Messages (and its token count); ``parse(body, chat, api)``: ``parse_off_loop``'s."""
     from fastapi import Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import Response
 
     def answer(request: Request, chat: bool = True, api=None):
         return generate(request, chat, api, parse, settings, scheduler, metrics)
@@ -268,21 +270,16 @@ def add_generation_routes(app, settings: Settings, scheduler: Scheduler, metrics
 
     @app.post("/v1/messages")
     async def create_message(request: Request):
-        try:
-            return await answer(request, api=messages)
-        except ApiError as exc:  # in Anthropic's form
-            return JSONResponse(messages.error(exc), exc.status, exc.headers)
+        return await answer(request, api=messages)
 
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(request: Request):
         """The prompt tokens a message request holds (its tools rendered), as Anthropic counts them."""
         try:
             body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
-            parsed = await parse({"max_tokens": 1} | body if isinstance(body, dict) else body, True, messages)
         except ClientGone:
             return Response(status_code=499)
-        except ApiError as exc:
-            return JSONResponse(messages.error(exc), exc.status, exc.headers)
+        parsed = await parse({"max_tokens": 1} | body if isinstance(body, dict) else body, True, messages)
         return {"input_tokens": len(parsed.prompts[0].ids)}
 
 
