@@ -79,7 +79,8 @@ def typical(x: np.ndarray, mass: float, bins: int = 1024) -> np.ndarray:
     finite = np.isfinite(x)
     if not finite.any():
         return finite
-    values = x[finite] - x[finite].max()
+    values = x[finite]
+    values = values - values.max()
     weights = np.exp(values)
     total = weights.sum()
     p, surprisal = weights / total, np.log(total) - values
