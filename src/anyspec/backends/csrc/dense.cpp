@@ -171,17 +171,25 @@ void scores(const float* q, const float* keys, int64_t len, int64_t D, float sca
   scores_heads(q, 1, keys, len, D, scaling, out, len);
 }
 
-// Each block of eight keys against every head in turn, so a key is read from memory once per group.
 void scores_heads(const float* q, int64_t n, const float* keys, int64_t len, int64_t D, float scaling, float* out,
                   int64_t out_stride) {
+  scores_rows(q, 1, 0, n, keys, len, D, scaling, out, out_stride);
+}
+// Each block of eight keys against every row's every head in turn, so a key is read from memory once
+// for all of them.
+void scores_rows(const float* q, int64_t rows, int64_t q_stride, int64_t n, const float* keys, int64_t len, int64_t D,
+                 float scaling, float* out, int64_t out_stride) {
   const int64_t D8 = D - D % 8;
   int64_t j = 0;
   for (; j + 8 <= len; j += 8)
-    for (int64_t h = 0; h < n; ++h) score_keys<8>(q + h * D, keys + j * D, D, D8, scaling, out + h * out_stride + j);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < n; ++h)
+        score_keys<8>(q + r * q_stride + h * D, keys + j * D, D, D8, scaling, out + (r * n + h) * out_stride + j);
   for (; j < len; ++j)
-    for (int64_t h = 0; h < n; ++h) score_keys<1>(q + h * D, keys + j * D, D, D8, scaling, out + h * out_stride + j);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < n; ++h)
+        score_keys<1>(q + r * q_stride + h * D, keys + j * D, D, D8, scaling, out + (r * n + h) * out_stride + j);
 }
-
 // 64 d at a time in registers (a narrower tail: 8 d at a time, then one by one).
 void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o, bool add) {
   int64_t d0 = 0;
@@ -206,16 +214,21 @@ void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, f
   }
 }
 
-// Values in pieces of 64 rows, each piece summed for every head in turn: weighted_sum's pieces are
-// the same bits as one sum, and a piece stays in L1 for the group's heads.
 void weighted_sum_heads(const float* p, int64_t n, int64_t p_stride, const float* values, int64_t len, int64_t D,
                         float* o) {
+  weighted_sum_rows(p, 1, n, p_stride, values, len, D, o, 0);
+}
+// Values in pieces of 64, each piece summed for every row's every head in turn: weighted_sum's pieces
+// are the same bits as one sum, and a piece stays in L1 for all of them.
+void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride, const float* values, int64_t len,
+                       int64_t D, float* o, int64_t o_stride) {
   constexpr int64_t PIECE = 64;
   for (int64_t j = 0; j < len; j += PIECE)
-    for (int64_t h = 0; h < n; ++h)
-      weighted_sum(p + h * p_stride + j, values + j * D, std::min(PIECE, len - j), D, o + h * D, j > 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t h = 0; h < n; ++h)
+        weighted_sum(p + (r * n + h) * p_stride + j, values + j * D, std::min(PIECE, len - j), D,
+                     o + r * o_stride + h * D, j > 0);
 }
-
 void exp_shifted(float* v, int64_t n, float shift) {
   const F8 s = set8(shift);
   int64_t i = 0;

@@ -21,6 +21,10 @@ void scores(const float* q, const float* keys, int64_t len, int64_t D, float sca
 // of n calls of scores.
 void scores_heads(const float* q, int64_t n, const float* keys, int64_t len, int64_t D, float scaling, float* out,
                   int64_t out_stride);
+// The same for `rows` rows of n heads over the same keys (row r's head h at q + r * q_stride + h * D,
+// its scores at out + (r * n + h) * out_stride): the bits of rows * n calls of scores.
+void scores_rows(const float* q, int64_t rows, int64_t q_stride, int64_t n, const float* keys, int64_t len, int64_t D,
+                 float scaling, float* out, int64_t out_stride);
 
 // o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j (rows of D); with `add`, the
 // sum goes on from o's values, so that sums in pieces give the same bits as one sum over all rows.
@@ -29,6 +33,10 @@ void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, f
 // `add`: the bits of n calls of weighted_sum. len == 0 leaves o as it is.
 void weighted_sum_heads(const float* p, int64_t n, int64_t p_stride, const float* values, int64_t len, int64_t D,
                         float* o);
+// The same for `rows` rows of n heads (row r's head h: weights p + (r * n + h) * p_stride, output
+// o + r * o_stride + h * D).
+void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride, const float* values, int64_t len,
+                       int64_t D, float* o, int64_t o_stride);
 
 // v[i] = exp(v[i] - shift) for i < n.
 void exp_shifted(float* v, int64_t n, float shift);
