@@ -46,13 +46,10 @@ struct RowCache {
 };
 
 // A row's scores p[0..len) into its attention weights: capped (softcap > 0), then the softmax.
-void softmax(float* p, int64_t len, float softcap) {
+void capped_softmax(float* p, int64_t len, float softcap) {
   if (softcap > 0)
     for (int64_t j = 0; j < len; ++j) p[j] = softcap * std::tanh(p[j] / softcap);
-  exp_shifted(p, len, *std::max_element(p, p + len));
-  float total = 0;
-  for (int64_t j = 0; j < len; ++j) total += p[j];
-  for (int64_t j = 0; j < len; ++j) p[j] /= total;
+  softmax(p, len);
 }
 
 // Heads hd .. hd + n - 1 (of key-value head g) of one row, query q, output o, scores in p (stride
@@ -69,7 +66,7 @@ void attend_row(const float* q, const RowCache& row, int64_t g, int64_t n, int64
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = flat; j < len; ++j)
       scores(q + i * D, row.k + head + row.path[row.first + j - tail] * D, 1, D, scaling, &p[i * stride + j]);
-    softmax(p + i * stride, len, softcap);
+    capped_softmax(p + i * stride, len, softcap);
   }
   weighted_sum_heads(p, n, stride, row.v + offset, flat, D, o);
   for (int64_t i = 0; i < n; ++i)
@@ -100,7 +97,7 @@ void attend_rows(const float* q, int64_t q_stride, const RowCache* rows, int64_t
     const int64_t len = rows[r].pos + 1 - rows[r].first;
     float* pr = p + r * n * stride;
     scores_heads(q + r * q_stride, n, keys + scored * D, len - scored, D, scaling, pr + scored, stride);
-    for (int64_t i = 0; i < n; ++i) softmax(pr + i * stride, len, softcap);
+    for (int64_t i = 0; i < n; ++i) capped_softmax(pr + i * stride, len, softcap);
   }
   weighted_sum_rows(p, R, n, stride, values, summed, D, o, o_stride);
   for (int64_t r = 0; r < R; ++r)

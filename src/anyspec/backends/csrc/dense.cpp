@@ -229,6 +229,7 @@ void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride
         weighted_sum(p + (r * n + h) * p_stride + j, values + j * D, std::min(PIECE, len - j), D,
                      o + r * o_stride + h * D, j > 0);
 }
+
 void exp_shifted(float* v, int64_t n, float shift) {
   const F8 s = set8(shift);
   int64_t i = 0;
@@ -239,6 +240,27 @@ void exp_shifted(float* v, int64_t n, float shift) {
     store8(tail, exp8(sub8(load8(tail), s)));
     std::copy(tail, tail + (n - i), v + i);
   }
+}
+
+// The maximum in 8 lanes, then the tail (a maximum is the same in any order), exp_shifted by it;
+// the sum in 8 lanes over the whole blocks, a fixed horizontal sum, then the tail in order.
+void softmax(float* v, int64_t n) {
+  const int64_t n8 = n - n % 8;
+  float top = v[0];
+  if (n8) {
+    F8 m = load8(v);
+    for (int64_t i = 8; i < n8; i += 8) m = max8(m, load8(v + i));
+    top = hmax(m);
+  }
+  for (int64_t i = n8; i < n; ++i) top = std::max(top, v[i]);
+  exp_shifted(v, n, top);
+  F8 acc = zero8();
+  for (int64_t i = 0; i < n8; i += 8) acc = add8(acc, load8(v + i));
+  float total = hsum(acc);
+  for (int64_t i = n8; i < n; ++i) total += v[i];
+  const F8 t = set8(total);
+  for (int64_t i = 0; i < n8; i += 8) store8(v + i, div8(load8(v + i), t));
+  for (int64_t i = n8; i < n; ++i) v[i] /= total;
 }
 
 void gated(bool gelu, const float* gate, const float* up, float* out, int64_t n) {

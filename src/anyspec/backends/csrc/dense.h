@@ -40,6 +40,8 @@ void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride
 
 // v[i] = exp(v[i] - shift) for i < n.
 void exp_shifted(float* v, int64_t n, float shift);
+// v[i] = exp(v[i] - max) / sum for i < n (n >= 1): the sum in 8 lanes, then across them, then the tail.
+void softmax(float* v, int64_t n);
 
 // out[i] = act(gate[i]) * up[i] for i < n; act: GELU (tanh approximation) or SiLU.
 void gated(bool gelu, const float* gate, const float* up, float* out, int64_t n);
