@@ -199,7 +199,8 @@ def test_serve_api_key_and_origins_reach_the_settings(monkeypatch):
 
 
 def test_an_api_key_guards_every_route_but_health_and_metrics(folders):
-    """Without the key (or with another) a request is a 401 in OpenAI's form, counted in /metrics;
+    """Without the key (or with another) a request is a 401 in OpenAI's form (Anthropic's on
+    /v1/messages), counted in /metrics;
     with it the openai client is answered; CORS answers the allowed origin alone."""
     from live_server import live_server, load_engine
 
@@ -216,8 +217,9 @@ def test_an_api_key_guards_every_route_but_health_and_metrics(folders):
         assert 'path="/v1/completions",status="401"} 3.0' in httpx.get(url + "/metrics").text
         message = {"model": "tiny-qwen2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
         for key, status in (("sk-test", 200), ("sk-other", 401)):  # as Anthropic's clients send it
-            assert httpx.post(url + "/v1/messages", json=message, headers={"x-api-key": key},
-                              timeout=60).status_code == status
+            r = httpx.post(url + "/v1/messages", json=message, headers={"x-api-key": key}, timeout=60)
+            assert r.status_code == status
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error", r.text
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
         assert client.completions.create(**body).choices[0].text
         with pytest.raises(openai.AuthenticationError):

@@ -165,6 +165,13 @@ def count_requests(app, metrics: Metrics):
     return wrapped
 
 
+def error_json(path: str, exc: ApiError) -> dict:
+    """An error's body: Anthropic's form on ``/v1/messages``, OpenAI's elsewhere."""
+    if path.startswith("/v1/messages"):
+        return messages.error(exc)
+    return error_body(exc.status, exc.message, exc.param, exc.code)
+
+
 def add_error_handlers(app) -> None:
     """Every error answers ``{"error": {...}}`` (Anthropic's form on ``/v1/messages``): an
     ``ApiError`` as it says, an HTTP error (an unknown route) with its status, anything else as a 500."""
@@ -172,9 +179,7 @@ def add_error_handlers(app) -> None:
     from starlette.exceptions import HTTPException
 
     def error(request, exc: ApiError) -> JSONResponse:
-        body = (messages.error(exc) if request.url.path.startswith("/v1/messages")
-                else error_body(exc.status, exc.message, exc.param, exc.code))
-        return JSONResponse(body, exc.status, exc.headers)
+        return JSONResponse(error_json(request.url.path, exc), exc.status, exc.headers)
 
     async def on_api_error(request, exc: ApiError):
         return error(request, exc)
@@ -308,7 +313,7 @@ def create_app(engine: Engine, settings: Settings):
     app = FastAPI(title="anyspec", lifespan=lifespan)
     app.state.scheduler, app.state.metrics = scheduler, metrics
     if settings.api_key is not None:
-        app.add_middleware(require_key, key=settings.api_key)
+        app.add_middleware(require_key, key=settings.api_key, form=error_json)
     app.add_middleware(count_requests, metrics=metrics)  # outside the key's check: 401s are counted
     if settings.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware

@@ -12,7 +12,7 @@ from anyspec.config import MAX_BATCH
 from anyspec.engine import Engine
 from anyspec.errors import ConfigError
 from anyspec.server.metrics import Metrics
-from anyspec.server.protocol import ApiError, ClientGone, error_body
+from anyspec.server.protocol import ApiError, ClientGone
 from anyspec.server.scheduler import Scheduler
 from anyspec.server.tokens import parse_detokenize, parse_tokenize
 
@@ -86,10 +86,10 @@ async def read_json(request, limit: int, timeout: float | None = None):
 OPEN = ("/health", "/metrics")  # answered without the API key, for probes and scrapers
 
 
-def require_key(app, key: str):
+def require_key(app, key: str, form):
     """ASGI middleware: a request without ``Authorization: Bearer <key>`` (or Anthropic's
-    ``x-api-key: <key>``) answers 401 as OpenAI does
-    (``invalid_api_key``), except on ``OPEN`` routes and CORS preflights."""
+    ``x-api-key: <key>``) answers 401 (``invalid_api_key``), its body ``form(path, error)`` as
+    the app's other errors, except on ``OPEN`` routes and CORS preflights."""
     import hmac
 
     from fastapi.responses import JSONResponse
@@ -105,9 +105,10 @@ def require_key(app, key: str):
         if hmac.compare_digest(given, wanted):
             return await app(scope, receive, send)
         said = "no API key was given" if not given else "the API key given is not this server's"
-        body = error_body(401, f"Incorrect API key: {said}. Send 'Authorization: Bearer <key>'.", None,
-                          "invalid_api_key")
-        await JSONResponse(body, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+        refused = ApiError(401, f"Incorrect API key: {said}. Send 'Authorization: Bearer <key>'.", None,
+                           "invalid_api_key")
+        answer = JSONResponse(form(scope["path"], refused), 401, {"WWW-Authenticate": "Bearer"})
+        await answer(scope, receive, send)
     return wrapped
 
 
