@@ -56,6 +56,11 @@ def as_api_error(exc: Exception) -> ApiError:
     return ApiError(500, f"The generation failed: {type(exc).__name__}: {exc}", None, "generation_failed")
 
 
+def bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
+    """A 400 naming the field ``param``."""
+    return ApiError(400, message, param, code)
+
+
 def renamed(exc: ApiError, names: list[tuple[str, str]]) -> ApiError:
     """A chat field's error naming the field of another API it came from: each ``(pattern, name)``
     replaced in the message and the parameter."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from anyspec.server.answers import as_api_error, choice_stats, usage
+from anyspec.server.answers import as_api_error, bad, choice_stats, usage
 from anyspec.server.protocol import ApiError, body_field
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
@@ -39,17 +39,13 @@ ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           503: "overloaded_error"}
 
 
-def _bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, param, code)
-
-
 def _text(content, param: str) -> str:
     """A string, or text blocks joined."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list) or not all(isinstance(b, dict) and b.get("type") == "text"
                                                 and isinstance(b.get("text"), str) for b in content):
-        raise _bad(f"'{param}' must be a string or an array of text blocks.", param)
+        raise bad(f"'{param}' must be a string or an array of text blocks.", param)
     return "".join(b["text"] for b in content)
 
 
@@ -57,11 +53,11 @@ def _blocks(message: dict, i: int) -> list[dict]:
     """``messages[i]`` as chat messages: its text, tool calls and tool results."""
     role, content, param = message.get("role"), message.get("content"), f"messages[{i}]"
     if role not in ("user", "assistant"):
-        raise _bad(f"'{param}.role' must be user or assistant.", f"{param}.role")
+        raise bad(f"'{param}.role' must be user or assistant.", f"{param}.role")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
-        raise _bad(f"'{param}.content' must be a string or an array of content blocks.", f"{param}.content",
+        raise bad(f"'{param}.content' must be a string or an array of content blocks.", f"{param}.content",
                    "invalid_type")
     text, calls, results = [], [], []
     allowed = ("text", "tool_use") if role == "assistant" else ("text", "tool_result")
@@ -69,19 +65,19 @@ def _blocks(message: dict, i: int) -> list[dict]:
         at = f"{param}.content[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind not in allowed:
-            raise _bad(f"'{at}.type' must be {' or '.join(allowed)} in a{'n' * (role == 'assistant')} {role} "
+            raise bad(f"'{at}.type' must be {' or '.join(allowed)} in a{'n' * (role == 'assistant')} {role} "
                        f"message (this server reads text and tools only), got {kind!r}.", f"{at}.type")
         if kind == "text":
             text.append(_text([block], at))
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) \
                     or not isinstance(block.get("input"), dict):
-                raise _bad(f"'{at}' must have a string 'id' and 'name' and an object 'input'.", at)
+                raise bad(f"'{at}' must have a string 'id' and 'name' and an object 'input'.", at)
             calls.append({"id": block["id"], "type": "function", "function": {
                 "name": block["name"], "arguments": json.dumps(block["input"], ensure_ascii=False)}})
         else:
             if not isinstance(block.get("tool_use_id"), str):
-                raise _bad(f"'{at}.tool_use_id' must be a string.", f"{at}.tool_use_id", "invalid_type")
+                raise bad(f"'{at}.tool_use_id' must be a string.", f"{at}.tool_use_id", "invalid_type")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": _text(block.get("content", ""), f"{at}.content")})
     said = [{"role": role, "content": "".join(text)} | ({"tool_calls": calls} if calls else {})]
@@ -92,12 +88,12 @@ def _tools(tools) -> list[dict] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise _bad("'tools' must be an array of tools.", "tools", "invalid_type")
+        raise bad("'tools' must be an array of tools.", "tools", "invalid_type")
     out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise _bad(f"'tools[{i}]' must be a custom tool ({{name, description, input_schema}}); this "
+            raise bad(f"'tools[{i}]' must be a custom tool ({{name, description, input_schema}}); this "
                        f"server runs no server tools, got type {kind!r}.", f"tools[{i}].type",
                        "unsupported_parameter")
         function = {"name": tool.get("name"), "parameters": tool.get("input_schema") or {"type": "object"}}
@@ -110,7 +106,7 @@ def _tool_choice(choice, sent: dict) -> None:
     if choice is None:
         return
     if not isinstance(choice, dict) or choice.get("type") not in (*CHOICES, "tool"):
-        raise _bad("'tool_choice.type' must be auto, any, tool or none.", "tool_choice.type")
+        raise bad("'tool_choice.type' must be auto, any, tool or none.", "tool_choice.type")
     kind = choice["type"]
     sent["tool_choice"] = ({"type": "function", "function": {"name": choice.get("name")}} if kind == "tool"
                            else CHOICES[kind])
@@ -121,22 +117,22 @@ def _tool_choice(choice, sent: dict) -> None:
 def chat_body(body) -> dict:
     """The chat completion's body that answers the Messages request ``body``."""
     if not isinstance(body, dict):
-        raise _bad("The request body must be a JSON object.", None, "invalid_type")
+        raise bad("The request body must be a JSON object.", None, "invalid_type")
     for name, harmless in REFUSED.items():
         if body.get(name) not in harmless:
-            raise _bad(f"'{name}' is not supported by this server; leave it out.", name,
+            raise bad(f"'{name}' is not supported by this server; leave it out.", name,
                        "unsupported_parameter")
     if body.get("max_tokens") is None:
-        raise _bad("'max_tokens' is required.", "max_tokens", "missing_required_parameter")
+        raise bad("'max_tokens' is required.", "max_tokens", "missing_required_parameter")
     given = body.get("messages")
     if not isinstance(given, list) or not given:
-        raise _bad("'messages' must be a non-empty array of messages.", "messages",
+        raise bad("'messages' must be a non-empty array of messages.", "messages",
                    "missing_required_parameter" if given is None else "invalid_value")
     system = body.get("system")
     messages = [{"role": "system", "content": _text(system, "system")}] if system else []
     for i, message in enumerate(given):
         if not isinstance(message, dict):
-            raise _bad(f"'messages[{i}]' must be an object.", f"messages[{i}]", "invalid_type")
+            raise bad(f"'messages[{i}]' must be an object.", f"messages[{i}]", "invalid_type")
         messages += _blocks(message, i)
     sent = {k: v for k, v in body.items() if k not in OWN} | {"messages": messages,
                                                                "max_tokens": body["max_tokens"]}
@@ -147,7 +143,7 @@ def chat_body(body) -> dict:
     if config.get("format") is not None:
         fmt = config["format"]
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-            raise _bad("'output_config.format' must be {type: 'json_schema', schema}.",
+            raise bad("'output_config.format' must be {type: 'json_schema', schema}.",
                        "output_config.format")
         sent["response_format"] = {"type": "json_schema", "json_schema": {"name": "output",
                                                                           "schema": fmt.get("schema")}}

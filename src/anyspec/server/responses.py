@@ -20,8 +20,8 @@ import json
 import time
 import uuid
 
-from anyspec.server.answers import as_api_error, choice_stats, usage
-from anyspec.server.protocol import ApiError, body_field
+from anyspec.server.answers import as_api_error, bad, choice_stats, usage
+from anyspec.server.protocol import body_field
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 
@@ -44,21 +44,17 @@ RENAMED = [(r"messages(\[\d+\])?", "input"), (r"max_tokens", "max_output_tokens"
            (r"(tools\[\d+\])\.function", r"\1"), (r"tool_choice\.function", "tool_choice")]
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, param, code)
-
-
 def _text(content, param: str) -> str:
     """A message's text: a string, or its ``input_text``/``output_text`` parts joined."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad(f"'{param}' must be a string or an array of text parts.", param, "invalid_type")
+        raise bad(f"'{param}' must be a string or an array of text parts.", param, "invalid_type")
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise _bad(f"'{param}[{j}]' must be a text part (input_text or output_text with a string "
+            raise bad(f"'{param}[{j}]' must be a text part (input_text or output_text with a string "
                        f"'text'); this server reads text only, got type {kind!r}.", f"{param}[{j}]")
         out.append(part["text"])
     return "".join(out)
@@ -66,7 +62,7 @@ def _text(content, param: str) -> str:
 
 def _string(item: dict, name: str, param: str) -> str:
     if not isinstance(item.get(name), str):
-        raise _bad(f"'{param}.{name}' must be a string.", f"{param}.{name}", "invalid_type")
+        raise bad(f"'{param}.{name}' must be a string.", f"{param}.{name}", "invalid_type")
     return item[name]
 
 
@@ -74,11 +70,11 @@ def _item(item, i: int, out: list[dict]) -> None:
     """``input[i]`` added to the chat messages ``out``."""
     param = f"input[{i}]"
     if not isinstance(item, dict):
-        raise _bad(f"'{param}' must be an object.", param, "invalid_type")
+        raise bad(f"'{param}' must be an object.", param, "invalid_type")
     kind = item.get("type", "message")
     if kind == "message":
         if not isinstance(item.get("role"), str) or item["role"] not in ROLES:
-            raise _bad(f"'{param}.role' must be one of {', '.join(ROLES)}.", f"{param}.role")
+            raise bad(f"'{param}.role' must be one of {', '.join(ROLES)}.", f"{param}.role")
         out.append({"role": ROLES[item["role"]], "content": _text(item.get("content"), f"{param}.content")})
     elif kind == "function_call_output":
         out.append({"role": "tool", "tool_call_id": _string(item, "call_id", param),
@@ -91,7 +87,7 @@ def _item(item, i: int, out: list[dict]) -> None:
         else:
             out.append({"role": "assistant", "content": None, "tool_calls": [call]})
     else:
-        raise _bad(f"'{param}.type' must be message, function_call or function_call_output; this server "
+        raise bad(f"'{param}.type' must be message, function_call or function_call_output; this server "
                    f"takes no {kind!r} items.", f"{param}.type")
 
 
@@ -99,12 +95,12 @@ def _tools(tools) -> list[dict] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise _bad("'tools' must be an array of function tools.", "tools", "invalid_type")
+        raise bad("'tools' must be an array of function tools.", "tools", "invalid_type")
     out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise _bad(f"'tools[{i}]' must be a function tool ({{type: 'function', name, parameters}}); this "
+            raise bad(f"'tools[{i}]' must be a function tool ({{type: 'function', name, parameters}}); this "
                        f"server runs no built-in tools, got type {kind!r}.", f"tools[{i}].type",
                        "unsupported_parameter")
         out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")
@@ -116,7 +112,7 @@ def _tool_choice(choice):
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
     if isinstance(choice, dict):
-        raise _bad(f"'tool_choice.type' must be 'function', got {choice.get('type')!r}.", "tool_choice.type")
+        raise bad(f"'tool_choice.type' must be 'function', got {choice.get('type')!r}.", "tool_choice.type")
     return choice
 
 
@@ -124,9 +120,9 @@ def _format(text) -> dict | None:
     if text is None:
         return None
     if not isinstance(text, dict):
-        raise _bad("'text' must be an object.", "text", "invalid_type")
+        raise bad("'text' must be an object.", "text", "invalid_type")
     if text.get("verbosity") not in (None, "medium"):
-        raise _bad("'text.verbosity' is not supported by this server; leave it out.", "text.verbosity",
+        raise bad("'text.verbosity' is not supported by this server; leave it out.", "text.verbosity",
                    "unsupported_parameter")
     fmt = text.get("format")
     if fmt is None or not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
@@ -138,22 +134,22 @@ def _format(text) -> dict | None:
 def chat_body(body) -> dict:
     """The chat completion's body that answers the Responses request ``body``."""
     if not isinstance(body, dict):
-        raise _bad("The request body must be a JSON object.", None, "invalid_type")
+        raise bad("The request body must be a JSON object.", None, "invalid_type")
     for name, harmless in REFUSED.items():
         if body.get(name) not in harmless:
             why = ("this server keeps no responses; send the whole conversation in 'input'"
                    if name in ("previous_response_id", "conversation") else "leave it out")
-            raise _bad(f"'{name}' is not supported by this server; {why}.", name, "unsupported_parameter")
+            raise bad(f"'{name}' is not supported by this server; {why}.", name, "unsupported_parameter")
     for name, instead in CHAT_FIELDS.items():
         if name in body:
             hint = f"; it takes '{instead}'" if instead else ""
-            raise _bad(f"'{name}' is a chat completions field, not one of /v1/responses{hint}.", name,
+            raise bad(f"'{name}' is a chat completions field, not one of /v1/responses{hint}.", name,
                        "unsupported_parameter")
     given = body.get("input")
     if isinstance(given, str):
         given = [{"role": "user", "content": given}]
     if not isinstance(given, list) or not given:
-        raise _bad("'input' must be a string or a non-empty array of items.", "input",
+        raise bad("'input' must be a string or a non-empty array of items.", "input",
                    "missing_required_parameter" if given is None else "invalid_value")
     instructions = body_field(body, "instructions", (str,))
     messages = [{"role": "system", "content": instructions}] if instructions else []
