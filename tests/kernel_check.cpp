@@ -8,9 +8,11 @@
 //   1 row-wise product (type BF16, I8S or F32): weights [N, K], scale [N], bias [N], x [M, K] -> y [M, N]
 //   2 attention of one row over N keys of K values: q [K], keys [N, K], values [N, K]
 //       -> the scores, their exp less the largest, the sum of the values weighted by those  [N + N + K]
+//       (type 1: the keys and values rounded to fp16 first, and read as an fp16 cache)
 //   3 act(gate) * up (type 1: GELU, 0: SiLU): gate [K], up [K]                          -> [K]
 //   4 RMS norm of M rows: x [M, K], weight [K]                                           -> [M, K]
 //   5 de-quantization: rows [N, row bytes of type]                                      -> [N, K]
+//   6 fp32 to fp16, as an fp16 KV cache stores a value: x [K]                  -> the fp16 bits [K]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 
 #include "dense.h"
 #include "quant.h"
+#include "vec8.h"
 
 using namespace anyspec;
 
@@ -70,15 +73,26 @@ std::vector<float> rowwise(int64_t type, int64_t N, int64_t K, int64_t M, Input&
   return y;
 }
 
-std::vector<float> attention(int64_t N, int64_t K, Input& in) {
+template <typename C>
+void attend_one(const float* q, const C* keys, const C* values, int64_t N, int64_t K, float* out) {
+  scores_rows(q, 1, 0, 1, keys, N, K, 0.125f, out, 0);
+  std::copy(out, out + N, out + N);
+  exp_shifted(out + N, N, *std::max_element(out, out + N));
+  weighted_sum(out + N, values, N, K, out + 2 * N);
+}
+
+std::vector<float> attention(int64_t type, int64_t N, int64_t K, Input& in) {
   const float* q = in.take<float>(K);
   const float* keys = in.take<float>(N * K);
   const float* values = in.take<float>(N * K);
   std::vector<float> out(2 * N + K);
-  scores(q, keys, N, K, 0.125f, out.data());
-  std::copy(out.begin(), out.begin() + N, out.begin() + N);
-  exp_shifted(out.data() + N, N, *std::max_element(out.begin(), out.begin() + N));
-  weighted_sum(out.data() + N, values, N, K, out.data() + 2 * N);
+  if (type == 1) {
+    std::vector<Half> k(N * K), v(N * K);
+    for (int64_t i = 0; i < N * K; ++i) k[i] = to_half(keys[i]), v[i] = to_half(values[i]);
+    attend_one(q, k.data(), v.data(), N, K, out.data());
+  } else {
+    attend_one(q, keys, values, N, K, out.data());
+  }
   return out;
 }
 
@@ -86,7 +100,13 @@ std::vector<float> one(int64_t op, int64_t type, int64_t N, int64_t K, int64_t M
   switch (op) {
     case 0: return product(type, N, K, M, in);
     case 1: return rowwise(type, N, K, M, in);
-    case 2: return attention(N, K, in);
+    case 2: return attention(type, N, K, in);
+    case 6: {
+      const float* x = in.take<float>(K);
+      std::vector<float> out(K);
+      for (int64_t i = 0; i < K; ++i) out[i] = to_half(x[i]).bits;
+      return out;
+    }
     case 3: {
       const float* gate = in.take<float>(K);
       const float* up = in.take<float>(K);

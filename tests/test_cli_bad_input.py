@@ -153,6 +153,20 @@ def test_an_empty_model_name_is_called_empty(no_loading, capsys, command, option
     one_line_error(capsys, [*command, option, "", *other], f"{option} is empty")
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["bench"], ["serve"]])
+def test_an_fp16_kv_cache_on_transformers_is_refused_before_loading(no_loading, capsys, command):
+    one_line_error(capsys, [*command, "--kv-cache-dtype", "fp16", "--dtype", "fp32"],
+                   "--kv-cache-dtype fp16 needs anyspec's decoder kernels (dtype gguf, int8 or bf16), "
+                   "not dtype fp32")
+
+
+def test_a_kv_cache_dtype_other_than_fp32_or_fp16_is_refused():
+    from anyspec.pair import check_pair
+
+    with pytest.raises(ConfigError, match="--kv-cache-dtype must be fp32 or fp16, got 'fp8'"):
+        check_pair("smollm2-135m", None, kv_cache_dtype="fp8")
+
+
 def anyspec_process(*argv: str, **kw):
     import subprocess
     import sys

@@ -278,3 +278,15 @@ def test_choice_regex_and_grammar_hold_the_answer(tiny_dirs, capsys, tmp_path):
         assert main([*common, *held]) == 0
         text = json.loads(capsys.readouterr().out)["text"]
         assert bool(pattern and re.fullmatch(pattern, text)) == bool(held), text
+
+
+def test_an_fp16_kv_cache_generates_the_targets_own_answer(tiny_dirs, capsys):
+    """``--kv-cache-dtype fp16`` on the lean kernels: the answer is the target alone's on the same cache."""
+    common = ["generate", "--target", tiny_dirs["target"], "--prompt", "def add(a, b):",
+              "--max-new-tokens", "12", "--dtype", "int8", "--draft-dtype", "int8",
+              "--kv-cache-dtype", "fp16", "--json"]
+    assert main([*common, "--draft", tiny_dirs["draft"], "-k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main([*common, "--no-draft"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert spec["stats"]["drafted"] > 0 and spec["token_ids"] == alone["token_ids"]

@@ -193,12 +193,31 @@ def cases() -> bytes:
             case(1, I8S, 19, k, m, q, np.abs(floats(19)), floats(19), floats(m, k))
             case(1, F32, 19, k, m, floats(19, k), floats(19), floats(19), floats(m, k))
     for length, d in ((1, 64), (9, 72), (40, 13)):
-        case(2, 0, length, d, 0, floats(d, scale=2), floats(length, d, scale=2), floats(length, d))
+        for cache in (0, 1):  # fp32, fp16
+            case(2, cache, length, d, 0, floats(d, scale=2), floats(length, d, scale=2), floats(length, d))
     for gelu in (0, 1):
         case(3, gelu, 0, 77, 0, floats(77, scale=4), floats(77))
     case(4, 0, 0, 96, 5, floats(5, 96), floats(96))
     case(5, F16, 128, 512, 0, np.arange(65536, dtype=np.uint16).reshape(128, 512))
+    case(6, 0, 0, len(TO_HALF), 0, TO_HALF)  # last: test_fp16_rounding_is_numpys reads it at the end
     return b"".join(out)
+
+
+def _to_half_cases() -> np.ndarray:
+    """fp32 values for the fp16 rounding: every finite fp16 value, the midpoint above each (a tie),
+    a value just past each midpoint, the edges of overflow and of the subnormals, zeros, infinities."""
+    halves = np.arange(0x7bff, dtype=np.uint16).view(np.float16).astype(np.float32)
+    above = np.arange(1, 0x7c00, dtype=np.uint16).view(np.float16).astype(np.float32)
+    mid = (halves + above) / 2  # exact in fp32
+    past = np.nextafter(mid, np.float32(np.inf))
+    edges = np.array([0.0, 65504, 65519.996, 65520, 65536, 1e9, np.inf, 2.0 ** -24, 2.0 ** -25,
+                      2.0 ** -25 * 1.0001, 2.0 ** -26, 2.0 ** -14, 2.0 ** -14 - 2.0 ** -25, 1e-40],
+                     dtype=np.float32)
+    values = np.concatenate([halves, mid, past, edges])
+    return np.concatenate([values, -values]).astype(np.float32)
+
+
+TO_HALF = _to_half_cases()
 
 
 def _build(compiler: str, flags: list[str], out: Path) -> Path:
@@ -242,6 +261,13 @@ def test_the_arithmetic_without_torch_matches_the_extension(checked, avx2):
     data, code = stored(TYPES[0], raw, 512)
     first = np.frombuffer(want[:21 * 4], dtype=np.float32)
     np.testing.assert_array_equal(avx2.typed_linear(x, data, code, 512, None, bias).numpy()[0, :21], first)
+
+
+def test_fp16_rounding_is_numpys(checked):
+    """An fp16 cache rounds a value to nearest, ties to even, as numpy's float16 does."""
+    want, _ = checked
+    bits = np.frombuffer(want[-4 * len(TO_HALF):], dtype=np.float32).astype(np.uint16)
+    np.testing.assert_array_equal(bits, TO_HALF.astype(np.float16).view(np.uint16))
 
 
 def test_the_plain_arithmetic_built_for_x86_64_is_the_same_bytes(checked):

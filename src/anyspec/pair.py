@@ -28,6 +28,7 @@ class PairPlan(NamedTuple):
     allow_download: bool = False
     trust_remote_code: bool = False
     chat_template: str | None = None  # the target's chat template in place of its own (read_template)
+    kv_cache_dtype: str = "fp32"  # both models' KV caches: fp32 or fp16 (backends.load.KV_CACHE_DTYPES)
 
 
 class Pair(NamedTuple):
@@ -38,7 +39,8 @@ class Pair(NamedTuple):
 
 def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_dtype: str | None = None,
                threads: int | None = None, allow_download: bool = False,
-               trust_remote_code: bool = False, chat_template: str | None = None) -> PairPlan:
+               trust_remote_code: bool = False, chat_template: str | None = None,
+               kv_cache_dtype: str = "fp32") -> PairPlan:
     """The pair to load, every option checked; ``chat_template``: a file, or a template's text."""
     from anyspec.backends import load as backend
 
@@ -54,9 +56,12 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
             raise ConfigError(f"{role} is empty; give a model folder, a .gguf file or a built-in name")
     for spec in [target] + ([draft] if draft else []):
         backend.check_model_path(spec, allow_download)
+    backend.check_kv_cache_dtype(kv_cache_dtype, resolved)
+    if draft_resolved is not None:
+        backend.check_kv_cache_dtype(kv_cache_dtype, draft_resolved)
     template = read_template(chat_template) if chat_template is not None else None
     return PairPlan(target, draft, resolved, draft_resolved, threads, allow_download, trust_remote_code,
-                    template)
+                    template, kv_cache_dtype)
 
 
 def read_template(given: str) -> str:
@@ -93,7 +98,8 @@ def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> P
 
     if plan.threads is not None:
         torch.set_num_threads(plan.threads)
-    options = dict(allow_download=plan.allow_download, trust_remote_code=plan.trust_remote_code)
+    options = dict(allow_download=plan.allow_download, trust_remote_code=plan.trust_remote_code,
+                   kv_cache_dtype=plan.kv_cache_dtype)
     collecting = gc.isenabled()
     gc.disable()
     try:

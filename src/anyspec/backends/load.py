@@ -99,6 +99,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
     return CANONICAL.get(dtype, dtype)
 
 
+KV_CACHE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
 def check_model_path(spec: str, allow_download: bool = False) -> None:
     """Fail before loading unless ``spec`` is an existing model path, a built-in name or an allowed hub id."""
     path = Path(spec).expanduser()
@@ -120,10 +123,13 @@ def check_model_path(spec: str, allow_download: bool = False) -> None:
 
 
 def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
-               trust_remote_code: bool = False, allow_download: bool = False, name: str = "model"):
-    """Load a built-in name, a model folder, a GGUF file or a hub id, with ``dtype`` (see resolve_dtype)."""
+               trust_remote_code: bool = False, allow_download: bool = False, name: str = "model",
+               kv_cache_dtype: str = "fp32"):
+    """Load a built-in name, a model folder, a GGUF file or a hub id, with ``dtype`` (see
+    resolve_dtype) and KV caches of ``kv_cache_dtype`` (KV_CACHE_DTYPES)."""
     check_model_path(spec, allow_download)
     dtype = resolve_dtype(dtype, spec=spec)
+    check_kv_cache_dtype(kv_cache_dtype, dtype)
     if dtype == "gguf":
         if device != "cpu":
             raise ConfigError("dtype gguf (anyspec's GGUF kernels) runs on the CPU only; use bf16 on a GPU")
@@ -134,8 +140,26 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
             from anyspec.models import gguf_path
 
             source = gguf_path(spec)
-        return GGUFModel(source, name=name)
-    return load_transformers(spec, dtype, device, trust_remote_code, name)
+        model = GGUFModel(source, name=name)
+    else:
+        model = load_transformers(spec, dtype, device, trust_remote_code, name)
+    if kv_cache_dtype != "fp32":
+        from anyspec.backends.stack import StackModel
+
+        if not isinstance(model, StackModel):
+            raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype} needs anyspec's decoder kernels, and "
+                              f"{spec} runs on transformers at dtype {dtype}; leave the KV cache fp32")
+        model.use_kv_dtype(KV_CACHE_DTYPES[kv_cache_dtype])
+    return model
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> None:
+    """A KV cache type the kernels keep, for a model ``dtype`` that runs on them."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"--kv-cache-dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype != "fp32" and dtype not in ("gguf", "int8", "bf16"):
+        raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype} needs anyspec's decoder kernels (dtype gguf, "
+                          f"int8 or bf16), not dtype {dtype}")
 
 
 def load_transformers(spec: str, dtype: str, device: str, trust_remote_code: bool, name: str):

@@ -17,21 +17,24 @@ from anyspec.algorithms.tree import depths
 
 
 class KVCache:
-    """One preallocated fp32 tensor per layer for keys and one for values, ``[kv_heads, capacity, head_dim]``.
+    """One preallocated tensor per layer for keys and one for values, ``[kv_heads, capacity, head_dim]``,
+    of fp32 or fp16 (``dtype``; the kernel rounds each key and value to it as it writes them).
 
     It grows by doubling; positions past the sequence's ``num_cached`` are simply overwritten by the
     next forward, so cropping costs nothing.
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = 256):
-        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = 256,
+                 dtype: torch.dtype = torch.float32):
+        self.layers, self.kv_heads, self.head_dim, self.dtype = layers, kv_heads, head_dim, dtype
         self.keys, self.values = self._allocate(capacity), self._allocate(capacity)
 
     def _allocate(self, length: int) -> list[torch.Tensor]:
         # Ordinary tensors even when a caller runs the forward under inference mode: a cache grown
         # there is written outside it later (``copy_prefix``, ``Sequence.keep_rows``).
         with torch.inference_mode(False):
-            return [torch.zeros(self.kv_heads, length, self.head_dim) for _ in range(self.layers)]
+            shape = (self.kv_heads, length, self.head_dim)
+            return [torch.zeros(shape, dtype=self.dtype) for _ in range(self.layers)]
 
     @property
     def capacity(self) -> int:
@@ -176,14 +179,20 @@ class StackModel:
 
     sequences: weakref.WeakSet[Sequence]  # every live one
     own: Sequence
+    kv_dtype: torch.dtype = torch.float32  # the KV caches' type (use_kv_dtype)
 
     def hold_sequences(self) -> None:
         self.sequences = weakref.WeakSet()
         self.own = self.new_sequence()
 
+    def use_kv_dtype(self, dtype: torch.dtype) -> None:
+        """KV caches of ``dtype`` (fp32 or fp16) from now on; the model's own sequence starts empty."""
+        self.kv_dtype = dtype
+        self.hold_sequences()
+
     def new_sequence(self) -> Sequence:
         """Another sequence with its own (empty) KV cache."""
-        seq = Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim))
+        seq = Sequence(self, KVCache(self.n_layers, self.kv_heads, self.head_dim, dtype=self.kv_dtype))
         self.sequences.add(seq)
         return seq
 

@@ -26,6 +26,7 @@ class BenchSettings:
     #   of None is the engine's default (proposers.tuned_confidence, tuned_tree, lookup.start)
     dtype: str | None = None
     draft_dtype: str | None = None
+    kv_cache_dtype: str = "fp32"  # anyspec's KV caches (the other engines keep their own)
     also_draft_dtypes: list[str] = field(default_factory=list)  # each draft method again, as METHOD@DTYPE
     temperature: float = 0.7  # for anyspec-sampled
     top_p: float = 1.0  # for anyspec-sampled

@@ -177,7 +177,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
     s = settings
     spec, k = s.speculative, s.speculative.num_speculative_tokens
     prompts = [p for f in s.prompt_files for p in load_prompts(f)[:s.limit]]
-    plan = check_pair(s.target, s.draft, s.dtype, s.draft_dtype, s.threads)
+    plan = check_pair(s.target, s.draft, s.dtype, s.draft_dtype, s.threads, kv_cache_dtype=s.kv_cache_dtype)
     also = [check_pair(s.target, s.draft, s.dtype, d, s.threads).draft_dtype for d in s.also_draft_dtypes]
     methods, notes = available(s.methods, s.vllm_python, s.target)
     methods = with_draft_dtypes(methods, also)
@@ -190,7 +190,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
     branches = tuned_tree(tgt) if spec.tree is None else spec.tree
     for d in also:
         t = time.perf_counter()
-        ctx.drafts[d] = load_model(s.draft, dtype=d, name=f"draft ({d})")
+        ctx.drafts[d] = load_model(s.draft, dtype=d, name=f"draft ({d})", kv_cache_dtype=s.kv_cache_dtype)
         log(f"loaded {s.draft} again ({d}) in {time.perf_counter() - t:.1f}s")
     if any(m in VLLM_METHODS for m in methods):
         ctx.vllm_max_model_len = vllm_max_model_len(
@@ -201,7 +201,8 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
         close_all(ctx)
         close_llama_cpp(ctx)
     return {"config": {"target": s.target, "draft": s.draft, "dtype": plan.dtype,
-                       "draft_dtype": plan.draft_dtype, "also_draft_dtypes": also, "k": k,
+                       "kv_cache_dtype": s.kv_cache_dtype, "draft_dtype": plan.draft_dtype,
+                       "also_draft_dtypes": also, "k": k,
                        "ngram": spec.ngram, "adaptive_k": spec.adaptive_k, "draft_confidence": confidence,
                        "tree": branches, "repeat": s.repeat,
                        "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,

@@ -93,6 +93,10 @@ def add_engine_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) 
     p.add_argument("--draft-dtype", default="auto",
                    help="draft: auto (as --dtype for a GGUF model; a folder: int8 on the CPU, since the "
                         "draft's numbers never change the output) | gguf | bf16 | fp16 | fp32 | int8")
+    p.add_argument("--kv-cache-dtype", default="fp32", choices=("fp32", "fp16"),
+                   help="both models' KV caches: fp32 (default) or fp16 (half the memory, and half the "
+                        "bytes a token reads on a long context; each key and value rounded once); "
+                        "anyspec's kernels only (dtype gguf, int8 or bf16)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads, at most the CPU count (default: torch's choice, one per "
                         "physical core)")
@@ -110,7 +114,8 @@ def pair_plan(args, draft: bool = True) -> PairPlan:
     use_draft = draft and not getattr(args, "no_draft", False)
     return check_pair(args.target, args.draft if use_draft else None, args.dtype, args.draft_dtype,
                       args.threads, getattr(args, "allow_download", False),
-                      getattr(args, "trust_remote_code", False), getattr(args, "chat_template", None))
+                      getattr(args, "trust_remote_code", False), getattr(args, "chat_template", None),
+                      getattr(args, "kv_cache_dtype", "fp32"))
 
 
 def check_prompt_text(text: str) -> None:

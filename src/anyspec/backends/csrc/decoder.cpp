@@ -24,138 +24,12 @@
 #include <cstring>
 #include <vector>
 
+#include "attention.h"
 #include "quant.h"
 #include "stack.h"
 
 namespace anyspec {
 namespace {
-
-// Where one query row attends: its sequence's cache of keys and values [kv_heads, cap, D] and its
-// position there. The row attends to positions first..pos (first > 0 in a sliding window), its own
-// key and value already written. A row of a tree (a branch beside its siblings) attends to its own
-// ancestors only: the last path_len of those positions are the cache slots path[0..path_len) (its
-// own last), the others the slots of the same number; its own key and value are at its last slot.
-struct RowCache {
-  const float* k;
-  const float* v;
-  int64_t cap, pos, first = 0;
-  const int64_t* path = nullptr;
-  int64_t path_len = 0;
-
-  int64_t slot() const { return path_len ? path[path_len - 1] : pos; }
-};
-
-// A row's scores p[0..len) into its attention weights: capped (softcap > 0), then the softmax.
-void capped_softmax(float* p, int64_t len, float softcap) {
-  if (softcap > 0)
-    for (int64_t j = 0; j < len; ++j) p[j] = softcap * std::tanh(p[j] / softcap);
-  softmax(p, len);
-}
-
-// Heads hd .. hd + n - 1 (of key-value head g) of one row, query q, output o, scores in p (stride
-// apart). A path's slots are scored and summed one at a time, in the order of their positions:
-// each score is a dot product by itself and the weighted sum goes on from where it was, so a
-// branch's row is the same bits as the row at its position in a sequence that holds only its
-// ancestors.
-void attend_row(const float* q, const RowCache& row, int64_t g, int64_t n, int64_t D, float scaling, float softcap,
-                float* o, float* p, int64_t stride) {
-  const int64_t len = row.pos + 1 - row.first, tail = row.pos + 1 - row.path_len;
-  const int64_t flat = std::max<int64_t>(0, tail - row.first);  // positions at their own slots
-  const int64_t offset = (g * row.cap + row.first) * D, head = g * row.cap * D;
-  scores_heads(q, n, row.k + offset, flat, D, scaling, p, stride);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = flat; j < len; ++j)
-      scores(q + i * D, row.k + head + row.path[row.first + j - tail] * D, 1, D, scaling, &p[i * stride + j]);
-    capped_softmax(p + i * stride, len, softcap);
-  }
-  weighted_sum_heads(p, n, stride, row.v + offset, flat, D, o);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = flat; j < len; ++j)
-      weighted_sum(p + i * stride + j, row.v + head + row.path[row.first + j - tail] * D, 1, D, o + i * D, j > 0);
-}
-
-// How many of rows[0..most) from the first on read the same cache from the same first position,
-// none of them through a path.
-int64_t rows_together(const RowCache* rows, int64_t most) {
-  int64_t R = 0;
-  while (R < most && !rows[R].path_len && rows[R].k == rows[0].k && rows[R].first == rows[0].first) ++R;
-  return rows[0].path_len ? 0 : R;
-}
-
-// All n heads of key-value head g in R rows that rows_together found: the keys and values every
-// one of them attends to are scored and summed for each row and head in turn while they are in L1,
-// the rest row by row; each (row, head) is the same bits as attend_row's.
-void attend_rows(const float* q, int64_t q_stride, const RowCache* rows, int64_t R, int64_t g, int64_t n, int64_t D,
-                 float scaling, float softcap, float* o, int64_t o_stride, float* p, int64_t stride) {
-  int64_t shared = rows[0].pos + 1 - rows[0].first;
-  for (int64_t r = 1; r < R; ++r) shared = std::min(shared, rows[r].pos + 1 - rows[r].first);
-  const int64_t offset = (g * rows[0].cap + rows[0].first) * D, scored = shared - shared % 8;
-  const int64_t summed = shared - shared % 64;
-  const float *keys = rows[0].k + offset, *values = rows[0].v + offset;
-  scores_rows(q, R, q_stride, n, keys, scored, D, scaling, p, stride);
-  for (int64_t r = 0; r < R; ++r) {
-    const int64_t len = rows[r].pos + 1 - rows[r].first;
-    float* pr = p + r * n * stride;
-    scores_heads(q + r * q_stride, n, keys + scored * D, len - scored, D, scaling, pr + scored, stride);
-    for (int64_t i = 0; i < n; ++i) capped_softmax(pr + i * stride, len, softcap);
-  }
-  weighted_sum_rows(p, R, n, stride, values, summed, D, o, o_stride);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < n; ++i)
-      weighted_sum(p + (r * n + i) * stride + summed, values + summed * D, rows[r].pos + 1 - rows[r].first - summed,
-                   D, o + r * o_stride + i * D, summed > 0);
-}
-
-// Query rows attended together (attend_rows) at most: their keys are read once from beyond L1.
-constexpr int64_t BLOCK_ROWS = 4;
-
-// Causal attention for M query rows, row m over rows[m]'s cache; query row m, head h at
-// q + m * q_stride + h * D; out is [M, heads * D]. Each (row, head) is computed alone in a fixed
-// order, so a row's result depends neither on M nor on the other rows' sequences. The tasks go by
-// key-value head, then row, then the heads that share it; a thread's run of such heads goes
-// together (scores_heads, weighted_sum_heads: the same bits as one head at a time), so the keys
-// and values are read once for them, and a run of whole rows of one sequence goes together too
-// (attend_rows).
-void attend(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, int64_t kv_heads, int64_t D,
-            const RowCache* rows, float scaling, float softcap, float* out) {
-  const int64_t group = heads / kv_heads;
-  int64_t longest = 0;
-  for (int64_t m = 0; m < M; ++m) longest = std::max(longest, rows[m].pos + 1 - rows[m].first);
-  split(M * heads, 1, [&](int64_t begin, int64_t stop) {
-    std::vector<float> scores_of(BLOCK_ROWS * group * longest);
-    for (int64_t task = begin; task < stop;) {
-      const int64_t g = task / (M * group), m = task / group % M, hd = g * group + task % group;
-      const float* q = q_all + m * q_stride + hd * D;
-      float* o = out + m * heads * D + hd * D;
-      const int64_t R = task % group ? 0 : rows_together(rows + m, std::min({BLOCK_ROWS, (stop - task) / group, M - m}));
-      if (R > 1) {
-        attend_rows(q, q_stride, rows + m, R, g, group, D, scaling, softcap, o, heads * D, scores_of.data(), longest);
-        task += R * group;
-        continue;
-      }
-      const int64_t n = std::min(stop - task, group - task % group);  // heads hd .. hd + n - 1
-      attend_row(q, rows[m], g, n, D, scaling, softcap, o, scores_of.data(), longest);
-      task += n;
-    }
-  });
-}
-
-// transformers' attention interface: query [heads, M, D], key/value [kv_heads, L, D] with the new
-// rows last; returns [M, heads, D] in fp32.
-torch::Tensor attention(torch::Tensor query, torch::Tensor key, torch::Tensor value, double scaling) {
-  auto q = query.to(torch::kFloat32).transpose(0, 1).contiguous();
-  auto k = key.to(torch::kFloat32).contiguous();
-  auto v = value.to(torch::kFloat32).contiguous();
-  const int64_t M = q.size(0), heads = q.size(1), D = q.size(2), kv_heads = k.size(0), L = k.size(1);
-  TORCH_CHECK(L >= M && heads % kv_heads == 0 && k.size(2) == D, "attention: shape mismatch");
-  auto out = torch::empty({M, heads, D}, q.options());
-  std::vector<RowCache> rows(M);
-  for (int64_t m = 0; m < M; ++m) rows[m] = {k.data_ptr<float>(), v.data_ptr<float>(), L, L - M + m, 0};
-  attend(q.data_ptr<float>(), heads * D, M, heads, kv_heads, D, rows.data(), static_cast<float>(scaling), 0.0f,
-         out.data_ptr<float>());
-  return out;
-}
-
 
 // One model family's choices for the whole stack.
 struct Arch {
@@ -241,6 +115,9 @@ void check_inputs(int64_t M, const Arch& arch, const std::vector<Layer>& layers,
   const int64_t S = L ? keys.size() / L : 0;
   TORCH_CHECK(L && S && static_cast<int64_t>(keys.size()) == S * L && keys.size() == values.size(),
               "decoder_forward: a key and a value tensor per layer and sequence");
+  for (size_t i = 0; i < keys.size(); ++i)
+    TORCH_CHECK(half_cache(keys[i]) == half_cache(keys[0]) && half_cache(values[i]) == half_cache(keys[0]),
+                "decoder_forward: every key and value tensor of one type");
   TORCH_CHECK(arch.heads > 0 && arch.kv_heads > 0 && arch.heads % arch.kv_heads == 0 && R <= D && R % 2 == 0 &&
                   cos.size() == sin.size(),
               "decoder_forward: bad attention shape");
@@ -294,8 +171,16 @@ void queries_and_keys(float* row, const Layer& layer, const Arch& arch, const fl
     for (int64_t i = 0; i < arch.heads + arch.kv_heads; ++i) rotate(row + i * D, cos, sin, R, arch.rope_pairs);
   for (int64_t g = 0; g < arch.kv_heads; ++g) {
     const int64_t at = (g * cache.cap + cache.slot()) * D;
-    std::memcpy(const_cast<float*>(cache.k) + at, row + q_size + g * D, D * sizeof(float));
-    std::memcpy(const_cast<float*>(cache.v) + at, row + q_size + kv_size + g * D, D * sizeof(float));
+    const float *k = row + q_size + g * D, *v = row + q_size + kv_size + g * D;
+    if (cache.half) {
+      for (int64_t d = 0; d < D; ++d) {
+        static_cast<Half*>(cache.k)[at + d] = to_half(k[d]);
+        static_cast<Half*>(cache.v)[at + d] = to_half(v[d]);
+      }
+    } else {
+      std::memcpy(static_cast<float*>(cache.k) + at, k, D * sizeof(float));
+      std::memcpy(static_cast<float*>(cache.v) + at, v, D * sizeof(float));
+    }
   }
 }
 
@@ -318,6 +203,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
   positions = positions.to(torch::kLong).contiguous();
   seqs = seqs.to(torch::kLong).contiguous();
   check_inputs(M, arch, layers, positions, seqs, keys, values, cos, sin);
+  const bool half = half_cache(keys[0]);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* seq = seqs.data_ptr<int64_t>();
   const std::vector<std::vector<int64_t>> paths = tree_paths(M, pos, seq, keys, L, slots, parents);
@@ -344,8 +230,8 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
       for (int64_t r = 0; r < M; ++r) {
         const torch::Tensor& k = keys[seq[r] * L + l];
         const int64_t first = layer.window > 0 ? std::max<int64_t>(0, pos[r] - layer.window + 1) : 0;
-        rows[r] = {k.data_ptr<float>(), values[seq[r] * L + l].data_ptr<float>(), k.size(1), pos[r], first,
-                   paths[r].data(), static_cast<int64_t>(paths[r].size())};
+        rows[r] = {k.data_ptr(), values[seq[r] * L + l].data_ptr(), k.size(1), pos[r], first, paths[r].data(),
+                   static_cast<int64_t>(paths[r].size()), half};
       }
       apply(h.data(), M, m + Q, 3, qkv.data(), qkv_size, acts[QKV_IN]);
 #pragma omp single

@@ -150,9 +150,10 @@ void rowwise_rows(const float* x, int64_t M, const float* w, int64_t rows, int64
 }
 
 // N keys' scores at once: q against each key in 8 fp32 lanes over d, a fixed horizontal sum, then a
-// scalar tail; N is a constant, so the N sums stay in registers.
-template <int N>
-inline void score_keys(const float* q, const float* keys, int64_t D, int64_t D8, float scaling, float* out) {
+// scalar tail; N is a constant, so the N sums stay in registers. Keys of fp16 are widened exactly,
+// so they score as their fp32 values would.
+template <int N, typename C>
+inline void score_keys(const float* q, const C* keys, int64_t D, int64_t D8, float scaling, float* out) {
   F8 acc[N];
   for (int i = 0; i < N; ++i) acc[i] = zero8();
   for (int64_t d = 0; d < D8; d += 8) {
@@ -161,24 +162,16 @@ inline void score_keys(const float* q, const float* keys, int64_t D, int64_t D8,
   }
   for (int i = 0; i < N; ++i) {
     float s = hsum(acc[i]);
-    for (int64_t d = D8; d < D; ++d) s += q[d] * keys[i * D + d];
+    for (int64_t d = D8; d < D; ++d) s += q[d] * value(keys[i * D + d]);
     out[i] = s * scaling;
   }
 }
 
-// Eight keys at a time, then one at a time; each key's sum runs in the same fixed order either way.
-void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out) {
-  scores_heads(q, 1, keys, len, D, scaling, out, len);
-}
-
-void scores_heads(const float* q, int64_t n, const float* keys, int64_t len, int64_t D, float scaling, float* out,
-                  int64_t out_stride) {
-  scores_rows(q, 1, 0, n, keys, len, D, scaling, out, out_stride);
-}
 // Each block of eight keys against every row's every head in turn, so a key is read from memory once
-// for all of them.
-void scores_rows(const float* q, int64_t rows, int64_t q_stride, int64_t n, const float* keys, int64_t len, int64_t D,
-                 float scaling, float* out, int64_t out_stride) {
+// for all of them; then the last keys one at a time (each key's sum in the same order either way).
+template <typename C>
+void scores_of(const float* q, int64_t rows, int64_t q_stride, int64_t n, const C* keys, int64_t len, int64_t D,
+               float scaling, float* out, int64_t out_stride) {
   const int64_t D8 = D - D % 8;
   int64_t j = 0;
   for (; j + 8 <= len; j += 8)
@@ -190,8 +183,10 @@ void scores_rows(const float* q, int64_t rows, int64_t q_stride, int64_t n, cons
       for (int64_t h = 0; h < n; ++h)
         score_keys<1>(q + r * q_stride + h * D, keys + j * D, D, D8, scaling, out + (r * n + h) * out_stride + j);
 }
+
 // 64 d at a time in registers (a narrower tail: 8 d at a time, then one by one).
-void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o, bool add) {
+template <typename C>
+void sum_of(const float* p, const C* values, int64_t len, int64_t D, float* o, bool add) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {
     F8 acc[8];
@@ -209,25 +204,50 @@ void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, f
   }
   for (int64_t d = d0; d < D; ++d) {
     float s = add ? o[d] : 0.0f;
-    for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], values[j * D + d], s);
+    for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], value(values[j * D + d]), s);
     o[d] = s;
   }
 }
 
-void weighted_sum_heads(const float* p, int64_t n, int64_t p_stride, const float* values, int64_t len, int64_t D,
-                        float* o) {
-  weighted_sum_rows(p, 1, n, p_stride, values, len, D, o, 0);
-}
-// Values in pieces of 64, each piece summed for every row's every head in turn: weighted_sum's pieces
-// are the same bits as one sum, and a piece stays in L1 for all of them.
-void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride, const float* values, int64_t len,
-                       int64_t D, float* o, int64_t o_stride) {
+// Values in pieces of 64, each piece summed for every row's every head in turn: sum_of's pieces are
+// the same bits as one sum, and a piece stays in L1 for all of them.
+template <typename C>
+void sums_of(const float* p, int64_t rows, int64_t n, int64_t p_stride, const C* values, int64_t len, int64_t D,
+             float* o, int64_t o_stride) {
   constexpr int64_t PIECE = 64;
   for (int64_t j = 0; j < len; j += PIECE)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t h = 0; h < n; ++h)
-        weighted_sum(p + (r * n + h) * p_stride + j, values + j * D, std::min(PIECE, len - j), D,
-                     o + r * o_stride + h * D, j > 0);
+        sum_of(p + (r * n + h) * p_stride + j, values + j * D, std::min(PIECE, len - j), D, o + r * o_stride + h * D,
+               j > 0);
+}
+
+void scores_rows(const float* q, int64_t rows, int64_t q_stride, int64_t n, const float* keys, int64_t len, int64_t D,
+                 float scaling, float* out, int64_t out_stride) {
+  scores_of(q, rows, q_stride, n, keys, len, D, scaling, out, out_stride);
+}
+
+void scores_rows(const float* q, int64_t rows, int64_t q_stride, int64_t n, const Half* keys, int64_t len, int64_t D,
+                 float scaling, float* out, int64_t out_stride) {
+  scores_of(q, rows, q_stride, n, keys, len, D, scaling, out, out_stride);
+}
+
+void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o, bool add) {
+  sum_of(p, values, len, D, o, add);
+}
+
+void weighted_sum(const float* p, const Half* values, int64_t len, int64_t D, float* o, bool add) {
+  sum_of(p, values, len, D, o, add);
+}
+
+void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride, const float* values, int64_t len,
+                       int64_t D, float* o, int64_t o_stride) {
+  sums_of(p, rows, n, p_stride, values, len, D, o, o_stride);
+}
+
+void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride, const Half* values, int64_t len,
+                       int64_t D, float* o, int64_t o_stride) {
+  sums_of(p, rows, n, p_stride, values, len, D, o, o_stride);
 }
 
 void exp_shifted(float* v, int64_t n, float shift) {

@@ -15,27 +15,26 @@ void rowwise_rows(const float* x, int64_t M, const int8_t* w, int64_t rows, int6
 void rowwise_rows(const float* x, int64_t M, const float* w, int64_t rows, int64_t K, const float* scale,
                   const float* bias, float* y, int64_t ldy);
 
-// out[j] = q . k_j * scaling for the len keys k_j (rows of D).
-void scores(const float* q, const float* keys, int64_t len, int64_t D, float scaling, float* out);
-// The same for n heads at once (query h at q + h * D, its scores at out + h * out_stride): the bits
-// of n calls of scores.
-void scores_heads(const float* q, int64_t n, const float* keys, int64_t len, int64_t D, float scaling, float* out,
-                  int64_t out_stride);
-// The same for `rows` rows of n heads over the same keys (row r's head h at q + r * q_stride + h * D,
-// its scores at out + (r * n + h) * out_stride): the bits of rows * n calls of scores.
+struct Half;  // an fp16 value (vec8.h): attention reads a KV cache of fp32 or of fp16
+
+// out[(r * n + h) * out_stride + j] = q_rh . k_j * scaling for the len keys k_j (rows of D) and the n
+// heads of each of `rows` query rows (row r's head h at q + r * q_stride + h * D). Each score is
+// computed alone in a fixed order, whatever rows, n and len; an fp16 key scores as its fp32 value.
 void scores_rows(const float* q, int64_t rows, int64_t q_stride, int64_t n, const float* keys, int64_t len, int64_t D,
+                 float scaling, float* out, int64_t out_stride);
+void scores_rows(const float* q, int64_t rows, int64_t q_stride, int64_t n, const Half* keys, int64_t len, int64_t D,
                  float scaling, float* out, int64_t out_stride);
 
 // o[d] = sum over j in order of p[j] * v_j[d] for the len value rows v_j (rows of D); with `add`, the
 // sum goes on from o's values, so that sums in pieces give the same bits as one sum over all rows.
 void weighted_sum(const float* p, const float* values, int64_t len, int64_t D, float* o, bool add = false);
-// n heads' sums over the same values (head h: weights p + h * p_stride, output o + h * D), without
-// `add`: the bits of n calls of weighted_sum. len == 0 leaves o as it is.
-void weighted_sum_heads(const float* p, int64_t n, int64_t p_stride, const float* values, int64_t len, int64_t D,
-                        float* o);
-// The same for `rows` rows of n heads (row r's head h: weights p + (r * n + h) * p_stride, output
-// o + r * o_stride + h * D).
+void weighted_sum(const float* p, const Half* values, int64_t len, int64_t D, float* o, bool add = false);
+// The same for the n heads of `rows` rows over the same values (row r's head h: weights
+// p + (r * n + h) * p_stride, output o + r * o_stride + h * D), without `add`: the bits of one
+// weighted_sum each. len == 0 leaves o as it is.
 void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride, const float* values, int64_t len,
+                       int64_t D, float* o, int64_t o_stride);
+void weighted_sum_rows(const float* p, int64_t rows, int64_t n, int64_t p_stride, const Half* values, int64_t len,
                        int64_t D, float* o, int64_t o_stride);
 
 // v[i] = exp(v[i] - shift) for i < n.

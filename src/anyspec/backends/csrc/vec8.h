@@ -25,6 +25,13 @@ inline float bits_to_float(uint32_t u) {
 
 inline float bf16_to_float(uint16_t v) { return bits_to_float(static_cast<uint32_t>(v) << 16); }
 
+// An fp16 value as a KV cache of fp16 stores it (torch's float16); load8 and value() widen it, exactly.
+struct Half {
+  uint16_t bits;
+};
+
+inline float value(float x) { return x; }
+
 #if ANYSPEC_X86
 
 using F8 = __m256;
@@ -67,6 +74,11 @@ inline float hmax(F8 v) {
 }
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }  // fp16 -> fp32, exact
+inline float value(Half h) { return half(h.bits); }
+inline F8 load8(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline Half to_half(float x) {  // fp32 -> fp16, rounded to nearest, ties to even
+  return {static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))};
+}
 
 inline void prefetch_l1(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 inline void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
@@ -123,6 +135,25 @@ inline float half(uint16_t h) {
   if (e) return bits_to_float(sign | ((e + 112) << 23) | (m << 13));
   const float tiny = static_cast<float>(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
   return sign ? -tiny : tiny;
+}
+
+inline float value(Half h) { return half(h.bits); }
+inline F8 load8(const Half* p) { return lanes([p](int i) { return half(p[i].bits); }); }
+
+// fp32 -> fp16 rounded to nearest, ties to even, as F16C's conversion: overflow to infinity, a NaN
+// quiet with the top of its payload.
+inline Half to_half(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return {static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu))};
+  if (a >= 0x477ff000u) return {static_cast<uint16_t>(sign | 0x7c00u)};  // 65520 and up
+  if (a < 0x38800000u)  // below 2^-14: a multiple of 2^-24 (the scaling is exact), 1024 the least normal
+    return {static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(bits_to_float(a) * 16777216.0f)))};
+  uint32_t h = (a - 0x38000000u) >> 13;
+  const uint32_t rest = a & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return {static_cast<uint16_t>(sign | h)};
 }
 
 inline void prefetch_l1(const void* p) { __builtin_prefetch(p, 0, 3); }
