@@ -162,7 +162,7 @@ inline void score_keys(const float* q, const C* keys, int64_t D, int64_t D8, flo
   }
   for (int i = 0; i < N; ++i) {
     float s = hsum(acc[i]);
-    for (int64_t d = D8; d < D; ++d) s += q[d] * value(keys[i * D + d]);
+    for (int64_t d = D8; d < D; ++d) s += q[d] * widen(keys[i * D + d]);
     out[i] = s * scaling;
   }
 }
@@ -204,7 +204,7 @@ void sum_of(const float* p, const C* values, int64_t len, int64_t D, float* o, b
   }
   for (int64_t d = d0; d < D; ++d) {
     float s = add ? o[d] : 0.0f;
-    for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], value(values[j * D + d]), s);
+    for (int64_t j = 0; j < len; ++j) s = std::fma(p[j], widen(values[j * D + d]), s);
     o[d] = s;
   }
 }

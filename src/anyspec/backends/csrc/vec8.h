@@ -25,12 +25,12 @@ inline float bits_to_float(uint32_t u) {
 
 inline float bf16_to_float(uint16_t v) { return bits_to_float(static_cast<uint32_t>(v) << 16); }
 
-// An fp16 value as a KV cache of fp16 stores it (torch's float16); load8 and value() widen it, exactly.
+// An fp16 value as a KV cache of fp16 stores it (torch's float16); load8 and widen() widen it, exactly.
 struct Half {
   uint16_t bits;
 };
 
-inline float value(float x) { return x; }
+inline float widen(float x) { return x; }
 
 #if ANYSPEC_X86
 
@@ -74,7 +74,7 @@ inline float hmax(F8 v) {
 }
 
 inline float half(uint16_t h) { return _cvtsh_ss(h); }  // fp16 -> fp32, exact
-inline float value(Half h) { return half(h.bits); }
+inline float widen(Half h) { return half(h.bits); }
 inline F8 load8(const Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline Half to_half(float x) {  // fp32 -> fp16, rounded to nearest, ties to even
   return {static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))};
@@ -137,7 +137,7 @@ inline float half(uint16_t h) {
   return sign ? -tiny : tiny;
 }
 
-inline float value(Half h) { return half(h.bits); }
+inline float widen(Half h) { return half(h.bits); }
 inline F8 load8(const Half* p) { return lanes([p](int i) { return half(p[i].bits); }); }
 
 // fp32 -> fp16 rounded to nearest, ties to even, as F16C's conversion: overflow to infinity, a NaN
