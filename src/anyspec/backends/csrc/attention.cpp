@@ -95,7 +95,7 @@ void attend_as(const float* q_all, int64_t q_stride, int64_t M, int64_t heads, i
   int64_t longest = 0;
   for (int64_t m = 0; m < M; ++m) longest = std::max(longest, rows[m].pos + 1 - rows[m].first);
   split(M * heads, 1, [&](int64_t begin, int64_t stop) {
-    std::vector<float> scores_of(BLOCK_ROWS * group * longest);
+    std::vector<float> scores_of(std::min(BLOCK_ROWS, M) * group * longest);
     for (int64_t task = begin; task < stop;) {
       const int64_t g = task / (M * group), m = task / group % M, hd = g * group + task % group;
       const float* q = q_all + m * q_stride + hd * D;
