@@ -2,6 +2,8 @@
 // weighted sums of dense.cpp, tasks split across the stack's threads.
 #include "attention.h"
 
+#include <torch/extension.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
