@@ -40,6 +40,7 @@ def free_port() -> int:
     (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
     (["--api-key", ""], "--api-key must be printable ASCII without spaces"),
     (["--api-key", "sk one"], "--api-key must be printable ASCII without spaces"),
+    (["--responses-store", "-1"], "--responses-store must be >= 0"),
 ])
 def test_bad_command_line_fails_in_one_line_before_loading(no_loading, capsys, argv, says):
     assert cli.main(["serve", *argv]) == 2
@@ -239,6 +240,7 @@ def test_an_api_key_guards_every_route_but_health_and_metrics(folders):
     ("max_prompt_tokens", 0, "--max-prompt-tokens must be >= 1, got 0"),
     ("queue_timeout", 0.0, "--queue-timeout must be > 0 seconds, got 0.0"),
     ("generation_timeout", float("nan"), "--generation-timeout must be > 0 seconds"),
+    ("responses_store", True, "--responses-store must be >= 0, got True"),
 ])
 def test_server_settings_check_themselves(field, value, says):
     """The same checks for a server built in code (``create_app``) as for ``anyspec serve``."""

@@ -1,6 +1,7 @@
 """OpenAI's Responses API (``POST /v1/responses``) over real HTTP, driven by the official ``openai``
 client, on tiny random-weight models with real tokenizers: each answer is the engine's for the same
-conversation, whole or streamed, and bad fields are 400s naming the Responses field."""
+conversation, whole or streamed, a stored response continues as its whole conversation would, and
+bad fields are 400s naming the Responses field."""
 
 import json
 
@@ -10,9 +11,11 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from live_server import CHAT, MODEL_NAME, greedy, one_thread  # noqa: E402, F401
+from live_server import CHAT, MODEL_NAME, greedy, live_server, load_engine, one_thread  # noqa: E402, F401
+from test_linear import needs_rowwise  # noqa: E402
 
 from anyspec.engine import SamplingParams  # noqa: E402
+from anyspec.server.responses import Api  # noqa: E402
 
 
 def test_a_response_is_the_engines_answer_to_the_conversation(client, reference):
@@ -108,8 +111,7 @@ def test_text_format_holds_the_answer_to_the_schema(client):
 
 
 @pytest.mark.parametrize(("extra", "param", "code", "says"), [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter",
-     "keeps no responses"),
+    ({"conversation": "conv_1"}, "conversation", "unsupported_parameter", "previous_response_id"),
     ({"messages": CHAT}, "messages", "unsupported_parameter", "it takes 'input'"),
     ({"max_tokens": 4}, "max_tokens", "unsupported_parameter", "it takes 'max_output_tokens'"),
     ({"input": []}, "input", "invalid_value", "non-empty array"),
@@ -132,3 +134,90 @@ def test_bad_responses_fields_are_400s_naming_the_field(server, extra, param, co
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == param and error["code"] == code, error
     assert says in error["message"], error["message"]
+
+
+def test_previous_response_id_continues_the_stored_conversation(client):
+    """A chain of three responses (the second streamed) answers as the whole conversation sent at
+    once; the first request's instructions are not carried over, as OpenAI has it."""
+    kw = dict(model=MODEL_NAME, max_output_tokens=6, temperature=0)
+    first = client.responses.create(**kw, instructions="You are terse.", input="Name a prime.")
+    assert first.store is True and first.previous_response_id is None
+    second_events = list(client.responses.create(**kw, input="Another one.", previous_response_id=first.id,
+                                                 stream=True))
+    second = second_events[-1].response
+    assert second.previous_response_id == first.id
+    third = client.responses.create(**kw, input=[{"role": "user", "content": "And a third."}],
+                                    previous_response_id=second.id, instructions="Answer in French.")
+    whole = client.responses.create(**kw, instructions="Answer in French.", store=False, input=[
+        {"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Another one."}, {"role": "assistant", "content": second.output_text},
+        {"role": "user", "content": "And a third."}])
+    assert third.usage.input_tokens == whole.usage.input_tokens
+    assert third.output_text == whole.output_text
+    assert third.usage.input_tokens > second.usage.input_tokens > first.usage.input_tokens
+
+
+@needs_rowwise
+def test_a_continued_conversation_starts_from_the_prefix_cache(folders):
+    """On a row-invariant model (int8, the lean stack) each turn's prompt reuses the one before it."""
+    with live_server(load_engine(*folders, dtype="int8"), queue_size=4) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        kw = dict(model=MODEL_NAME, max_output_tokens=6, temperature=0)
+        first = client.responses.create(**kw, input="Name a prime.")
+        second = client.responses.create(**kw, input="Another one.", previous_response_id=first.id)
+    assert first.usage.input_tokens_details.cached_tokens == 0
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert first.usage.input_tokens <= cached < second.usage.input_tokens
+
+
+def test_stored_responses_are_read_listed_and_deleted(client, server):
+    kw = dict(model=MODEL_NAME, max_output_tokens=4, temperature=0)
+    out = client.responses.create(**kw, input=[{"role": "user", "content": "One."},
+                                                {"role": "assistant", "content": "Two."},
+                                                {"role": "user", "content": "Three?"}])
+    got = client.responses.retrieve(out.id)
+    assert got.id == out.id and got.output_text == out.output_text and got.usage == out.usage
+    items = client.responses.input_items.list(out.id)
+    assert [i.content[0].text for i in items.data] == ["Three?", "Two.", "One."]
+    assert [i.role for i in items.data] == ["user", "assistant", "user"]
+    listed = f"{server}/v1/responses/{out.id}/input_items"
+    page = httpx.get(listed, params={"order": "asc", "limit": 2}).json()
+    assert [i["content"][0]["text"] for i in page["data"]] == ["One.", "Two."] and page["has_more"]
+    rest = httpx.get(listed, params={"order": "asc", "after": page["last_id"]}).json()
+    assert [i["content"][0]["text"] for i in rest["data"]] == ["Three?"] and not rest["has_more"]
+    bad = httpx.get(listed, params={"limit": 0}).json()["error"]
+    assert bad["param"] == "limit"
+    client.responses.delete(out.id)
+    for r in (httpx.get(f"{server}/v1/responses/{out.id}"), httpx.delete(f"{server}/v1/responses/{out.id}")):
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    gone = httpx.post(server + "/v1/responses", json=kw | {"input": "Hi.", "previous_response_id": out.id})
+    error = gone.json()["error"]
+    assert gone.status_code == 404 and error["param"] == "previous_response_id"
+    assert error["code"] == "previous_response_not_found"
+    unstored = client.responses.create(**kw, input="Hi.", store=False)
+    assert unstored.store is False and httpx.get(f"{server}/v1/responses/{unstored.id}").status_code == 404
+
+
+def test_the_store_keeps_the_most_recent_responses():
+    """Unit level: the oldest response leaves the store first, and a request that never finished
+    leaves nothing behind past the bound."""
+    api = Api(2)
+    ids = []
+    for i in range(3):
+        body = {"input": f"turn {i}"}
+        api.chat_body(body)
+        base = api.head(body, MODEL_NAME, 3)
+        api.keep(base | {"output": [{"type": "message", "id": "m", "status": "completed", "role": "assistant",
+                                     "content": [{"type": "output_text", "text": f"answer {i}"}]}]})
+        ids.append(base["id"])
+    assert list(api.kept) == ids[1:] and not api.pending and not api.read
+    with pytest.raises(Exception, match="not found"):
+        api.chat_body({"input": "next", "previous_response_id": ids[0]})
+    chained = {"input": "next", "previous_response_id": ids[2]}
+    assert [m["content"] for m in api.chat_body(chained)["messages"]] == ["turn 2", "answer 2", "next"]
+    for _ in range(100):  # admitted, never finished
+        body = {"input": "x"}
+        api.chat_body(body)
+        api.head(body, MODEL_NAME, 1)
+    assert len(api.pending) <= 2 + 64 and len(api.read) <= 2 + 64
+    assert all(Api(0).head({"input": "x"}, MODEL_NAME, 1)["store"] is False for _ in range(2))

@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
                         "default: $ANYSPEC_API_KEY, else none")
     p.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGIN",
                    help="answer CORS requests from this browser origin (repeatable; '*': any; default: none)")
+    p.add_argument("--responses-store", type=int, default=1024, metavar="N",
+                   help="Responses API responses kept in memory, the most recent, for previous_response_id "
+                        "and GET /v1/responses/{id} (0: none)")
     p.set_defaults(func=run)
 
 

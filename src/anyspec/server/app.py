@@ -1,10 +1,11 @@
 """The OpenAI-compatible HTTP app over one engine (``anyspec serve``; ``protocol.py`` checks the requests).
 
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (OpenAI's Responses,
-``responses.py``) and ``POST /v1/messages`` (Anthropic's Messages, ``messages.py``), server-sent
-events with ``stream: true``; ``GET /v1/models``, ``GET /health``, ``GET /metrics``
-(Prometheus text), ``POST /tokenize`` and ``/detokenize`` (``routes.py``). The official ``openai``
-client works against it unchanged.
+``responses.py``, with ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items``) and
+``POST /v1/messages`` (Anthropic's Messages, ``messages.py``), server-sent events with
+``stream: true``; ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text),
+``POST /tokenize`` and ``/detokenize`` (``routes.py``). The official ``openai`` client works
+against it unchanged.
 
 Scheduling: one worker thread runs up to ``--max-batch`` generations together (``scheduler.py``):
 their draft forwards go through the draft in one pass, then their verifications through the target
@@ -269,9 +270,24 @@ def add_generation_routes(app, settings: Settings, scheduler: Scheduler, metrics
     async def chat_completions(request: Request):
         return await answer(request)
 
+    stored = responses.Api(settings.responses_store)
+
     @app.post("/v1/responses")
     async def create_response(request: Request):
-        return await answer(request, api=responses)
+        return await answer(request, api=stored)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return stored.find(response_id)[0]
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return stored.delete(response_id)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(response_id: str, limit: str = "20", order: str = "desc",
+                               after: str | None = None):
+        return stored.input_items(response_id, limit, order, after)
 
     @app.post("/v1/messages")
     async def create_message(request: Request):

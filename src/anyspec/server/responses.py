@@ -7,10 +7,15 @@ object, whole (``whole``) or as the Responses stream's typed events (``events``)
 system message before them, ``max_output_tokens`` the chat's ``max_tokens``, ``text.format`` its
 ``response_format`` and the function ``tools`` (flat, as Responses writes them) and
 ``tool_choice`` its own. The chat's sampling fields and extensions (``seed``, ``top_k``,
-``speculative``, ...) pass through. Nothing is stored: ``previous_response_id`` and
-``conversation`` answer 400, as do built-in tools (web search, files, ...) and non-text content;
-``reasoning`` changes nothing (the models answer without reasoning first).
-Errors name the Responses fields.
+``speculative``, ...) pass through. ``reasoning`` changes nothing (the models answer without
+reasoning first); ``conversation``, built-in tools (web search, files, ...) and non-text content
+answer 400. Errors name the Responses fields.
+
+``Api`` is the API of one server: it keeps up to ``most`` responses in memory, the most recent
+(``store``, true unless the request says false), each with its input and output items, so that a
+request with ``previous_response_id`` continues that conversation (its ``instructions`` are not
+carried over, as OpenAI has it), and ``GET``/``DELETE /v1/responses/{id}`` and its
+``input_items`` read or drop one.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import itertools
 import json
 import time
 import uuid
+from collections import OrderedDict
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.protocol import body_field
+from anyspec.server.protocol import ApiError, body_field
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 
@@ -29,9 +35,9 @@ ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develope
 TEXT_PARTS = ("input_text", "output_text")
 OWN = ("input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "store", "metadata",
        "user", "service_tier", "prompt_cache_key", "safety_identifier", "reasoning", "truncation", "include",
-       "top_logprobs", "background", "max_tool_calls")
+       "top_logprobs", "background", "max_tool_calls", "previous_response_id")
 REFUSED = {  # Responses fields this server cannot honour, and the values that change nothing
-    "previous_response_id": (None,), "conversation": (None,), "background": (None, False), "prompt": (None,),
+    "conversation": (None,), "background": (None, False), "prompt": (None,),
     "include": (None, [], ["reasoning.encrypted_content"]), "truncation": (None, "disabled"),
     "top_logprobs": (None, 0), "max_tool_calls": (None,)}  # reasoning: the models do not reason first
 CHAT_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
@@ -131,28 +137,37 @@ def _format(text) -> dict | None:
     return {"type": "json_schema", "json_schema": inner}
 
 
-def chat_body(body) -> dict:
-    """The chat completion's body that answers the Responses request ``body``."""
+def own_items(body) -> list:
+    """The request's ``input`` as an array of items."""
+    given = body.get("input")
+    if isinstance(given, str):
+        return [{"type": "message", "role": "user", "content": given}]
+    if not isinstance(given, list) or not given:
+        raise bad("'input' must be a string or a non-empty array of items.", "input",
+                   "missing_required_parameter" if given is None else "invalid_value")
+    return given
+
+
+def chat_body(body, earlier: list[dict] = ()) -> dict:
+    """The chat completion's body that answers the Responses request ``body``, after the items
+    ``earlier`` of the conversation it continues."""
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None, "invalid_type")
     for name, harmless in REFUSED.items():
         if body.get(name) not in harmless:
-            why = ("this server keeps no responses; send the whole conversation in 'input'"
-                   if name in ("previous_response_id", "conversation") else "leave it out")
+            why = ("send the conversation in 'input', or continue one with 'previous_response_id'"
+                   if name == "conversation" else "leave it out")
             raise bad(f"'{name}' is not supported by this server; {why}.", name, "unsupported_parameter")
     for name, instead in CHAT_FIELDS.items():
         if name in body:
             hint = f"; it takes '{instead}'" if instead else ""
             raise bad(f"'{name}' is a chat completions field, not one of /v1/responses{hint}.", name,
                        "unsupported_parameter")
-    given = body.get("input")
-    if isinstance(given, str):
-        given = [{"role": "user", "content": given}]
-    if not isinstance(given, list) or not given:
-        raise bad("'input' must be a string or a non-empty array of items.", "input",
-                   "missing_required_parameter" if given is None else "invalid_value")
+    given = own_items(body)
     instructions = body_field(body, "instructions", (str,))
     messages = [{"role": "system", "content": instructions}] if instructions else []
+    for item in earlier:
+        _item(item, 0, messages)
     for i, item in enumerate(given):
         _item(item, i, messages)
     sent = {k: v for k, v in body.items() if k not in OWN} | {"messages": messages}
@@ -164,14 +179,16 @@ def chat_body(body) -> dict:
     return sent
 
 
-def head(body: dict, model_name: str, prompt_tokens: int) -> dict:
-    """The response object before any output: the request's settings, as OpenAI echoes them."""
+def head(body: dict, model_name: str, prompt_tokens: int, store: bool = False) -> dict:
+    """The response object before any output: the request's settings, as OpenAI echoes them;
+    ``store``: whether it is kept."""
     return {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
             "status": "in_progress", "error": None, "incomplete_details": None, "model": model_name,
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "metadata": body.get("metadata") or {}, "output": [],
-            "parallel_tool_calls": body.get("parallel_tool_calls", True), "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None}, "store": False,
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": {"effort": None, "summary": None}, "store": store,
             "temperature": body.get("temperature", 1.0), "text": {"format": (body.get("text") or {}).get(
                 "format") or {"type": "text"}}, "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0), "truncation": "disabled",
@@ -210,10 +227,11 @@ def whole(base: dict, outcome: Outcome, read_calls: bool) -> dict:
     return _finished(base, outcome, output + [_call(c, f"fc_{uuid.uuid4().hex}") for c in calls])
 
 
-async def events(next_event, base: dict, read_calls: bool):
+async def events(next_event, base: dict, read_calls: bool, on_final=None):
     """The server-sent events of a streamed response from its job's events: ``response.created``,
     the message's text deltas, each function call, then ``response.completed`` (or
-    ``response.incomplete``); an ``error`` event where the generation fails."""
+    ``response.incomplete``), whose response goes to ``on_final`` too; an ``error`` event where the
+    generation fails."""
     numbers = itertools.count()
 
     def event(kind: str, **fields) -> str:
@@ -266,4 +284,109 @@ async def events(next_event, base: dict, read_calls: bool):
                     arguments=output[-1]["arguments"], name=output[-1]["name"])
         yield event("response.output_item.done", output_index=index, item=output[-1])
     final = _finished(base, value, output)
+    if on_final:
+        on_final(final)
     yield event(f"response.{final['status']}", response=final)
+
+
+class Api:
+    """The Responses API of one server, with the responses it keeps (up to ``most``, the most
+    recent): each as the response object, the items of its own input and the conversation so far
+    (the input items of the chain and their outputs). Used on the event loop only."""
+
+    RENAMED = RENAMED
+
+    def __init__(self, most: int):
+        self.most = most
+        self.kept: OrderedDict[str, tuple[dict, list, list]] = OrderedDict()
+        self.read: OrderedDict[int, list] = OrderedDict()  # id(body) -> the conversation it continues
+        self.pending: OrderedDict[str, tuple[list, list]] = OrderedDict()  # id -> (own, conversation)
+
+    def find(self, response_id) -> tuple[dict, list, list]:
+        if not isinstance(response_id, str) or response_id not in self.kept:
+            raise ApiError(404, f"No response with id {response_id!r} is stored on this server.",
+                           "response_id", "not_found")
+        return self.kept[response_id]
+
+    def earlier(self, body) -> list:
+        """The conversation a request continues (``previous_response_id``), else nothing."""
+        given = body.get("previous_response_id") if isinstance(body, dict) else None
+        if given is None:
+            return []
+        if not isinstance(given, str) or given not in self.kept:
+            raise ApiError(404, f"Previous response with id {given!r} not found.", "previous_response_id",
+                           "previous_response_not_found")
+        return self.kept[given][2]
+
+    def chat_body(self, body) -> dict:
+        """``chat_body`` after the conversation the request continues, which ``head`` then reads
+        (a response kept now may be dropped for newer ones before then)."""
+        earlier = self.earlier(body)
+        sent = chat_body(body, earlier)
+        self.read[id(body)] = earlier
+        trim(self.read, self.most + 64)
+        return sent
+
+    def head(self, body: dict, model_name: str, prompt_tokens: int) -> dict:
+        store = self.most > 0 and body.get("store") is not False
+        base = head(body, model_name, prompt_tokens, store)
+        earlier = self.read.pop(id(body), [])
+        if store:
+            own = own_items(body)
+            self.pending[base["id"]] = (own, earlier + own)
+            trim(self.pending, self.most + 64)  # requests that failed leave theirs behind
+        return base
+
+    def keep(self, final: dict) -> None:
+        """A finished response kept, where its request asked for it."""
+        own, conversation = self.pending.pop(final["id"], (None, None))
+        if own is None:
+            return
+        outputs = [{k: v for k, v in item.items() if k not in ("id", "status")} for item in final["output"]]
+        self.kept[final["id"]] = (final, own, conversation + outputs)
+        trim(self.kept, self.most)
+
+    def whole(self, base: dict, outcome: Outcome, read_calls: bool) -> dict:
+        final = whole(base, outcome, read_calls)
+        self.keep(final)
+        return final
+
+    def events(self, next_event, base: dict, read_calls: bool):
+        return events(next_event, base, read_calls, self.keep)
+
+    def delete(self, response_id) -> dict:
+        self.find(response_id)
+        del self.kept[response_id]
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    def input_items(self, response_id, limit: str = "20", order: str = "desc",
+                    after: str | None = None) -> dict:
+        """A page of a kept response's own input items, as OpenAI lists them (newest first by default)."""
+        _, own, _ = self.find(response_id)
+        if order not in ("asc", "desc"):
+            raise bad(f"'order' must be asc or desc, got {order!r}.", "order")
+        limit = int(limit) if limit.isdigit() else 0
+        if not 1 <= limit <= 100:
+            raise bad(f"'limit' must be from 1 to 100, got {limit}.", "limit")
+        items = [{"id": f"msg_{response_id[5:]}_{i}"} | listed(item) for i, item in enumerate(own)]
+        items = items if order == "asc" else items[::-1]
+        ids = [item["id"] for item in items]
+        if after is not None and after not in ids:
+            raise bad(f"'after' must be the id of one of the response's input items, got {after!r}.", "after")
+        start = ids.index(after) + 1 if after is not None else 0
+        page = items[start:start + limit]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(items)}
+
+
+def trim(kept: OrderedDict, most: int) -> None:
+    while len(kept) > most:
+        kept.popitem(last=False)
+
+
+def listed(item: dict) -> dict:
+    """An input item as ``input_items`` lists it: a message's text as a text part."""
+    if item.get("type", "message") != "message" or not isinstance(item.get("content"), str):
+        return item
+    part = "output_text" if item.get("role") == "assistant" else "input_text"
+    return item | {"type": "message", "content": [{"type": part, "text": item["content"]}]}

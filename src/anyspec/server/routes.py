@@ -32,6 +32,7 @@ class Settings:
     body_timeout: float = 30.0  # seconds for a request's body to arrive in full; then 408
     api_key: str | None = None  # every route but /health and /metrics needs "Authorization: Bearer <key>"
     allowed_origins: list[str] | None = None  # browser origins answered with CORS headers ("*": any)
+    responses_store: int = 1024  # Responses API responses kept in memory (0: none)
 
     def __post_init__(self):
         for name in ("queue_size", "max_body_bytes", "default_max_tokens", "max_batch", "max_prompt_tokens"):
@@ -40,6 +41,9 @@ class Settings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
+        if isinstance(self.responses_store, bool) or not isinstance(self.responses_store, int) \
+                or self.responses_store < 0:
+            raise ConfigError(f"--responses-store must be >= 0, got {self.responses_store!r}")
         for name in ("queue_timeout", "generation_timeout", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
