@@ -57,7 +57,7 @@ def test_input_that_is_not_utf8_is_one_line(folders, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize(("extra", "message"), [(["--temperature", "-1"], "temperature"),
-                                                (["--system", " "], "the prompt is empty")])
+                                                (["--system", " "], "--system is empty")])
 def test_bad_settings_fail_before_loading(no_loading, capsys, extra, message):
     assert main(["chat", *extra]) == 2
     err = capsys.readouterr().err

@@ -66,6 +66,7 @@ def test_body_not_an_object(post):
     ("min_tokens", 1.5, "an integer"),
     ("stop_token_ids", 3, "an array"),
     ("ignore_eos", "yes", "a boolean"),
+    ("user", 5, "a string"),
 ])
 def test_wrong_type(post, field, value, want):
     r = post("/v1/completions", json=OK | {field: value})

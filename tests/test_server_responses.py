@@ -15,7 +15,7 @@ from live_server import CHAT, MODEL_NAME, greedy, live_server, load_engine, one_
 from test_linear import needs_rowwise  # noqa: E402
 
 from anyspec.engine import SamplingParams  # noqa: E402
-from anyspec.server.responses import Api  # noqa: E402
+from anyspec.server.response_store import Api  # noqa: E402
 
 
 def test_a_response_is_the_engines_answer_to_the_conversation(client, reference):
@@ -30,6 +30,7 @@ def test_a_response_is_the_engines_answer_to_the_conversation(client, reference)
     assert out.usage.total_tokens == out.usage.input_tokens + out.usage.output_tokens
     cut = alone.finish_reason == "length"
     assert out.status == ("incomplete" if cut else "completed")
+    assert out.output[0].status == out.status
     details = out.incomplete_details
     assert (details is not None and details.reason == "max_output_tokens") == cut
     assert out.model_extra["anyspec"]["drafted"] > 0
@@ -127,6 +128,17 @@ def test_text_format_holds_the_answer_to_the_schema(client):
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}},
      "text.format.schema", "invalid_value", "not a valid JSON Schema"),
     ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter", "not supported"),
+    ({"store": "no"}, "store", "invalid_type", "true or false"),
+    ({"metadata": "str"}, "metadata", "invalid_type", "an object"),
+    ({"user": 5}, "user", "invalid_type", "a string"),
+    ({"previous_response_id": 123}, "previous_response_id", "invalid_type", "a string"),
+    ({"input": [{"role": "user", "content": "hi"},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{bad json"}]},
+     "input[1].arguments", "invalid_value", "not valid JSON"),
+    ({"text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}, "text.format.name",
+     "invalid_value", "text.format.name"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}], "tool_choice": "bogus"},
+     "tool_choice", "invalid_value", "got 'bogus'"),
 ])
 def test_bad_responses_fields_are_400s_naming_the_field(server, extra, param, code, says):
     body = {"model": MODEL_NAME, "input": "hi", "max_output_tokens": 4} | extra
@@ -185,8 +197,8 @@ def test_stored_responses_are_read_listed_and_deleted(client, server):
     assert [i["content"][0]["text"] for i in page["data"]] == ["One.", "Two."] and page["has_more"]
     rest = httpx.get(listed, params={"order": "asc", "after": page["last_id"]}).json()
     assert [i["content"][0]["text"] for i in rest["data"]] == ["Three?"] and not rest["has_more"]
-    bad = httpx.get(listed, params={"limit": 0}).json()["error"]
-    assert bad["param"] == "limit"
+    bad = httpx.get(listed, params={"limit": "abc"}).json()["error"]
+    assert bad["param"] == "limit" and "got 'abc'" in bad["message"]
     client.responses.delete(out.id)
     for r in (httpx.get(f"{server}/v1/responses/{out.id}"), httpx.delete(f"{server}/v1/responses/{out.id}")):
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
@@ -196,6 +208,14 @@ def test_stored_responses_are_read_listed_and_deleted(client, server):
     assert error["code"] == "previous_response_not_found"
     unstored = client.responses.create(**kw, input="Hi.", store=False)
     assert unstored.store is False and httpx.get(f"{server}/v1/responses/{unstored.id}").status_code == 404
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    mixed = client.responses.create(**kw, stream_options={"include_obfuscation": False}, stream=True, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Use f."}]}, call,
+        {"type": "function_call_output", "call_id": "c1", "output": "done"}])
+    mixed_id = list(mixed)[-1].response.id
+    items = httpx.get(f"{server}/v1/responses/{mixed_id}/input_items", params={"order": "asc"}).json()["data"]
+    assert [(i["type"], i["id"].split("_")[0]) for i in items] == [
+        ("message", "msg"), ("function_call", "fc"), ("function_call_output", "fco")]
 
 
 def test_the_store_keeps_the_most_recent_responses():
@@ -221,3 +241,5 @@ def test_the_store_keeps_the_most_recent_responses():
         api.head(body, MODEL_NAME, 1)
     assert len(api.pending) <= 2 + 64 and len(api.read) <= 2 + 64
     assert all(Api(0).head({"input": "x"}, MODEL_NAME, 1)["store"] is False for _ in range(2))
+    with pytest.raises(Exception, match="keeps no responses"):
+        Api(0).chat_body({"input": "next", "previous_response_id": ids[2]})

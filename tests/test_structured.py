@@ -172,6 +172,7 @@ def test_an_answer_cut_by_max_tokens_says_length_beside_the_calls_it_finished(en
     outcome = Outcome(text, ended, 30, 10, None, True)
     whole = full_response({}, True, [outcome], read_calls=True)["choices"][0]
     assert whole["finish_reason"] == finish and len(whole["message"]["tool_calls"]) == 1
+    assert whole["message"]["content"] is None  # the call left open is not text
     events = iter([("text", text), ("done", outcome)])
 
     async def next_event():

@@ -44,7 +44,7 @@ def run(args) -> int:
     config = speculative_config(args)
     params = sampling_params(args)
     if args.system is not None:
-        check_prompt_text(args.system)
+        check_prompt_text(args.system, "--system")
     start = [{"role": "system", "content": args.system}] if args.system else []
     pair = load_pair(pair_plan(args))
     engine = Engine(pair.target, pair.draft, config)

@@ -118,10 +118,12 @@ def pair_plan(args, draft: bool = True) -> PairPlan:
                       getattr(args, "kv_cache_dtype", "fp32"))
 
 
-def check_prompt_text(text: str) -> None:
-    """A prompt from the command line: not blank, and valid UTF-8 (the shell may pass any bytes)."""
+def check_prompt_text(text: str, option: str = "--prompt") -> None:
+    """A prompt from the command line (``option``): not blank, and valid UTF-8 (the shell may pass
+    any bytes)."""
     if not text.strip():
-        raise ConfigError("the prompt is empty; pass some text with --prompt")
+        raise ConfigError(f"the prompt is empty; pass some text with {option}" if option == "--prompt"
+                          else f"{option} is empty; pass some text or leave it out")
     check_prompt(text)
 
 

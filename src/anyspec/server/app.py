@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP app over one engine (``anyspec serve``; ``protocol.py`` checks the requests).
 
 ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (OpenAI's Responses,
-``responses.py``, with ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items``) and
+``responses.py``; ``GET``/``DELETE /v1/responses/{id}`` and its ``input_items``, ``response_store.py``) and
 ``POST /v1/messages`` (Anthropic's Messages, ``messages.py``), server-sent events with
 ``stream: true``; ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text),
 ``POST /tokenize`` and ``/detokenize`` (``routes.py``). The official ``openai`` client works
@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from anyspec.engine import Engine
 from anyspec.engine.grammar import Grammars
-from anyspec.server import messages, responses
+from anyspec.server import messages, response_store
 from anyspec.server.answers import as_api_error, full_response, renamed, response_head, stream_chunks
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, parse_request
@@ -270,7 +270,7 @@ def add_generation_routes(app, settings: Settings, scheduler: Scheduler, metrics
     async def chat_completions(request: Request):
         return await answer(request)
 
-    stored = responses.Api(settings.responses_store)
+    stored = response_store.Api(settings.responses_store)
 
     @app.post("/v1/responses")
     async def create_response(request: Request):

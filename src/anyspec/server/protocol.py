@@ -276,6 +276,7 @@ def check_model(body, model_name: str) -> None:
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
     model = body_field(body, "model", (str,))
+    body_field(body, "user", (str,))  # changes nothing here, but a client sending another type errs
     if model is not None and model != model_name:
         checked_text(model, "model")
         raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_name}'.",

@@ -11,11 +11,7 @@ system message before them, ``max_output_tokens`` the chat's ``max_tokens``, ``t
 reasoning first); ``conversation``, built-in tools (web search, files, ...) and non-text content
 answer 400. Errors name the Responses fields.
 
-``Api`` is the API of one server: it keeps up to ``most`` responses in memory, the most recent
-(``store``, true unless the request says false), each with its input and output items, so that a
-request with ``previous_response_id`` continues that conversation (its ``instructions`` are not
-carried over, as OpenAI has it), and ``GET``/``DELETE /v1/responses/{id}`` and its
-``input_items`` read or drop one.
+``previous_response_id`` continues a conversation the server keeps (``response_store.py``).
 """
 
 from __future__ import annotations
@@ -24,10 +20,9 @@ import itertools
 import json
 import time
 import uuid
-from collections import OrderedDict
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.protocol import ApiError, body_field
+from anyspec.server.protocol import body_field
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 
@@ -35,17 +30,17 @@ ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develope
 TEXT_PARTS = ("input_text", "output_text")
 OWN = ("input", "instructions", "max_output_tokens", "text", "tools", "tool_choice", "store", "metadata",
        "user", "service_tier", "prompt_cache_key", "safety_identifier", "reasoning", "truncation", "include",
-       "top_logprobs", "background", "max_tool_calls", "previous_response_id")
+       "top_logprobs", "background", "max_tool_calls", "previous_response_id", "stream_options")
 REFUSED = {  # Responses fields this server cannot honour, and the values that change nothing
     "conversation": (None,), "background": (None, False), "prompt": (None,),
     "include": (None, [], ["reasoning.encrypted_content"]), "truncation": (None, "disabled"),
     "top_logprobs": (None, 0), "max_tool_calls": (None,)}  # reasoning: the models do not reason first
 CHAT_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
                "max_completion_tokens": "max_output_tokens", "response_format": "text.format", "n": None,
-               "logprobs": None, "stream_options": None, "functions": "tools", "function_call": "tool_choice",
+               "logprobs": None, "functions": "tools", "function_call": "tool_choice",
                "echo": None, "suffix": None}
-RENAMED = [(r"messages(\[\d+\])?", "input"), (r"max_tokens", "max_output_tokens"),
-           (r"response_format\.json_schema\.schema", "text.format.schema"),
+RENAMED = [(r"messages(\[\d+\])?(\.[\w.\[\]]+)?", "input"), (r"max_tokens", "max_output_tokens"),
+           (r"response_format\.json_schema\.(\w+)", r"text.format.\1"),
            (r"response_format", "text.format"),
            (r"(tools\[\d+\])\.function", r"\1"), (r"tool_choice\.function", "tool_choice")]
 
@@ -87,6 +82,10 @@ def _item(item, i: int, out: list[dict]) -> None:
                     "content": _text(item.get("output"), f"{param}.output")})
     elif kind == "function_call":
         function = {name: _string(item, name, param) for name in ("name", "arguments")}
+        try:
+            json.loads(function["arguments"])
+        except ValueError:
+            raise bad(f"'{param}.arguments' is not valid JSON.", f"{param}.arguments") from None
         call = {"id": _string(item, "call_id", param), "type": "function", "function": function}
         if out and out[-1]["role"] == "assistant":
             out[-1].setdefault("tool_calls", []).append(call)
@@ -163,6 +162,10 @@ def chat_body(body, earlier: list[dict] = ()) -> dict:
             hint = f"; it takes '{instead}'" if instead else ""
             raise bad(f"'{name}' is a chat completions field, not one of /v1/responses{hint}.", name,
                        "unsupported_parameter")
+    for name, kinds, what in (("store", (bool,), "true or false"), ("metadata", (dict,), "an object"),
+                              ("stream_options", (dict,), "an object"), ("user", (str,), "a string")):
+        if body.get(name) is not None and not isinstance(body[name], kinds):
+            raise bad(f"'{name}' must be {what}, got {body[name]!r}.", name, "invalid_type")
     given = own_items(body)
     instructions = body_field(body, "instructions", (str,))
     messages = [{"role": "system", "content": instructions}] if instructions else []
@@ -196,7 +199,8 @@ def head(body: dict, model_name: str, prompt_tokens: int, store: bool = False) -
 
 
 def _message(item_id: str, text: str, status: str = "completed") -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    """An output message; ``status`` ``incomplete`` where ``max_output_tokens`` cut it."""
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status != "in_progress" else []
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
@@ -223,7 +227,8 @@ def _finished(base: dict, outcome: Outcome, output: list[dict]) -> dict:
 def whole(base: dict, outcome: Outcome, read_calls: bool) -> dict:
     """The response object of a request that does not stream."""
     content, calls = read_tool_calls(outcome.text) if read_calls else (outcome.text, [])
-    output = [_message(f"msg_{uuid.uuid4().hex}", content or "")] if content or not calls else []
+    status = "incomplete" if outcome.finish_reason == "length" else "completed"
+    output = [_message(f"msg_{uuid.uuid4().hex}", content or "", status)] if content or not calls else []
     return _finished(base, outcome, output + [_call(c, f"fc_{uuid.uuid4().hex}") for c in calls])
 
 
@@ -270,7 +275,8 @@ async def events(next_event, base: dict, read_calls: bool, on_final=None):
     if rest or not found or text is not None:
         yield "".join(opened(rest or ""))
         part = {"type": "output_text", "text": text, "annotations": []}
-        output.append(_message(message, text))
+        cut = value.finish_reason == "length"
+        output.append(_message(message, text, "incomplete" if cut else "completed"))
         yield event("response.output_text.done", **at, text=text, logprobs=[])
         yield event("response.content_part.done", **at, part=part)
         yield event("response.output_item.done", output_index=0, item=output[0])
@@ -288,105 +294,3 @@ async def events(next_event, base: dict, read_calls: bool, on_final=None):
         on_final(final)
     yield event(f"response.{final['status']}", response=final)
 
-
-class Api:
-    """The Responses API of one server, with the responses it keeps (up to ``most``, the most
-    recent): each as the response object, the items of its own input and the conversation so far
-    (the input items of the chain and their outputs). Used on the event loop only."""
-
-    RENAMED = RENAMED
-
-    def __init__(self, most: int):
-        self.most = most
-        self.kept: OrderedDict[str, tuple[dict, list, list]] = OrderedDict()
-        self.read: OrderedDict[int, list] = OrderedDict()  # id(body) -> the conversation it continues
-        self.pending: OrderedDict[str, tuple[list, list]] = OrderedDict()  # id -> (own, conversation)
-
-    def find(self, response_id) -> tuple[dict, list, list]:
-        if not isinstance(response_id, str) or response_id not in self.kept:
-            raise ApiError(404, f"No response with id {response_id!r} is stored on this server.",
-                           "response_id", "not_found")
-        return self.kept[response_id]
-
-    def earlier(self, body) -> list:
-        """The conversation a request continues (``previous_response_id``), else nothing."""
-        given = body.get("previous_response_id") if isinstance(body, dict) else None
-        if given is None:
-            return []
-        if not isinstance(given, str) or given not in self.kept:
-            raise ApiError(404, f"Previous response with id {given!r} not found.", "previous_response_id",
-                           "previous_response_not_found")
-        return self.kept[given][2]
-
-    def chat_body(self, body) -> dict:
-        """``chat_body`` after the conversation the request continues, which ``head`` then reads
-        (a response kept now may be dropped for newer ones before then)."""
-        earlier = self.earlier(body)
-        sent = chat_body(body, earlier)
-        self.read[id(body)] = earlier
-        trim(self.read, self.most + 64)
-        return sent
-
-    def head(self, body: dict, model_name: str, prompt_tokens: int) -> dict:
-        store = self.most > 0 and body.get("store") is not False
-        base = head(body, model_name, prompt_tokens, store)
-        earlier = self.read.pop(id(body), [])
-        if store:
-            own = own_items(body)
-            self.pending[base["id"]] = (own, earlier + own)
-            trim(self.pending, self.most + 64)  # requests that failed leave theirs behind
-        return base
-
-    def keep(self, final: dict) -> None:
-        """A finished response kept, where its request asked for it."""
-        own, conversation = self.pending.pop(final["id"], (None, None))
-        if own is None:
-            return
-        outputs = [{k: v for k, v in item.items() if k not in ("id", "status")} for item in final["output"]]
-        self.kept[final["id"]] = (final, own, conversation + outputs)
-        trim(self.kept, self.most)
-
-    def whole(self, base: dict, outcome: Outcome, read_calls: bool) -> dict:
-        final = whole(base, outcome, read_calls)
-        self.keep(final)
-        return final
-
-    def events(self, next_event, base: dict, read_calls: bool):
-        return events(next_event, base, read_calls, self.keep)
-
-    def delete(self, response_id) -> dict:
-        self.find(response_id)
-        del self.kept[response_id]
-        return {"id": response_id, "object": "response", "deleted": True}
-
-    def input_items(self, response_id, limit: str = "20", order: str = "desc",
-                    after: str | None = None) -> dict:
-        """A page of a kept response's own input items, as OpenAI lists them (newest first by default)."""
-        _, own, _ = self.find(response_id)
-        if order not in ("asc", "desc"):
-            raise bad(f"'order' must be asc or desc, got {order!r}.", "order")
-        limit = int(limit) if limit.isdigit() else 0
-        if not 1 <= limit <= 100:
-            raise bad(f"'limit' must be from 1 to 100, got {limit}.", "limit")
-        items = [{"id": f"msg_{response_id[5:]}_{i}"} | listed(item) for i, item in enumerate(own)]
-        items = items if order == "asc" else items[::-1]
-        ids = [item["id"] for item in items]
-        if after is not None and after not in ids:
-            raise bad(f"'after' must be the id of one of the response's input items, got {after!r}.", "after")
-        start = ids.index(after) + 1 if after is not None else 0
-        page = items[start:start + limit]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(items)}
-
-
-def trim(kept: OrderedDict, most: int) -> None:
-    while len(kept) > most:
-        kept.popitem(last=False)
-
-
-def listed(item: dict) -> dict:
-    """An input item as ``input_items`` lists it: a message's text as a text part."""
-    if item.get("type", "message") != "message" or not isinstance(item.get("content"), str):
-        return item
-    part = "output_text" if item.get("role") == "assistant" else "input_text"
-    return item | {"type": "message", "content": [{"type": part, "text": item["content"]}]}

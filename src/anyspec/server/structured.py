@@ -140,13 +140,17 @@ def _choice(body: dict, functions: list[dict]) -> tuple[str, str | None]:
         return ("auto" if functions else "none"), None
     if isinstance(choice, str):
         if choice not in CHOICES:
-            raise StructuredError(f"'tool_choice' must be one of {', '.join(CHOICES)} or "
-                                  "{type: 'function', function: {name}}, got {choice!r}.", "tool_choice")
+            raise StructuredError(f"'tool_choice' must be one of {', '.join(CHOICES)} or a function of "
+                                  f"'tools' by name, got {choice!r}.", "tool_choice")
         if choice == "required" and not functions:
             raise StructuredError("'tool_choice': 'required' needs 'tools'.", "tool_choice")
         return choice, None
     name = _object(_object(choice, "tool_choice").get("function"), "tool_choice.function").get("name")
     known = [f["name"] for f in functions]
+    if name is None:
+        raise StructuredError(f"'tool_choice.function.name' is required: one of 'tools' "
+                              f"({', '.join(known) or 'none given'}).", "tool_choice.function.name",
+                              "missing_required_parameter")
     if name not in known:
         raise StructuredError(f"'tool_choice' names the function {name!r}, which is not in 'tools' "
                               f"({', '.join(known) or 'none given'}).", "tool_choice.function.name")
@@ -245,7 +249,8 @@ def message_fields(m: dict, i: int) -> dict:
 
 def read_tool_calls(text: str) -> tuple[str | None, list[dict]]:
     """The answer's text outside its ``<tool_call>`` blocks (None when empty) and the calls in
-    OpenAI's form; a block that is not a ``{"name", "arguments"}`` object stays text."""
+    OpenAI's form; a block that is not a ``{"name", "arguments"}`` object stays text, and a block
+    left open at the end (an answer cut by ``max_tokens``) is dropped: it is neither."""
     calls, kept, at = [], [], 0
     for match in CALL.finditer(text):
         try:
@@ -259,7 +264,10 @@ def read_tool_calls(text: str) -> tuple[str | None, list[dict]]:
         calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                       "function": {"name": call["name"],
                                    "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}})
-    content = ("".join(kept) + text[at:]).strip()
+    rest = text[at:]
+    if (opened := rest.rfind(TOOL_OPEN)) >= 0 and TOOL_CLOSE not in rest[opened:]:
+        rest = rest[:opened]
+    content = ("".join(kept) + rest).strip()
     return content or None, calls
 
 
