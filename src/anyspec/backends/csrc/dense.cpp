@@ -149,9 +149,9 @@ void rowwise_rows(const float* x, int64_t M, const float* w, int64_t rows, int64
   rows_of(x, M, w, rows, K, scale, bias, y, ldy);
 }
 
-// N keys' scores at once: q against each key in 8 fp32 lanes over d, a fixed horizontal sum, then a
-// scalar tail; N is a constant, so the N sums stay in registers. Keys of fp16 are widened exactly,
-// so they score as their fp32 values would.
+// N keys' scores at once: q against each key in 8 fp32 lanes over d, a fixed horizontal sum (eight
+// keys' side by side, hsum8), then a scalar tail; N is a constant, so the N sums stay in registers.
+// Keys of fp16 are widened exactly, so they score as their fp32 values would.
 template <int N, typename C>
 inline void score_keys(const float* q, const C* keys, int64_t D, int64_t D8, float scaling, float* out) {
   F8 acc[N];
@@ -159,6 +159,10 @@ inline void score_keys(const float* q, const C* keys, int64_t D, int64_t D8, flo
   for (int64_t d = 0; d < D8; d += 8) {
     const F8 qv = load8(q + d);
     for (int i = 0; i < N; ++i) acc[i] = fmadd8(qv, load8(keys + i * D + d), acc[i]);
+  }
+  if (N == 8 && D8 == D) {
+    store8(out, mul8(hsum8(acc), set8(scaling)));
+    return;
   }
   for (int i = 0; i < N; ++i) {
     float s = hsum(acc[i]);

@@ -67,6 +67,21 @@ inline float hsum(F8 v) {
   return _mm_cvtss_f32(s);
 }
 
+// hsum of eight vectors at once, lane i holding hsum(v[i]), each the same bits: the same adds in
+// the same tree, the lanes of several vectors side by side (IEEE addition is commutative).
+inline F8 hsum8(const F8* v) {
+  auto halves = [](F8 a, F8 b) {  // [lo a + hi a | lo b + hi b]
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  };
+  auto pairs = [](F8 a, F8 b) {  // lanes 0, 1 + lanes 2, 3 of each 4 of a, then of b
+    return _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  };
+  const F8 even = pairs(halves(v[0], v[4]), halves(v[1], v[5]));  // halfway sums of v[0], v[1] | v[4], v[5]
+  const F8 odd = pairs(halves(v[2], v[6]), halves(v[3], v[7]));
+  return _mm256_add_ps(_mm256_shuffle_ps(even, odd, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(even, odd, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 inline float hmax(F8 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -120,6 +135,10 @@ inline F8 exp2i8(F8 n) {
 inline float hsum(F8 x) {
   const float* v = x.v;
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+inline F8 hsum8(const F8* v) {
+  return lanes([v](int i) { return hsum(v[i]); });
 }
 
 inline float hmax(F8 x) {
