@@ -281,3 +281,17 @@ def test_a_bad_guide_is_one_line_before_loading(no_loading, capsys, tmp_path, ar
     grammar.write_text('root ::= "n=" value\n')
     argv = [str(grammar) if a == "GRAMMAR" else a for a in argv]
     one_line_error(capsys, ["generate", "--prompt", "x", *argv], says)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["generate", "--k", "abc", "--prompt", "x"], "anyspec generate: error: argument --k: invalid int value"),
+    (["generate"], "the following arguments are required: --prompt"),
+    (["serve", "--port", "x"], "anyspec serve: error: argument --port"),
+    (["generate", "--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    ([], "required: command"),
+])
+def test_a_command_line_argparse_refuses_is_one_line(capsys, argv, says):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and says in err and err.count("\n") == 1 and "--help" in err, err

@@ -12,8 +12,16 @@ from anyspec.cli.options import check_cache_dir, check_switches
 from anyspec.errors import AnyspecError
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line, as the commands' own are: the command, the
+    error and where to read more, without the usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="anyspec", description=__doc__)
+    parser = Parser(prog="anyspec", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (analyze, generate, chat, models, bench, demo, serve):
         command.add_parser(sub)  # each sets func=run(args)
