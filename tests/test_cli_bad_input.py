@@ -289,6 +289,7 @@ def test_a_bad_guide_is_one_line_before_loading(no_loading, capsys, tmp_path, ar
     (["serve", "--port", "x"], "anyspec serve: error: argument --port"),
     (["generate", "--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
     ([], "required: command"),
+    (["generate", "--prompt", "x", "--no-draft", "--draft", "gemma3-270m"], "not allowed with argument"),
 ])
 def test_a_command_line_argparse_refuses_is_one_line(capsys, argv, says):
     with pytest.raises(SystemExit) as info:

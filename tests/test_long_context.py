@@ -197,11 +197,11 @@ def test_the_command_answers_past_256_tokens_as_the_target_alone(pair):
     prompt = document(600, pair[0].tokenizer) + "\nRepeat the function merge_4 exactly."
 
     def run(*extra):
-        argv = [sys.executable, "-m", "anyspec", "generate", "--target", TARGET, "--draft", DRAFT, "--chat",
+        argv = [sys.executable, "-m", "anyspec", "generate", "--target", TARGET, "--chat",
                 "--max-new-tokens", "120", "--temperature", "0", "--json", "--prompt", prompt, *extra]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout)
 
-    spec, alone = run("--tree", "2"), run("--no-draft")
+    spec, alone = run("--draft", DRAFT, "--tree", "2"), run("--no-draft")
     assert spec["token_ids"] == alone["token_ids"] and len(alone["token_ids"]) > 60

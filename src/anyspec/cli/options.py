@@ -22,10 +22,12 @@ def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True, chat_te
 
     p.add_argument("--target", default=DEFAULT_TARGET,
                    help="target model: a folder, a .gguf file or a built-in name (default %(default)s)")
-    p.add_argument("--draft", default=DEFAULT_DRAFT,
-                   help="draft model: a folder, a .gguf file or a built-in name (default %(default)s)")
+    drafts = p.add_mutually_exclusive_group() if no_draft else p  # --draft X --no-draft: an error
+    drafts.add_argument("--draft", default=DEFAULT_DRAFT,
+                        help="draft model: a folder, a .gguf file or a built-in name (default %(default)s)")
     if no_draft:
-        p.add_argument("--no-draft", action="store_true", help="decode with the target alone (the baseline)")
+        drafts.add_argument("--no-draft", action="store_true",
+                            help="decode with the target alone (the baseline)")
     if chat_template:
         p.add_argument("--chat-template", default=None, metavar="FILE",
                        help="the target's chat template (a Jinja file, or its text) for the model's own")
