@@ -243,3 +243,35 @@ def test_the_store_keeps_the_most_recent_responses():
     assert all(Api(0).head({"input": "x"}, MODEL_NAME, 1)["store"] is False for _ in range(2))
     with pytest.raises(Exception, match="keeps no responses"):
         Api(0).chat_body({"input": "next", "previous_response_id": ids[2]})
+
+
+def test_a_streamed_response_is_readable_while_it_runs_and_after_it_ends(server):
+    """Its id is out with ``response.created``: GET reads it as in_progress (and it cannot be
+    continued yet), then as completed or incomplete; a stream the client leaves is cancelled."""
+    import time
+
+    body = {"model": MODEL_NAME, "input": "Count to twenty.", "max_output_tokens": 24, "temperature": 0,
+            "stream": True}
+    with httpx.stream("POST", server + "/v1/responses", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        created = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        rid = created["response"]["id"]
+        running = httpx.get(f"{server}/v1/responses/{rid}").json()
+        early = httpx.post(server + "/v1/responses", json={"model": MODEL_NAME, "input": "More.",
+                                                           "previous_response_id": rid})
+        rest = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert running["status"] == "in_progress" and running["output"] == []
+    assert early.status_code == 400 and "in_progress" in early.json()["error"]["message"]
+    final = httpx.get(f"{server}/v1/responses/{rid}").json()
+    assert final["status"] == rest[-1]["response"]["status"] in ("completed", "incomplete")
+    assert final["output"] == rest[-1]["response"]["output"]
+    with httpx.stream("POST", server + "/v1/responses", json=body | {"max_output_tokens": 200},
+                      timeout=60) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        rid = json.loads(first[6:])["response"]["id"]
+    for _ in range(100):
+        status = httpx.get(f"{server}/v1/responses/{rid}").json()["status"]
+        if status != "in_progress":
+            break
+        time.sleep(0.1)
+    assert status == "cancelled"

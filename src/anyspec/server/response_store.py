@@ -7,6 +7,7 @@ and its ``input_items`` read or drop one.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 
 from anyspec.server.answers import bad
@@ -49,7 +50,11 @@ class Api:
         if given not in self.kept:
             raise ApiError(404, f"Previous response with id {given!r} not found.", "previous_response_id",
                            "previous_response_not_found")
-        return self.kept[given][2]
+        response, _, conversation = self.kept[given]
+        if conversation is None:
+            raise bad(f"'previous_response_id': response {given!r} is {response['status']}, not finished.",
+                      "previous_response_id")
+        return conversation
 
     def chat_body(self, body) -> dict:
         """``chat_body`` after the conversation the request continues, which ``head`` then reads
@@ -68,6 +73,9 @@ class Api:
             own = own_items(body)
             self.pending[base["id"]] = (own, earlier + own)
             trim(self.pending, self.most + 64)  # requests that failed leave theirs behind
+            if body.get("stream") is True:  # its id is out before it ends: readable as in_progress
+                self.kept[base["id"]] = (base, own, None)
+                trim(self.kept, self.most)
         return base
 
     def keep(self, final: dict) -> None:
@@ -84,8 +92,24 @@ class Api:
         self.keep(final)
         return final
 
-    def events(self, next_event, base: dict, read_calls: bool):
-        return events(next_event, base, read_calls, self.keep)
+    async def events(self, next_event, base: dict, read_calls: bool):
+        """``events``, the final response kept; one that ends otherwise is kept as ``failed`` (an
+        error) or ``cancelled`` (the client left)."""
+        finished, ended = [], "failed"
+
+        def keep(final: dict) -> None:  # before the last event goes out, so a reply can continue it
+            finished.append(final)
+            self.keep(final)
+
+        try:
+            async for event in events(next_event, base, read_calls, keep):
+                yield event
+        except (GeneratorExit, asyncio.CancelledError):
+            ended = "cancelled"
+            raise
+        finally:
+            if not finished and base["id"] in self.kept:
+                self.kept[base["id"]] = (base | {"status": ended}, *self.kept[base["id"]][1:])
 
     def delete(self, response_id) -> dict:
         self.find(response_id)
