@@ -114,6 +114,7 @@ class Api:
     def delete(self, response_id) -> dict:
         self.find(response_id)
         del self.kept[response_id]
+        self.pending.pop(response_id, None)  # one deleted while it runs stays deleted
         return {"id": response_id, "object": "response", "deleted": True}
 
     def input_items(self, response_id, limit: str = "20", order: str = "desc",
