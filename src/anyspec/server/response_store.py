@@ -11,11 +11,12 @@ import asyncio
 from collections import OrderedDict
 
 from anyspec.server.answers import bad
-from anyspec.server.protocol import ApiError
+from anyspec.server.protocol import ApiError, body_field
 from anyspec.server.responses import RENAMED, chat_body, events, head, own_items, whole
 from anyspec.server.scheduler import Outcome
 
 ITEM_IDS = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}  # id prefixes
+
 
 class Api:
     """The Responses API of one server, with the responses it keeps (up to ``most``, the most
@@ -38,12 +39,9 @@ class Api:
 
     def earlier(self, body) -> list:
         """The conversation a request continues (``previous_response_id``), else nothing."""
-        given = body.get("previous_response_id") if isinstance(body, dict) else None
+        given = body_field(body, "previous_response_id", (str,)) if isinstance(body, dict) else None
         if given is None:
             return []
-        if not isinstance(given, str):
-            raise bad(f"'previous_response_id' must be a string, got {given!r}.", "previous_response_id",
-                      "invalid_type")
         if not self.most:
             raise bad("'previous_response_id': this server keeps no responses (--responses-store 0); send "
                       "the whole conversation in 'input'.", "previous_response_id", "unsupported_parameter")

@@ -162,10 +162,8 @@ def chat_body(body, earlier: list[dict] = ()) -> dict:
             hint = f"; it takes '{instead}'" if instead else ""
             raise bad(f"'{name}' is a chat completions field, not one of /v1/responses{hint}.", name,
                        "unsupported_parameter")
-    for name, kinds, what in (("store", (bool,), "true or false"), ("metadata", (dict,), "an object"),
-                              ("stream_options", (dict,), "an object"), ("user", (str,), "a string")):
-        if body.get(name) is not None and not isinstance(body[name], kinds):
-            raise bad(f"'{name}' must be {what}, got {body[name]!r}.", name, "invalid_type")
+    for name, kind in (("store", bool), ("metadata", dict), ("stream_options", dict), ("user", str)):
+        body_field(body, name, (kind,))
     given = own_items(body)
     instructions = body_field(body, "instructions", (str,))
     messages = [{"role": "system", "content": instructions}] if instructions else []
@@ -293,4 +291,3 @@ async def events(next_event, base: dict, read_calls: bool, on_final=None):
     if on_final:
         on_final(final)
     yield event(f"response.{final['status']}", response=final)
-

@@ -35,15 +35,13 @@ class Settings:
     responses_store: int = 1024  # Responses API responses kept in memory (0: none)
 
     def __post_init__(self):
-        for name in ("queue_size", "max_body_bytes", "default_max_tokens", "max_batch", "max_prompt_tokens"):
+        for name, least in (("queue_size", 1), ("max_body_bytes", 1), ("default_max_tokens", 1),
+                            ("max_batch", 1), ("max_prompt_tokens", 1), ("responses_store", 0)):
             value = getattr(self, name)
             if value is None and name == "max_prompt_tokens":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
-        if isinstance(self.responses_store, bool) or not isinstance(self.responses_store, int) \
-                or self.responses_store < 0:
-            raise ConfigError(f"--responses-store must be >= 0, got {self.responses_store!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {value!r}")
         for name in ("queue_timeout", "generation_timeout", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
