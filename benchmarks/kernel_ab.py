@@ -13,9 +13,9 @@ logits are the same bits (they must be: a kernel change may change speed, never 
 
 ``--generate N``: instead of the shapes, greedy generations of N tokens on the bench prompts
 (``--limit`` of each set), each build as the target alone and as the target of the default draft
-(SLEM, the default config), prompt after prompt, the order flipping each time. Reported per build:
-tok/s of both, speculation's speedup over its own target alone, and whether every answer is the same
-tokens (it must be).
+(SLEM, the default config; the draft on the same build), prompt after prompt, the order flipping
+each time. Reported per build: tok/s of both, speculation's speedup over its own target alone, and
+whether every answer is the same tokens (it must be).
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def main() -> None:
 
 def generate_ab(models: dict, args) -> None:
     """Each build's target alone and with the default draft, alternating prompt by prompt."""
+    from anyspec.backends.gguf import GGUFModel
     from anyspec.backends.load import load_model
     from anyspec.bench.prompts import DEFAULT_PROMPTS, load_prompts
     from anyspec.config import SamplingParams
@@ -123,7 +124,9 @@ def generate_ab(models: dict, args) -> None:
     from anyspec.models import DEFAULT_DRAFT
 
     draft = load_model(DEFAULT_DRAFT, dtype="gguf", name="draft")
-    engines = {(name, mode): Engine(m, draft if mode == "slem" else None)
+    drafts = {name: draft if m.kernel is draft.kernel else GGUFModel(draft.path, "draft", kernel=m.kernel)
+              for name, m in models.items()}  # each build runs its draft too
+    engines = {(name, mode): Engine(m, drafts[name] if mode == "slem" else None)
                for name, m in models.items() for mode in ("target", "slem")}
     prompts = [p for path in DEFAULT_PROMPTS for p in load_prompts(path)[:args.limit]]
     params = SamplingParams(max_new_tokens=args.generate)

@@ -31,6 +31,9 @@
 namespace anyspec {
 namespace {
 
+// Passes of at most this many rows take serial steps on every thread at once (serial, Own).
+constexpr int64_t EACH_ROWS = 2;
+
 // One model family's choices for the whole stack.
 struct Arch {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
@@ -100,10 +103,46 @@ void rotate(float* v, const float* cos, const float* sin, int64_t R, bool pairs)
   }
 }
 
-// x [M, H] += scale * y, each row first RMS-normed by `post` where there is one (in place in y).
-void add_branch(float* x, float* y, int64_t M, int64_t H, const float* post, float eps, float scale) {
-  if (post) rms_norm(y, M, H, post, eps, y);
+// x [M, H] += scale * y, each row of y first RMS-normed by `post` where there is one (into normed,
+// which may be y).
+void add_branch(float* x, const float* y, int64_t M, int64_t H, const float* post, float eps, float scale,
+                float* normed) {
+  if (post) rms_norm(y, M, H, post, eps, normed), y = normed;
   for (int64_t i = 0; i < M * H; ++i) x[i] += scale == 1.0f ? y[i] : y[i] * scale;
+}
+
+// A serial step of the stack's parallel region: on one thread while the others wait, or, where
+// `each` is set, on every thread at once into buffers of its own (the same bits on each), no wait.
+template <typename F>
+void serial(bool each, const F& fn) {
+  if (each) {
+    fn();
+    return;
+  }
+#pragma omp single
+  fn();
+}
+
+// A small pass's buffers of one thread (decoder_forward): its own copy of the residual rows x, their
+// norm h, a normed branch output and the quantized inputs of the products.
+struct Own {
+  std::vector<float> x, h, branch;
+  Acts acts[INPUTS];
+};
+
+// Each row's cache in layer l of L.
+std::vector<RowCache> row_caches(int64_t M, int64_t l, int64_t L, int64_t window, const int64_t* pos,
+                                 const int64_t* seq, const std::vector<torch::Tensor>& keys,
+                                 const std::vector<torch::Tensor>& values,
+                                 const std::vector<std::vector<int64_t>>& paths, bool half) {
+  std::vector<RowCache> rows(M);
+  for (int64_t r = 0; r < M; ++r) {
+    const torch::Tensor& k = keys[seq[r] * L + l];
+    const int64_t first = window > 0 ? std::max<int64_t>(0, pos[r] - window + 1) : 0;
+    rows[r] = {k.data_ptr(), values[seq[r] * L + l].data_ptr(), k.size(1), pos[r], first, paths[r].data(),
+               static_cast<int64_t>(paths[r].size()), half};
+  }
+  return rows;
 }
 
 // The shapes decoder_forward relies on, each a one-line error.
@@ -214,26 +253,29 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
   const int64_t inter = (mats[GATE].N + mats[UP].N) / 2;  // the same in every layer
   std::vector<float> h(M * H), qkv(M * qkv_size), attn(M * q_size), out(M * H);
   std::vector<float> gate_up(M * 2 * inter), act(M * inter);
+  const bool each = M <= EACH_ROWS;
   Acts acts[INPUTS];
-  for (int64_t i = 0; i < PER_LAYER * L; ++i) size_for(acts[input_of(i % PER_LAYER)], mats[i], M);
-  // One parallel region for the whole stack: the products and attention split across its
-  // threads (split), the small serial steps run on one thread between barriers.
+  for (int64_t i = 0; i < PER_LAYER * L && !each; ++i) size_for(acts[input_of(i % PER_LAYER)], mats[i], M);
+  // One parallel region for the whole stack: the products, attention and the gate's activation split
+  // across its threads (split), the small serial steps between them (serial).
 #pragma omp parallel
   {
     const InStack member;
-#pragma omp single
-    rms_norm(xp, M, H, layers[0].attn_norm.data_ptr<float>(), eps, h.data());
+    Own own;
+    if (each) {
+      own.x.assign(xp, xp + M * H), own.h.resize(M * H), own.branch.resize(M * H);
+      for (int64_t i = 0; i < PER_LAYER * L; ++i) size_for(own.acts[input_of(i % PER_LAYER)], mats[i], M);
+      for (Acts& a : own.acts) a.each = true;
+    }
+    float *xs = each ? own.x.data() : xp, *hs = each ? own.h.data() : h.data();
+    float* branch = each ? own.branch.data() : out.data();
+    Acts* as = each ? own.acts : acts;
+    serial(each, [&] { rms_norm(xs, M, H, layers[0].attn_norm.data_ptr<float>(), eps, hs); });
     for (int64_t l = 0; l < L; ++l) {
       const Layer& layer = layers[l];
       const Mat* m = &mats[PER_LAYER * l];
-      std::vector<RowCache> rows(M);
-      for (int64_t r = 0; r < M; ++r) {
-        const torch::Tensor& k = keys[seq[r] * L + l];
-        const int64_t first = layer.window > 0 ? std::max<int64_t>(0, pos[r] - layer.window + 1) : 0;
-        rows[r] = {k.data_ptr(), values[seq[r] * L + l].data_ptr(), k.size(1), pos[r], first, paths[r].data(),
-                   static_cast<int64_t>(paths[r].size()), half};
-      }
-      apply(h.data(), M, m + Q, 3, qkv.data(), qkv_size, acts[QKV_IN]);
+      const std::vector<RowCache> rows = row_caches(M, l, L, layer.window, pos, seq, keys, values, paths, half);
+      apply(hs, M, m + Q, 3, qkv.data(), qkv_size, as[QKV_IN]);
 #pragma omp single
       for (int64_t r = 0; r < M; ++r) {
         const int64_t t = std::max<int64_t>(layer.rope, 0);
@@ -243,13 +285,12 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
       }
       attend(qkv.data(), qkv_size, M, heads, kv_heads, D, rows.data(), scaling, static_cast<float>(arch.attn_softcap),
              attn.data());
-      apply(attn.data(), M, m + O, 1, out.data(), H, acts[O_IN]);
-#pragma omp single
-      {
-        add_branch(xp, out.data(), M, H, ptr_or_null(layer.post_attn_norm), eps, residual);
-        rms_norm(xp, M, H, layer.ffn_norm.data_ptr<float>(), eps, h.data());
-      }
-      apply(h.data(), M, m + GATE, 2, gate_up.data(), 2 * inter, acts[GATE_UP_IN]);
+      apply(attn.data(), M, m + O, 1, out.data(), H, as[O_IN]);
+      serial(each, [&] {
+        add_branch(xs, out.data(), M, H, ptr_or_null(layer.post_attn_norm), eps, residual, branch);
+        rms_norm(xs, M, H, layer.ffn_norm.data_ptr<float>(), eps, hs);
+      });
+      apply(hs, M, m + GATE, 2, gate_up.data(), 2 * inter, as[GATE_UP_IN]);
       const int64_t blocks = (inter + 63) / 64;  // act(gate) * up, 64 values a task
       split(M * blocks, 4, [&](int64_t begin, int64_t end) {
         for (int64_t b = begin; b < end; ++b) {
@@ -258,13 +299,13 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
           gated(arch.gelu, g, g + inter, &act[r * inter + i], n);
         }
       });
-      apply(act.data(), M, m + DOWN, 1, out.data(), H, acts[DOWN_IN]);
-#pragma omp single
-      {
-        add_branch(xp, out.data(), M, H, ptr_or_null(layer.post_ffn_norm), eps, residual);
-        if (l + 1 < L) rms_norm(xp, M, H, layers[l + 1].attn_norm.data_ptr<float>(), eps, h.data());
-      }
+      apply(act.data(), M, m + DOWN, 1, out.data(), H, as[DOWN_IN]);
+      serial(each, [&] {
+        add_branch(xs, out.data(), M, H, ptr_or_null(layer.post_ffn_norm), eps, residual, branch);
+        if (l + 1 < L) rms_norm(xs, M, H, layers[l + 1].attn_norm.data_ptr<float>(), eps, hs);
+      });
     }
+    if (each && omp_get_thread_num() == 0) std::memcpy(xp, xs, M * H * sizeof(float));
   }
   return x;
 }

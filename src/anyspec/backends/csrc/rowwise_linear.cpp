@@ -64,7 +64,8 @@ void size_for(Acts& acts, const Mat& m, int64_t M) {
 
 // y[M, sum of N] = x[M, K] . [W_0; W_1; ...]^T: the outputs of `mats` side by side (row stride ldy).
 // Inside the stack's parallel region every thread calls it. Quantized weights first need the
-// activation rows quantized (each row by itself, the rows split across the threads), then all their
+// activation rows quantized (each row by itself, the rows split across the threads, or all of them
+// on every thread into its own Acts), then all their
 // products are one split, so one barrier for the lot; row-wise weights (bf16, int8, fp32) take x as
 // it is, with no barrier before.
 void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts) {
@@ -81,12 +82,14 @@ void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int6
     groups[i] = quantized ? (m.N + rows[i] - 1) / rows[i] : 0;
     total += groups[i];
   }
-  if (need32 || need256) {  // the same on every thread, so every thread meets the same barriers
-    split(M, 1, [&](int64_t r0, int64_t r1) {
-      if (need32) anyspec::quantize_rows(x, acts.by32, r0, r1);
-      if (need256) anyspec::quantize_rows(x, acts.by256, r0, r1);
-    });
-  }
+  const auto quantize = [&](int64_t r0, int64_t r1) {
+    if (need32) anyspec::quantize_rows(x, acts.by32, r0, r1);
+    if (need256) anyspec::quantize_rows(x, acts.by256, r0, r1);
+  };
+  if (acts.each)
+    quantize(0, M);
+  else if (need32 || need256)  // the same on every thread, so every thread meets the same barriers
+    split(M, 1, quantize);
   if (total) {
     split(total, 4, [&](int64_t begin, int64_t end) {
       for (int i = 0, first = 0; i < count; first += groups[i], ++i) {

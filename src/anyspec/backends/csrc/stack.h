@@ -47,6 +47,7 @@ Mat mat(const torch::Tensor& w, const torch::Tensor& scale, const torch::Tensor&
 // They are sized before the stack's parallel region (size_for), so that its threads only fill them.
 struct Acts {
   Act by32, by256;
+  bool each = false;  // this thread's own: it quantizes every row itself (no barrier before the products)
   const Act& of(int64_t type) const { return block_size(type) == 32 ? by32 : by256; }
 };
 
