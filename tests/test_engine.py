@@ -205,6 +205,21 @@ def test_streamed_pieces_add_up_to_the_text(qwen_target, llama_draft):
     assert list(engine.stream(PROMPTS[2], greedy(max_new_tokens=30))) == pieces
 
 
+def test_a_second_stream_waits_for_the_first_to_end_or_close(qwen_target, llama_draft):
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=5))
+    params = greedy(max_new_tokens=30)
+    alone = [engine.generate(p, params).text for p in PROMPTS[:2]]
+    first, second = engine.stream(PROMPTS[0], params), engine.stream(PROMPTS[1], params)
+    head = next(first)
+    with pytest.raises(ConfigError, match="running another generation"):
+        next(second)
+    assert head + "".join(first) == alone[0]  # the first stream goes on unharmed
+    third = engine.stream(PROMPTS[1], params)
+    next(third)
+    third.close()  # a closed stream frees the engine
+    assert engine.generate(PROMPTS[1], params).text == alone[1]
+
+
 def test_sampling_is_seeded_and_respects_limits(qwen_target, llama_draft):
     engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=4))
     params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=20, seed=11)

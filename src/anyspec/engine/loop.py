@@ -11,6 +11,7 @@ seconds it reports, and those its k schedule and branch rule weigh, are its pass
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -57,6 +58,11 @@ class GenerationResult:
 
 class Engine:
     def __init__(self, target, draft=None, config: SpeculativeConfig | None = None):
+        if isinstance(target, str | os.PathLike) or isinstance(draft, str | os.PathLike):
+            raise ConfigError("Engine takes loaded models; anyspec.load(target, draft, config) loads them "
+                              "by name, folder or .gguf file and gives the Engine")
+        if config is not None and not isinstance(config, SpeculativeConfig):
+            raise ConfigError(f"config must be a SpeculativeConfig, got {type(config).__name__}")
         self.target, self.draft = target, draft
         self.config = config or SpeculativeConfig()
         if self.config.draft_confidence is None:
@@ -82,6 +88,7 @@ class Engine:
             known = token_bytes_table(target.tokenizer, target.vocab_size)
         self.target_bytes = known
         self.eos_ids = end_ids(target)
+        self.streaming = False  # a generation on the engine's own caches is under way (stream)
 
     def proposer_for(self, params: SamplingParams) -> Proposer | None:
         return self.proposers[algorithm_for(self.config, params)] if self.draft is not None else None
@@ -99,9 +106,24 @@ class Engine:
                 on_text(piece)
 
     def stream(self, prompt: str | list[dict], params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield committed text; the generator's return value is the ``GenerationResult``."""
-        params = params or SamplingParams()
-        return alone(lambda batch: self.steps(prompt, params, self.target, self.draft, batch, 0))
+        """Yield committed text; the generator's return value is the ``GenerationResult``. It runs on
+        the engine's own KV caches, so one at a time: a second stream that starts while another is
+        under way (begun, not finished or closed) raises ``ConfigError``."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
+        return self._one_at_a_time(alone(lambda batch: self.steps(prompt, params, self.target, self.draft,
+                                                                  batch, 0)))
+
+    def _one_at_a_time(self, generation: Iterator[str]):
+        if self.streaming:
+            raise ConfigError("this Engine is running another generation (a stream begun and not finished "
+                              "or closed); finish or close() it first, or use generate_batch for several")
+        self.streaming = True
+        try:
+            return (yield from generation)
+        finally:
+            self.streaming = False
 
     def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft, batch: Batch, key,
               encoded: tuple[list[int], str] | None = None, speculative: bool = True) -> Steps:
