@@ -93,6 +93,13 @@ def test_max_tokens_not_positive(post, max_tokens):
     assert_error(r, 400, "max_tokens", "invalid_value", "at least 1")
 
 
+def test_max_completion_tokens_wins_over_max_tokens(post):
+    body = CHAT_OK | {"temperature": 0, "max_completion_tokens": 3, "max_tokens": 5, "ignore_eos": True}
+    assert post("/v1/chat/completions", json=body).json()["usage"]["completion_tokens"] == 3
+    body |= {"max_completion_tokens": 0}
+    assert_error(post("/v1/chat/completions", json=body), 400, "max_completion_tokens", "invalid_value")
+
+
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_max_tokens_beyond_context(post, path):
     body = OK if path == "/v1/completions" else CHAT_OK

@@ -2,12 +2,14 @@
 
 __version__ = "0.1.0"
 
-_EXPORTS = {"generate": "anyspec.pair", "Engine": "anyspec.engine", "GenerationResult": "anyspec.engine",
-            "SpeculativeConfig": "anyspec.config", "SamplingParams": "anyspec.config"}
+_EXPORTS = {"generate": "anyspec.pair", "load": "anyspec.pair", "Engine": "anyspec.engine",
+            "GenerationResult": "anyspec.engine", "SpeculativeConfig": "anyspec.config",
+            "SamplingParams": "anyspec.config"}
 
 
 def __getattr__(name: str):
-    """``anyspec.generate`` and the engine's classes, imported on first use (torch is heavy)."""
+    """``anyspec.generate``, ``anyspec.load`` and the engine's classes, imported on first use (torch
+    is heavy)."""
     if name in _EXPORTS:
         import importlib
 

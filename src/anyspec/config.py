@@ -126,7 +126,7 @@ class SpeculativeConfig:
         if self.tree is not None and (not _is_int(self.tree) or not 0 <= self.tree <= MAX_TREE_BRANCHES):
             raise ConfigError(f"tree must be an integer from 0 (the chain alone) to {MAX_TREE_BRANCHES} "
                               f"branches, got {self.tree!r}")
-        for name in ("prefix_cache", "batch_k"):
+        for name in ("use_heterogeneous_vocab", "adaptive_k", "prefix_cache", "batch_k"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.algorithm == "slem" and self.draft_context != "retokenize":
@@ -161,6 +161,11 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        elif self.stop is None or isinstance(self.stop, tuple):
+            self.stop = list(self.stop or ())
+        if not isinstance(self.stop, list):
+            raise ConfigError(f"stop must be a string or a list of strings, got {type(self.stop).__name__}",
+                              "stop")
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), "
                               f"got {self.temperature}", "temperature")
@@ -202,10 +207,8 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}", name)
-        if self.grammar is not None and (self.min_tokens or self.ignore_eos):
-            raise ConfigError("min_tokens and ignore_eos cannot hold back the end of an answer that follows "
-                              "a grammar (its end is the grammar's)",
-                              "min_tokens" if self.min_tokens else "ignore_eos")
+        if self.grammar is not None:
+            check_grammar_end(self)
         if self.seed is not None and not seed_fits(self.seed):
             raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}", "seed")
         for name in ("logprobs", "prompt_logprobs"):
@@ -222,6 +225,14 @@ class SamplingParams:
             raise ConfigError("stop strings must be non-empty strings", "stop")
         for s in self.stop:
             check_text(s, "a stop string", "stop")
+
+
+def check_grammar_end(params: SamplingParams) -> None:
+    """An answer held to a grammar ends where the grammar does."""
+    if params.min_tokens or params.ignore_eos:
+        raise ConfigError("min_tokens and ignore_eos cannot hold back the end of an answer that follows "
+                          "a grammar (its end is the grammar's)",
+                          "min_tokens" if params.min_tokens else "ignore_eos")
 
 
 def _token_ids(ids) -> bool:
@@ -249,6 +260,9 @@ def check_text(text: str, what: str, field: str | None = None) -> None:
         raise ConfigError(f"{what} is not valid UTF-8 text (character {at}); pass UTF-8", field)
 
 
+ROLES = ("system", "user", "assistant", "tool")  # a chat message's roles
+
+
 def check_prompt(prompt: str | list[dict]) -> None:
     """A non-empty text, or a non-empty list of ``{"role", "content"}`` messages, all valid UTF-8."""
     if isinstance(prompt, str):
@@ -256,10 +270,13 @@ def check_prompt(prompt: str | list[dict]) -> None:
             raise ConfigError("the prompt is empty; pass some text")
         check_text(prompt, "the prompt")
         return
-    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) and "role" in m
-                                                              for m in prompt):
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
         raise ConfigError("chat messages must be a non-empty list of {'role': ..., 'content': ...}")
     for i, m in enumerate(prompt):
-        for key in ("role", "content"):
-            if isinstance(m.get(key), str):
-                check_text(m[key], f"message {i}'s {key}")
+        if m.get("role") not in ROLES:
+            raise ConfigError(f"message {i}'s role must be one of {', '.join(ROLES)}, "
+                              f"got {m.get('role')!r}")
+        if not isinstance(content := m.get("content"), str):
+            raise ConfigError(f"message {i}'s content must be a string, got {type(content).__name__} "
+                              "(join text parts into one; an assistant message that only calls tools: '')")
+        check_text(m["content"], f"message {i}'s content")

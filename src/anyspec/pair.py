@@ -49,6 +49,7 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
     cpus = os.cpu_count() or 1
     if threads is not None and threads > cpus:
         raise ConfigError(f"--threads must be at most this machine's {cpus} CPUs, got {threads}")
+    target, draft = _spec(target, "target"), _spec(draft, "draft") if draft is not None else None
     resolved = backend.resolve_dtype(dtype, spec=target)
     draft_resolved = backend.resolve_dtype(draft_dtype, draft=True, spec=draft) if draft else None
     for role, spec in (("--target", target), ("--draft", draft)):
@@ -115,15 +116,38 @@ def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> P
     return Pair(target, draft, plan)
 
 
-def generate(prompt: str | list[dict], target: str = DEFAULT_TARGET, draft: str | None = DEFAULT_DRAFT,
-             config: SpeculativeConfig | None = None, params: SamplingParams | None = None,
-             dtype: str | None = None, on_text: Callable[[str], None] | None = None,
-             draft_dtype: str | None = None):
-    """One call: load the models (built-in names, folders or GGUF files) and generate."""
+def _spec(value, what: str) -> str:
+    """A model given as a built-in name, a folder or a .gguf file: a string or a path."""
+    if not isinstance(value, str | os.PathLike):
+        raise ConfigError(f"{what} must be a built-in model name, a folder or a .gguf file, got "
+                          f"{type(value).__name__}")
+    return os.fspath(value)
+
+
+def _given(value, kind: type, what: str):
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(f"{what} must be a {kind.__name__}, got {type(value).__name__}")
+    return value if value is not None else kind()
+
+
+def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | None = DEFAULT_DRAFT,
+         config: SpeculativeConfig | None = None, dtype: str | None = None, draft_dtype: str | None = None,
+         threads: int | None = None):
+    """An ``Engine`` over the two models (built-in names, folders or GGUF files; ``draft=None``: the
+    target alone), every option checked before anything loads."""
     from anyspec.engine import Engine
 
-    config = config or SpeculativeConfig()
-    params = params or SamplingParams()
+    config = _given(config, SpeculativeConfig, "config")
+    pair = load_pair(check_pair(target, draft, dtype, draft_dtype, threads))
+    return Engine(pair.target, pair.draft, config)
+
+
+def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGET,
+             draft: str | os.PathLike | None = DEFAULT_DRAFT, config: SpeculativeConfig | None = None,
+             params: SamplingParams | None = None, dtype: str | None = None,
+             on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None):
+    """One call: load the models (built-in names, folders or GGUF files) and generate."""
+    params = _given(params, SamplingParams, "params")
+    _given(config, SpeculativeConfig, "config")
     check_prompt(prompt)
-    pair = load_pair(check_pair(target, draft, dtype, draft_dtype))
-    return Engine(pair.target, pair.draft, config).generate(prompt, params, on_text=on_text)
+    return load(target, draft, config, dtype, draft_dtype).generate(prompt, params, on_text=on_text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from anyspec.config import MAX_LOGPROBS, SamplingParams, seed_fits, utf8_problem
+from anyspec.config import MAX_LOGPROBS, ROLES, SamplingParams, seed_fits, utf8_problem
 from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
@@ -30,7 +30,6 @@ UNSUPPORTED = {"best_of": (None, 1),
                "length_penalty": (None, 1), "bad_words": (None, []), "truncate_prompt_tokens": (None,),
                "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
                "prompt_logprobs": (None,), "n_predict": (None,)}
-ROLES = ("system", "user", "assistant", "tool")
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
 
@@ -307,8 +306,11 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     wanted = _checked(structure, body, chat, tokenizer, grammars)
     shaping = _shaping(body)
     presence, frequency, bias = _penalties(body, vocab)
-    max_tokens = body_field(body, "max_completion_tokens", (int,)) if chat else None
-    max_tokens = body_field(body, "max_tokens", (int,), max_tokens)
+    # OpenAI's newer name wins where both are sent, as in vLLM
+    newer = chat and body.get("max_completion_tokens") is not None
+    limit = "max_completion_tokens" if newer else "max_tokens"
+    max_tokens = body_field(body, "max_tokens", (int,))
+    max_tokens = body_field(body, limit, (int,), max_tokens)
     stop = _stop(body)
     min_tokens = body_field(body, "min_tokens", (int,), 0)
     stop_ids, allowed = (token_list(body, name, vocab) for name in ("stop_token_ids", "allowed_token_ids"))
@@ -331,8 +333,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         raise ApiError(400, "The prompt's logprobs ('echo' with 'logprobs') are answered only without "
                             "'stream'.", "echo", "unsupported_parameter")
     if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"'max_tokens' must be at least 1, got {max_tokens}.", "max_tokens",
-                       "invalid_value")
+        raise ApiError(400, f"'{limit}' must be at least 1, got {max_tokens}.", limit, "invalid_value")
 
     param = "messages" if chat else "prompt"
     names = [param if len(sent) == 1 else f"{param}[{i}]" for i in range(len(sent))]

@@ -1,0 +1,71 @@
+"""What the library's entry points take: bad input is one ``ConfigError`` naming it, before any model
+loads (``no_loading``), and the documented ways to load and run work."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import anyspec
+from anyspec import SamplingParams, SpeculativeConfig
+from anyspec.errors import ConfigError
+
+BAD_MESSAGES = [
+    ([{"role": "wizard", "content": "hi"}], "message 0's role must be one of system, user, assistant, tool"),
+    ([{"role": "developer", "content": "hi"}], "message 0's role must be one of"),
+    ([{"role": 5, "content": "hi"}], "message 0's role must be one of"),
+    ([{"content": "hi"}], "message 0's role must be one of"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": 5}],
+     "message 1's content must be a string, got int"),
+    ([{"role": "user", "content": None}], "message 0's content must be a string, got NoneType"),
+    ([{"role": "user"}], "message 0's content must be a string"),
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "got list (join text parts into one"),
+]
+
+
+@pytest.mark.parametrize(("messages", "says"), BAD_MESSAGES, ids=[s for _, s in BAD_MESSAGES])
+def test_bad_chat_messages_are_refused_before_loading(no_loading, messages, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        anyspec.generate(messages)
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"params": {"max_new_tokens": 4}}, "params must be a SamplingParams, got dict"),
+    ({"config": {"num_speculative_tokens": 4}}, "config must be a SpeculativeConfig, got dict"),
+    ({"target": 5}, "target must be a built-in model name, a folder or a .gguf file, got int"),
+    ({"draft": ["smollm2-135m"]}, "draft must be a built-in model name, a folder or a .gguf file, got list")])
+def test_bad_arguments_are_refused_before_loading(no_loading, kwargs, says):
+    with pytest.raises(ConfigError, match=says):
+        anyspec.generate("hi", **kwargs)
+
+
+def test_an_engine_of_model_names_points_to_load():
+    with pytest.raises(ConfigError, match=r"takes loaded models; anyspec.load\(target, draft, config\)"):
+        anyspec.Engine("qwen2.5-coder-0.5b", "smollm2-135m")
+
+
+@pytest.mark.parametrize("field", ["adaptive_k", "use_heterogeneous_vocab", "prefix_cache", "batch_k"])
+@pytest.mark.parametrize("bad", ["false", 0, None])
+def test_every_switch_of_the_config_is_a_bool(field, bad):
+    with pytest.raises(ConfigError, match=f"{field} must be True or False"):
+        SpeculativeConfig(**{field: bad})
+
+
+def test_stop_takes_none_a_string_or_strings_and_nothing_else():
+    assert SamplingParams(stop=None).stop == []
+    assert SamplingParams(stop="x").stop == ["x"]
+    assert SamplingParams(stop=("x", "y")).stop == ["x", "y"]
+    with pytest.raises(ConfigError, match="stop must be a string or a list of strings, got int"):
+        SamplingParams(stop=5)
+
+
+def test_load_takes_paths_and_gives_the_engine_generate_uses(folders):
+    target, draft = folders
+    params = SamplingParams(max_new_tokens=12)
+    engine = anyspec.load(Path(target), Path(draft))
+    assert isinstance(engine, anyspec.Engine) and engine.draft is not None
+    got = engine.generate("def add(a, b):", params)
+    assert got.text == anyspec.generate("def add(a, b):", str(target), str(draft), params=params).text
+    assert got.token_ids == anyspec.load(target, None).generate("def add(a, b):", params).token_ids
