@@ -258,7 +258,19 @@ def test_a_bad_chat_template_is_one_line_before_loading(no_loading, capsys, tmp_
     bad.write_text("{% if messages %}x{% endfor %}")
     for command in ("generate", "serve", "chat"):
         argv = [command, "--chat-template", str(bad) if given == "FILE" else given]
-        one_line_error(capsys, argv + (["--prompt", "x"] if command == "generate" else []), says)
+        one_line_error(capsys, argv + (["--prompt", "x", "--chat"] if command == "generate" else []), says)
+
+
+def test_a_chat_template_without_chat_is_one_line_before_loading(no_loading, capsys):
+    one_line_error(capsys, ["generate", "--prompt", "x", "--chat-template", "{{ messages[0].content }}"],
+                   "--chat-template needs --chat")
+
+
+@pytest.mark.parametrize("hold", [["--ignore-eos"], ["--min-tokens", "3"]])
+def test_a_grammar_with_a_held_end_is_one_line_before_loading(no_loading, capsys, hold):
+    pytest.importorskip("llguidance")
+    one_line_error(capsys, ["generate", "--prompt", "x", "--choice", "yes", *hold],
+                   "cannot hold back the end of an answer that follows a grammar")
 
 
 @pytest.mark.parametrize(("argv", "says"), [

@@ -41,6 +41,8 @@ def free_port() -> int:
     (["--api-key", ""], "--api-key must be printable ASCII without spaces"),
     (["--api-key", "sk one"], "--api-key must be printable ASCII without spaces"),
     (["--responses-store", "-1"], "--responses-store must be >= 0"),
+    (["--served-model-name", ""], "--served-model-name is empty"),
+    (["--served-model-name", " "], "--served-model-name is empty"),
 ])
 def test_bad_command_line_fails_in_one_line_before_loading(no_loading, capsys, argv, says):
     assert cli.main(["serve", *argv]) == 2

@@ -20,6 +20,7 @@ from anyspec.cli.options import (
     sampling_params,
     speculative_config,
 )
+from anyspec.config import check_grammar_end
 from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -92,7 +93,11 @@ def run(args) -> int:
     if args.logprobs is not None and not args.json:
         raise ConfigError("--logprobs needs --json, which prints them")
     check_prompt_text(args.prompt)
+    if args.chat_template is not None and not args.chat:
+        raise ConfigError("--chat-template needs --chat (without it the prompt is plain text)")
     guide = read_guide(args)
+    if guide is not None:
+        check_grammar_end(params)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     pair = load_pair(pair_plan(args))
     engine = Engine(pair.target, pair.draft, config)

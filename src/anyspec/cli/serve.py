@@ -69,6 +69,8 @@ def check_args(args):
                           "pip install 'anyspec[server]'") from None
     from anyspec.server.app import Settings
 
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise ConfigError("--served-model-name is empty; give a name or leave it out (the target's)")
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
     settings = Settings(model_name=name, **{f.name: getattr(args, f.name)  # checks them
                                             for f in dataclasses.fields(Settings) if hasattr(args, f.name)})
