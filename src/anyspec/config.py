@@ -227,6 +227,15 @@ class SamplingParams:
             check_text(s, "a stop string", "stop")
 
 
+def given(value, kind: type, what: str):
+    """``value`` if it is a ``kind``, ``kind()`` if it is None; else a ConfigError naming ``what``."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise ConfigError(f"{what} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
 def check_grammar_end(params: SamplingParams) -> None:
     """An answer held to a grammar ends where the grammar does."""
     if params.min_tokens or params.ignore_eos:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from anyspec.config import SamplingParams, SpeculativeConfig, check_prompt
+from anyspec.config import SamplingParams, SpeculativeConfig, check_prompt, given
 from anyspec.errors import ConfigError
 from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -65,19 +65,19 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
                     template, kv_cache_dtype)
 
 
-def read_template(given: str) -> str:
+def read_template(source: str) -> str:
     """A chat template's Jinja text from a file, or given as text (as vLLM's ``--chat-template``),
     parsed as transformers will render it."""
-    path = Path(given).expanduser()
+    path = Path(source).expanduser()
     if path.is_file():
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"--chat-template: cannot read {given}: {exc}") from None
-    elif "{{" in given or "{%" in given:
-        text = given
+            raise ConfigError(f"--chat-template: cannot read {source}: {exc}") from None
+    elif "{{" in source or "{%" in source:
+        text = source
     else:
-        raise ConfigError(f"--chat-template: {given} is neither a file nor a template's text")
+        raise ConfigError(f"--chat-template: {source} is neither a file nor a template's text")
     from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -124,12 +124,6 @@ def _spec(value, what: str) -> str:
     return os.fspath(value)
 
 
-def _given(value, kind: type, what: str):
-    if value is not None and not isinstance(value, kind):
-        raise ConfigError(f"{what} must be a {kind.__name__}, got {type(value).__name__}")
-    return value if value is not None else kind()
-
-
 def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | None = DEFAULT_DRAFT,
          config: SpeculativeConfig | None = None, dtype: str | None = None, draft_dtype: str | None = None,
          threads: int | None = None):
@@ -137,7 +131,7 @@ def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | 
     target alone), every option checked before anything loads."""
     from anyspec.engine import Engine
 
-    config = _given(config, SpeculativeConfig, "config")
+    config = given(config, SpeculativeConfig, "config")
     pair = load_pair(check_pair(target, draft, dtype, draft_dtype, threads))
     return Engine(pair.target, pair.draft, config)
 
@@ -147,7 +141,7 @@ def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGE
              params: SamplingParams | None = None, dtype: str | None = None,
              on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None):
     """One call: load the models (built-in names, folders or GGUF files) and generate."""
-    params = _given(params, SamplingParams, "params")
-    _given(config, SpeculativeConfig, "config")
+    params = given(params, SamplingParams, "params")
+    given(config, SpeculativeConfig, "config")
     check_prompt(prompt)
     return load(target, draft, config, dtype, draft_dtype).generate(prompt, params, on_text=on_text)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from anyspec.algorithms import tli, tree
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
-from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig
+from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig, given
 from anyspec.engine import lookup as prompt_lookup
 from anyspec.engine.batch import PREFILL_CHUNK, Batch, Driver, Forward, Meter, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
@@ -61,10 +61,8 @@ class Engine:
         if isinstance(target, str | os.PathLike) or isinstance(draft, str | os.PathLike):
             raise ConfigError("Engine takes loaded models; anyspec.load(target, draft, config) loads them "
                               "by name, folder or .gguf file and gives the Engine")
-        if config is not None and not isinstance(config, SpeculativeConfig):
-            raise ConfigError(f"config must be a SpeculativeConfig, got {type(config).__name__}")
         self.target, self.draft = target, draft
-        self.config = config or SpeculativeConfig()
+        self.config = given(config, SpeculativeConfig, "config")
         if self.config.draft_confidence is None:
             self.config = replace(self.config, draft_confidence=tuned_confidence(target))
         if self.config.tree is None:
@@ -109,9 +107,7 @@ class Engine:
         """Yield committed text; the generator's return value is the ``GenerationResult``. It runs on
         the engine's own KV caches, so one at a time: a second stream that starts while another is
         under way (begun, not finished or closed) raises ``ConfigError``."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params = given(params, SamplingParams, "params")
         return self._one_at_a_time(alone(lambda batch: self.steps(prompt, params, self.target, self.draft,
                                                                   batch, 0)))
 
