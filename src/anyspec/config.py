@@ -288,4 +288,4 @@ def check_prompt(prompt: str | list[dict]) -> None:
         if not isinstance(content := m.get("content"), str):
             raise ConfigError(f"message {i}'s content must be a string, got {type(content).__name__} "
                               "(join text parts into one; an assistant message that only calls tools: '')")
-        check_text(m["content"], f"message {i}'s content")
+        check_text(content, f"message {i}'s content")

@@ -131,7 +131,7 @@ def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | 
     target alone), every option checked before anything loads."""
     from anyspec.engine import Engine
 
-    config = given(config, SpeculativeConfig, "config")
+    given(config, SpeculativeConfig, "config")  # before anything loads; Engine takes None too
     pair = load_pair(check_pair(target, draft, dtype, draft_dtype, threads))
     return Engine(pair.target, pair.draft, config)
 
@@ -142,6 +142,5 @@ def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGE
              on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None):
     """One call: load the models (built-in names, folders or GGUF files) and generate."""
     params = given(params, SamplingParams, "params")
-    given(config, SpeculativeConfig, "config")
     check_prompt(prompt)
     return load(target, draft, config, dtype, draft_dtype).generate(prompt, params, on_text=on_text)

@@ -107,7 +107,10 @@ void rotate(float* v, const float* cos, const float* sin, int64_t R, bool pairs)
 // which may be y).
 void add_branch(float* x, const float* y, int64_t M, int64_t H, const float* post, float eps, float scale,
                 float* normed) {
-  if (post) rms_norm(y, M, H, post, eps, normed), y = normed;
+  if (post) {
+    rms_norm(y, M, H, post, eps, normed);
+    y = normed;
+  }
   for (int64_t i = 0; i < M * H; ++i) x[i] += scale == 1.0f ? y[i] : y[i] * scale;
 }
 
@@ -129,6 +132,11 @@ struct Own {
   std::vector<float> x, h, branch;
   Acts acts[INPUTS];
 };
+
+// Room in acts[INPUTS] for M rows of every product's inputs (size_for).
+void size_inputs(Acts* acts, const std::vector<Mat>& mats, int64_t M) {
+  for (size_t i = 0; i < mats.size(); ++i) size_for(acts[input_of(i % PER_LAYER)], mats[i], M);
+}
 
 // Each row's cache in layer l of L.
 std::vector<RowCache> row_caches(int64_t M, int64_t l, int64_t L, int64_t window, const int64_t* pos,
@@ -255,7 +263,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
   std::vector<float> gate_up(M * 2 * inter), act(M * inter);
   const bool each = M <= EACH_ROWS;
   Acts acts[INPUTS];
-  for (int64_t i = 0; i < PER_LAYER * L && !each; ++i) size_for(acts[input_of(i % PER_LAYER)], mats[i], M);
+  if (!each) size_inputs(acts, mats, M);
   // One parallel region for the whole stack: the products, attention and the gate's activation split
   // across its threads (split), the small serial steps between them (serial).
 #pragma omp parallel
@@ -264,7 +272,7 @@ torch::Tensor decoder_forward(torch::Tensor x, torch::Tensor positions, torch::T
     Own own;
     if (each) {
       own.x.assign(xp, xp + M * H), own.h.resize(M * H), own.branch.resize(M * H);
-      for (int64_t i = 0; i < PER_LAYER * L; ++i) size_for(own.acts[input_of(i % PER_LAYER)], mats[i], M);
+      size_inputs(own.acts, mats, M);
       for (Acts& a : own.acts) a.each = true;
     }
     float *xs = each ? own.x.data() : xp, *hs = each ? own.h.data() : h.data();

@@ -65,9 +65,8 @@ void size_for(Acts& acts, const Mat& m, int64_t M) {
 // y[M, sum of N] = x[M, K] . [W_0; W_1; ...]^T: the outputs of `mats` side by side (row stride ldy).
 // Inside the stack's parallel region every thread calls it. Quantized weights first need the
 // activation rows quantized (each row by itself, the rows split across the threads, or all of them
-// on every thread into its own Acts), then all their
-// products are one split, so one barrier for the lot; row-wise weights (bf16, int8, fp32) take x as
-// it is, with no barrier before.
+// on every thread into its own Acts), then all their products are one split, so one barrier for the
+// lot; row-wise weights (bf16, int8, fp32) take x as it is, with no barrier before.
 void apply(const float* x, int64_t M, const Mat* mats, int count, float* y, int64_t ldy, Acts& acts) {
   constexpr int MOST = 4;  // products a call takes: its callers pass 1 to 3
   bool need32 = false, need256 = false;
