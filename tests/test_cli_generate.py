@@ -283,10 +283,25 @@ def test_choice_regex_and_grammar_hold_the_answer(tiny_dirs, capsys, tmp_path):
 def test_an_fp16_kv_cache_generates_the_targets_own_answer(tiny_dirs, capsys):
     """``--kv-cache-dtype fp16`` on the lean kernels: the answer is the target alone's on the same cache."""
     common = ["generate", "--target", tiny_dirs["target"], "--prompt", "def add(a, b):",
-              "--max-new-tokens", "12", "--dtype", "int8", "--draft-dtype", "int8",
-              "--kv-cache-dtype", "fp16", "--json"]
-    assert main([*common, "--draft", tiny_dirs["draft"], "-k", "3"]) == 0
+              "--max-new-tokens", "12", "--dtype", "int8", "--kv-cache-dtype", "fp16", "--json"]
+    assert main([*common, "--draft", tiny_dirs["draft"], "--draft-dtype", "int8", "-k", "3"]) == 0
     spec = json.loads(capsys.readouterr().out)
     assert main([*common, "--no-draft"]) == 0
     alone = json.loads(capsys.readouterr().out)
     assert spec["stats"]["drafted"] > 0 and spec["token_ids"] == alone["token_ids"]
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"], ["serve"]])
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--tree", "2"], "tree (--tree) only acts on a draft's rounds"),
+    (["-k", "8"], "num_speculative_tokens (-k/--num-speculative-tokens) only acts on a draft's rounds (k on "
+                  "prompt lookup's too, --ngram)"),
+    (["--algorithm", "tli", "--adaptive-k"], "algorithm (--algorithm), adaptive_k (--adaptive-k) only act"),
+    (["--draft-dtype", "int8"], "--draft-dtype int8 is for a draft and there is none")])
+def test_no_draft_refuses_the_drafts_settings_before_loading(no_loading, capsys, command, flags, says):
+    one_line_error(capsys, [*command, "--no-draft", *flags], says)
+
+
+def test_no_draft_takes_k_for_prompt_lookup(no_loading):
+    with pytest.raises(AssertionError, match="a model was loaded"):  # past every check, to the loading
+        main(["generate", "--prompt", "hi", "--no-draft", "--ngram", "2", "-k", "8"])

@@ -69,3 +69,18 @@ def test_load_takes_paths_and_gives_the_engine_generate_uses(folders):
     got = engine.generate("def add(a, b):", params)
     assert got.text == anyspec.generate("def add(a, b):", str(target), str(draft), params=params).text
     assert got.token_ids == anyspec.load(target, None).generate("def add(a, b):", params).token_ids
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"config": SpeculativeConfig(tree=1)}, r"tree \(--tree\) only acts on a draft's rounds"),
+    ({"config": SpeculativeConfig(draft_window=64, draft_confidence=0.5)},
+     r"draft_window \(--draft-window\), draft_confidence \(--draft-confidence\) only act"),
+    ({"config": SpeculativeConfig(num_speculative_tokens=9)}, r"num_speculative_tokens \(-k"),
+    ({"draft_dtype": "int8"}, "--draft-dtype int8 is for a draft and there is none")])
+def test_the_target_alone_refuses_the_drafts_settings_before_loading(no_loading, kwargs, says):
+    with pytest.raises(ConfigError, match=says):
+        anyspec.load(draft=None, **kwargs)
+    with pytest.raises(AssertionError, match="a model was loaded"):  # with a draft they are fine
+        anyspec.load(**kwargs)
+    with pytest.raises(AssertionError, match="a model was loaded"):  # so is k where prompt lookup proposes
+        anyspec.load(draft=None, config=SpeculativeConfig(ngram=2, num_speculative_tokens=9))

@@ -11,7 +11,7 @@ AVX-512 level: ``proposers.tuned_confidence``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from anyspec.errors import ConfigError
 
@@ -132,6 +132,30 @@ class SpeculativeConfig:
         if self.algorithm == "slem" and self.draft_context != "retokenize":
             raise ConfigError("algorithm='slem' needs draft_context='retokenize' (the draft writes its own "
                               "tokens, so it must read its own tokenization)")
+
+
+DRAFT_ONLY = ("use_heterogeneous_vocab", "draft_sample_method", "algorithm", "draft_context", "draft_window",
+              "adaptive_k", "draft_confidence", "batch_k", "tree")  # what only a draft's rounds read
+
+
+def check_alone(config: SpeculativeConfig) -> None:
+    """The target decodes alone: a setting of the draft's rounds (k too, unless prompt lookup
+    proposes) set away from its default would be ignored, so it is an error."""
+    default = SpeculativeConfig()
+    names = [n for n in DRAFT_ONLY if getattr(config, n) != getattr(default, n)]
+    if not config.ngram and config.num_speculative_tokens != default.num_speculative_tokens:
+        names.insert(0, "num_speculative_tokens")
+    if names:
+        said = ", ".join(f"{n} ({_spelling(n)})" for n in names)
+        lookup = " (k on prompt lookup's too, --ngram)" if names[0] == "num_speculative_tokens" else ""
+        raise ConfigError(f"{said} only {'acts' if len(names) == 1 else 'act'} on a draft's rounds{lookup}, "
+                          "and there is no draft (--no-draft, draft=None); leave "
+                          f"{'it' if len(names) == 1 else 'them'} out", names[0])
+
+
+def _spelling(name: str) -> str:
+    f = next(f for f in fields(SpeculativeConfig) if f.name == name)
+    return "/".join(f.metadata["flags"]) or f"--{name.replace('_', '-')}"
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from anyspec.config import SamplingParams, SpeculativeConfig, check_prompt, given
+from anyspec.config import SamplingParams, SpeculativeConfig, check_alone, check_prompt, given
 from anyspec.errors import ConfigError
 from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -51,6 +51,9 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
         raise ConfigError(f"--threads must be at most this machine's {cpus} CPUs, got {threads}")
     target, draft = _spec(target, "target"), _spec(draft, "draft") if draft is not None else None
     resolved = backend.resolve_dtype(dtype, spec=target)
+    if draft is None and draft_dtype not in (None, "auto"):
+        raise ConfigError(f"--draft-dtype {draft_dtype} is for a draft and there is none (--no-draft, "
+                          "draft=None); leave it out")
     draft_resolved = backend.resolve_dtype(draft_dtype, draft=True, spec=draft) if draft else None
     for role, spec in (("--target", target), ("--draft", draft)):
         if spec is not None and not spec.strip():
@@ -131,7 +134,9 @@ def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | 
     target alone), every option checked before anything loads."""
     from anyspec.engine import Engine
 
-    given(config, SpeculativeConfig, "config")  # before anything loads; Engine takes None too
+    config = given(config, SpeculativeConfig, "config")  # before anything loads
+    if draft is None:
+        check_alone(config)
     pair = load_pair(check_pair(target, draft, dtype, draft_dtype, threads))
     return Engine(pair.target, pair.draft, config)
 

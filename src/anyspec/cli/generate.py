@@ -127,7 +127,8 @@ def run(args) -> int:
     hist = " ".join(f"{n}:{c}" for n, c in enumerate(s.accepted_hist))
     ended = " ".join(f"{cause}:{n}" for cause, n in sorted(s.ended_by.items()))
     lookup = f", prompt lookup accepted {s.ngram_accepted}/{s.ngram_proposed}" if s.ngram_proposed else ""
-    print(f"[{'target only' if pair.draft is None else f'{s.algorithm} k={config.num_speculative_tokens}'}] "
+    how = "target only" if s.algorithm == "none" else f"{s.algorithm} k={config.num_speculative_tokens}"
+    print(f"[{how}] "
           f"{s.generated} tokens in {s.total_seconds:.2f}s ({s.tokens_per_second:.2f} tok/s); "
           f"rounds {s.rounds}, drafted {s.drafted}, accepted {s.accepted} "
           f"({100 * s.acceptance_rate:.1f}%), mean accepted {s.mean_accepted_length:.2f}, "

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from anyspec.config import SamplingParams, SpeculativeConfig, check_prompt
+from anyspec.config import SamplingParams, SpeculativeConfig, check_alone, check_prompt
 from anyspec.errors import ConfigError
 from anyspec.pair import PairPlan, check_pair
 
@@ -111,10 +111,13 @@ def speculative_config(args, **fixed) -> SpeculativeConfig:
     return SpeculativeConfig(**(flagged | fixed))
 
 
-def pair_plan(args, draft: bool = True) -> PairPlan:
-    """The checked pair from ``--target``, ``--draft`` (unless ``--no-draft``), the dtypes and threads."""
-    use_draft = draft and not getattr(args, "no_draft", False)
-    return check_pair(args.target, args.draft if use_draft else None, args.dtype, args.draft_dtype,
+def pair_plan(args) -> PairPlan:
+    """The checked pair from ``--target``, ``--draft`` (unless ``--no-draft``, which no setting of the
+    draft's may come with), the dtypes and threads."""
+    alone = getattr(args, "no_draft", False)
+    if alone:
+        check_alone(speculative_config(args))
+    return check_pair(args.target, None if alone else args.draft, args.dtype, args.draft_dtype,
                       args.threads, getattr(args, "allow_download", False),
                       getattr(args, "trust_remote_code", False), getattr(args, "chat_template", None),
                       getattr(args, "kv_cache_dtype", "fp32"))
