@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from live_server import CHAT, MODEL_NAME, greedy, one_thread  # noqa: E402, F401
+from live_server import CHAT, MODEL_NAME, greedy, live_server, load_engine, one_thread  # noqa: E402, F401
+from test_linear import needs_rowwise  # noqa: E402
 
 
 def ask(server, **body):
@@ -73,6 +74,21 @@ def test_a_streamed_message_gives_the_whole_answer_in_its_events(server, referen
     assert start["content"] == [] and start["stop_reason"] is None
     assert end["delta"]["stop_reason"] == ("max_tokens" if alone.finish_reason == "length" else "end_turn")
     assert end["usage"]["output_tokens"] == len(alone.token_ids)
+
+
+@needs_rowwise
+def test_message_start_counts_the_prompt_tokens_read_from_the_prefix_cache(folders):
+    """On a row-invariant model (int8, the lean stack) a streamed message's first event already splits
+    its prompt into ``input_tokens`` and ``cache_read_input_tokens``, as its ``message_delta`` does."""
+    with live_server(load_engine(*folders, dtype="int8"), queue_size=4) as (url, _):
+        turns = [streamed(url, max_tokens=4, system="You are terse.", messages=[
+            {"role": "user", "content": question}]) for question in ("Name a prime.", "Name an even number.")]
+    usage = [(events[0][1]["message"]["usage"], events[-2][1]["usage"]) for events in turns]
+    for start, end in usage:
+        assert {k: start[k] for k in ("input_tokens", "cache_read_input_tokens")} == {
+            k: end[k] for k in ("input_tokens", "cache_read_input_tokens")}
+        assert start["output_tokens"] == 0 < end["output_tokens"]
+    assert usage[0][0]["cache_read_input_tokens"] == 0 < usage[1][0]["cache_read_input_tokens"]
 
 
 def test_tool_use_and_tool_result_blocks_are_the_chats_calls_and_tool_messages(server):

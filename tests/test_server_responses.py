@@ -226,7 +226,7 @@ def test_the_store_keeps_the_most_recent_responses():
     for i in range(3):
         body = {"input": f"turn {i}"}
         api.chat_body(body)
-        base = api.head(body, MODEL_NAME, 3)
+        base = api.head(body, MODEL_NAME, 3, 0)
         api.keep(base | {"output": [{"type": "message", "id": "m", "status": "completed", "role": "assistant",
                                      "content": [{"type": "output_text", "text": f"answer {i}"}]}]})
         ids.append(base["id"])
@@ -238,9 +238,9 @@ def test_the_store_keeps_the_most_recent_responses():
     for _ in range(100):  # admitted, never finished
         body = {"input": "x"}
         api.chat_body(body)
-        api.head(body, MODEL_NAME, 1)
+        api.head(body, MODEL_NAME, 1, 0)
     assert len(api.pending) <= 2 + 64 and len(api.read) <= 2 + 64
-    assert all(Api(0).head({"input": "x"}, MODEL_NAME, 1)["store"] is False for _ in range(2))
+    assert all(Api(0).head({"input": "x"}, MODEL_NAME, 1, 0)["store"] is False for _ in range(2))
     with pytest.raises(Exception, match="keeps no responses"):
         Api(0).chat_body({"input": "next", "previous_response_id": ids[2]})
 

@@ -84,10 +84,12 @@ async def next_event(job: Job, request, deadline: float | None = None):
                 raise
 
 
-async def admit(jobs: list[Job], request, scheduler: Scheduler, settings: Settings, metrics: Metrics) -> bool:
-    """Queue a request's jobs and wait until the worker starts the first: 429 when the queue has no
-    room for them all, 503 past ``queue_timeout``; False when the client went away first. The
-    others follow it in the queue and start as slots free."""
+async def admit(jobs: list[Job], request, scheduler: Scheduler, settings: Settings,
+                metrics: Metrics) -> int | None:
+    """Queue a request's jobs and wait until the worker starts the first: how many of its prompt
+    tokens the prefix cache held; 429 when the queue has no room for them all, 503 past
+    ``queue_timeout``; None when the client went away first. The others follow it in the queue and
+    start as slots free."""
     retry = str(min(60, math.ceil(metrics.mean_generation_seconds() * (scheduler.depth + 1))))
     try:
         scheduler.submit(*jobs)
@@ -105,11 +107,11 @@ async def admit(jobs: list[Job], request, scheduler: Scheduler, settings: Settin
                        None, "queue_timeout", {"Retry-After": retry}) from None
     except ClientGone:
         cancel(scheduler, jobs)
-        return False
+        return None
     if kind == "error":
         cancel(scheduler, jobs)
         raise as_api_error(value)
-    return True
+    return value
 
 
 def choice_jobs(parsed: Parsed, queue_size: int) -> list[Job]:
@@ -220,9 +222,9 @@ async def generate(request, chat: bool, api, parse, settings: Settings, schedule
         return Response(status_code=499)
     parsed = await parse(body, chat, api)
     jobs, n, read_calls = choice_jobs(parsed, settings.queue_size), parsed.n, parsed.structure.read_calls
-    if not await admit(jobs, request, scheduler, settings, metrics):
+    if (cached := await admit(jobs, request, scheduler, settings, metrics)) is None:
         return Response(status_code=499)
-    head = (api.head(body, settings.model_name, len(parsed.prompts[0].ids)) if api
+    head = (api.head(body, settings.model_name, len(parsed.prompts[0].ids), cached) if api
             else response_head(chat, settings.model_name))
     echoes = [p.sent for p in parsed.prompts for _ in range(n)] if parsed.echo else None
     if parsed.stream:

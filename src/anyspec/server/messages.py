@@ -158,11 +158,12 @@ def error(exc: ApiError) -> dict:
     return {"type": "error", "error": {"type": ERRORS.get(exc.status, "api_error"), "message": exc.message}}
 
 
-def head(body: dict, model_name: str, prompt_tokens: int) -> dict:
-    """The message before any content."""
+def head(body: dict, model_name: str, prompt_tokens: int, cached: int) -> dict:
+    """The message before any content; ``cached``: its prompt tokens read from the prefix cache."""
     return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model_name,
             "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+            "usage": {"input_tokens": prompt_tokens - cached, "cache_read_input_tokens": cached,
+                      "output_tokens": 0}}
 
 
 def _call(call: dict) -> dict:

@@ -63,7 +63,8 @@ class Api:
         trim(self.read, self.most + 64)
         return sent
 
-    def head(self, body: dict, model_name: str, prompt_tokens: int) -> dict:
+    def head(self, body: dict, model_name: str, prompt_tokens: int, cached: int) -> dict:
+        """The response before any output (its usage, ``cached`` among it, comes at the end)."""
         store = self.most > 0 and body.get("store") is not False
         base = head(body, model_name, prompt_tokens, store)
         earlier = self.read.pop(id(body), [])

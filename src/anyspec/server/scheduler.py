@@ -213,9 +213,9 @@ class Scheduler:
 
     def _start(self, job: Job, slot: tuple) -> Steps:
         self.running[job] = Running(job.speculative and self.engine.draft is not None)
-        job.emit("start")
-        return self.engine.steps(job.prompt, job.params, *slot, self.driver.batch, job,
-                                 encoded=(job.ids, job.text), speculative=job.speculative)
+        return announced(self.engine.steps(job.prompt, job.params, *slot, self.driver.batch, job,
+                                           encoded=(job.ids, job.text), speculative=job.speculative),
+                         job, slot[0])
 
     def _retire_cancelled(self) -> None:
         for job, run in list(self.running.items()):
@@ -265,3 +265,22 @@ class Scheduler:
             log.error("a generation failed", exc_info=exc)
         self.metrics.add_generation("error", 0, 0.0, None)
         job.emit("error", exc)
+
+
+def announced(steps: Steps, job: Job, target) -> Steps:
+    """``steps``, the job told ``("start", n)`` when they reach their first forward: the prefill has
+    kept what it reuses of the target's cache by then, so n is the prompt's tokens read from the
+    prefix cache (an Anthropic stream's ``message_start`` counts them)."""
+    sent, started = None, False
+    try:
+        while True:
+            try:
+                forward = steps.send(sent)
+            except StopIteration as end:
+                return end.value
+            if not started:
+                job.emit("start", len(target.cached_ids))
+                started = True
+            sent = yield forward
+    finally:
+        steps.close()
