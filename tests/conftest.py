@@ -125,6 +125,29 @@ def server(folders):
         yield url
 
 
+@pytest.fixture(scope="module")
+def strict_server(tok_qwen2, tok_llama2, tmp_path_factory):
+    """A live server over a tiny pair of its own, whose body limit and timeout are small
+    (``live_server.BODY_LIMIT``, ``BODY_TIMEOUT``): its base URL."""
+    from live_server import BODY_LIMIT, BODY_TIMEOUT, live_server, load_engine, tiny_pair
+
+    folders = tiny_pair(tok_qwen2, tok_llama2, tmp_path_factory.mktemp("tiny"))
+    with live_server(load_engine(*folders), max_body_bytes=BODY_LIMIT, body_timeout=BODY_TIMEOUT) as (url, _):
+        yield url
+
+
+@pytest.fixture
+def post(strict_server):
+    """POST to a path of ``strict_server``; after the test, it must still answer a good request."""
+    import httpx
+    from live_server import OK
+
+    with httpx.Client(base_url=strict_server, timeout=60) as http:
+        yield lambda path, **kw: http.post(path, **kw)
+        assert http.get("/health").json()["status"] == "ok"
+        assert http.post("/v1/completions", json=OK).status_code == 200
+
+
 @pytest.fixture
 def client(server):
     """The ``openai`` client of ``server``."""

@@ -16,6 +16,24 @@ MODEL_NAME = "tiny-qwen2"
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a prime."}]
 
 
+BODY_LIMIT = 4000  # strict_server's (conftest.py)
+BODY_TIMEOUT = 2.0
+OK = {"model": MODEL_NAME, "prompt": "hello", "max_tokens": 2, "temperature": 0}
+CHAT_OK = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+def assert_error(response, status, param=None, code=None, says=""):
+    """An OpenAI-style error body with this status, param and code, whose message says ``says``."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and says.lower() in error["message"].lower()
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["code"] == code
+    return error
+
+
 def greedy(n: int, **kw):
     """Greedy ``SamplingParams`` for ``n`` new tokens."""
     from anyspec.engine import SamplingParams

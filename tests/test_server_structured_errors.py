@@ -1,0 +1,91 @@
+"""Structured output and tools asked for wrongly (a bad schema, grammar or tool, a tool_choice naming
+no tool, two kinds at once): each is a 400 naming the field, and the server keeps serving."""
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from live_server import CHAT_OK, OK, assert_error  # noqa: E402
+
+
+def test_legacy_function_calling_is_refused_not_ignored(post):
+    r = post("/v1/chat/completions", json=CHAT_OK | {"functions": [{"name": "f", "parameters": {}}]})
+    assert_error(r, 400, "functions", "unsupported_parameter", "not supported")
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def schema_format(schema) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+
+
+@pytest.mark.parametrize(("path", "extra", "param", "code", "says"), [
+    ("/v1/chat/completions", schema_format({"type": "nope"}), "response_format.json_schema.schema",
+     "invalid_value", "not a valid JSON Schema"),
+    ("/v1/completions", schema_format({"$ref": "#/nowhere"}), "response_format.json_schema.schema",
+     "invalid_value", "not a valid JSON Schema"),
+    ("/v1/chat/completions", schema_format({"not": {"type": "string"}}), "response_format.json_schema.schema",
+     "invalid_value", "unsupported JSON Schema feature"),
+    ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format.type", "invalid_value",
+     "must be one of"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format.json_schema.name", "invalid_value", "non-empty string"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"parameters": {}}}]},
+     "tools[0].function.name", "missing_required_parameter", "is required"),
+    ("/v1/chat/completions", {"tools": [TOOL, {"type": "function", "function": {"name": "g", "parameters": {
+        "type": "object", "properties": {"a": {"not": {}}}}}}]}, "tools[1].function.parameters",
+     "invalid_value", "unsupported JSON Schema feature"),
+    ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": {"type": "function", "function": {
+        "name": "g"}}}, "tool_choice.function.name", "invalid_value", "'g', which is not in 'tools' (f)"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice", "invalid_value", "needs 'tools'"),
+    ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": "required", "response_format": {
+        "type": "json_object"}}, "response_format", "invalid_value", "cannot be used together"),
+    ("/v1/completions", {"tools": [TOOL]}, "tools", "unsupported_parameter", "a chat field"),
+    ("/v1/completions", {"guided_regex": "(unclosed"}, "guided_regex", "invalid_value",
+     "not a valid regular expression"),
+    ("/v1/completions", {"guided_choice": []}, "guided_choice", "invalid_value", "non-empty array"),
+    ("/v1/completions", {"guided_choice": ["a", 1]}, "guided_choice", "invalid_value", "non-empty strings"),
+    ("/v1/chat/completions", {"guided_grammar": "start: nope"}, "guided_grammar", "invalid_value",
+     "not a valid Lark or GBNF grammar"),
+    ("/v1/chat/completions", {"guided_json": "{not json"}, "guided_json", "invalid_value", "not valid JSON"),
+    ("/v1/completions", {"guided_json": False}, "guided_json", "invalid_value", "the schema false"),
+    ("/v1/completions", {"guided_grammar": 'root ::= "a" b'}, "guided_grammar", "invalid_value",
+     "not a valid GBNF grammar (Rule 'b' not found)"),
+    ("/v1/chat/completions", {"grammar": 'root ::= "a'}, "grammar", "invalid_value",
+     "not a valid GBNF grammar (Unexpected end of input"),
+    ("/v1/completions", {"json_schema": {"type": "nope"}}, "json_schema", "invalid_value",
+     "not a valid JSON Schema"),
+    ("/v1/chat/completions", {"grammar": 'root ::= "a"', "guided_regex": "a"}, "grammar", "invalid_value",
+     "'guided_regex' and 'grammar' cannot be used together"),
+    ("/v1/chat/completions", {"json_schema": {}, "response_format": {"type": "json_object"}},
+     "response_format", "invalid_value", "'response_format' and 'json_schema' cannot be used together"),
+    ("/v1/completions", {"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "invalid_value",
+     "cannot be used together"),
+    ("/v1/completions", {"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs.choice",
+     "invalid_value", "cannot be used together"),
+    ("/v1/completions", {"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag",
+     "unsupported_parameter", "not supported"),
+    ("/v1/completions", {"structured_outputs": "regex"}, "structured_outputs", "invalid_type", "an object"),
+    ("/v1/chat/completions", {"guided_regex": "a", "response_format": {"type": "json_object"}},
+     "response_format", "invalid_value", "cannot be used together"),
+    ("/v1/chat/completions", {"guided_choice": ["a"], "tools": [TOOL]}, "tools", "invalid_value",
+     "cannot be used together"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos",
+     "invalid_value", "the grammar's"),
+    ("/v1/completions", {"response_format": {"type": "json_object"}, "min_tokens": 2}, "min_tokens",
+     "invalid_value", "the grammar's"),
+])
+def test_bad_structured_output_fields_are_400s_naming_the_field(post, path, extra, param, code, says):
+    body = (OK if path == "/v1/completions" else CHAT_OK) | extra
+    assert_error(post(path, json=body), 400, param, code, says)
+
+
+def test_tools_on_a_template_without_tool_support_are_a_400(post):
+    r = post("/v1/chat/completions", json=CHAT_OK | {"tools": [TOOL]})
+    assert_error(r, 400, "tools", "unsupported_parameter", "chat template has no tool support")
+
+
+def test_their_harmless_defaults_are_accepted(post):
+    body = CHAT_OK | {"tools": [], "tool_choice": "auto", "response_format": {"type": "text"}}
+    assert post("/v1/chat/completions", json=body).status_code == 200
