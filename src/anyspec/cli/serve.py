@@ -17,7 +17,6 @@ from anyspec.cli.options import (
     pair_plan,
     speculative_config,
 )
-from anyspec.config import MAX_BATCH
 from anyspec.errors import ConfigError
 
 
@@ -25,30 +24,25 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions and chat, streaming)")
     add_model_options(p)
     add_engine_options(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on (default %(default)s)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the target)")
-    p.add_argument("--max-batch", type=int, default=MAX_BATCH,
-                   help="generations run together (each keeps a KV cache of the target and the draft)")
-    p.add_argument("--queue-size", type=int, default=16, help="requests that may wait; more answer 429")
-    p.add_argument("--queue-timeout", type=float, default=60.0, help="seconds a request may wait; then 503")
-    p.add_argument("--generation-timeout", type=float, default=300.0, help="seconds a generation may run")
-    p.add_argument("--max-body-bytes", type=int, default=1_000_000)
-    p.add_argument("--body-timeout", type=float, default=30.0,
-                   help="seconds a request's body may take to arrive; then 408 (slow or stalled clients)")
-    p.add_argument("--default-max-tokens", type=int, default=256, help="when a request sets no max_tokens")
-    p.add_argument("--max-prompt-tokens", type=int, default=None, metavar="N",
-                   help="refuse (400) a request whose prompt has more than N tokens (default: the context)")
-    p.add_argument("--api-key", default=os.environ.get("ANYSPEC_API_KEY"), metavar="KEY",
-                   help="requests need 'Authorization: Bearer KEY' (all routes but /health and /metrics); "
-                        "default: $ANYSPEC_API_KEY, else none")
-    p.add_argument("--allowed-origins", action="append", default=None, metavar="ORIGIN",
-                   help="answer CORS requests from this browser origin (repeatable; '*': any; default: none)")
-    p.add_argument("--responses-store", type=int, default=1024, metavar="N",
-                   help="Responses API responses kept in memory, the most recent, for previous_response_id "
-                        "and GET /v1/responses/{id} (0: none)")
+    add_settings_options(p)
+    p.set_defaults(api_key=os.environ.get("ANYSPEC_API_KEY"))
     p.set_defaults(func=run)
+
+
+def add_settings_options(p) -> None:
+    """A flag for each of the server's ``Settings`` with a help text, spelled ``--field-name``."""
+    from anyspec.server.settings import Settings
+
+    for f in dataclasses.fields(Settings):
+        if "help" in f.metadata:
+            options = dict(f.metadata)
+            if f.default is not None:
+                options.setdefault("type", type(f.default))
+            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default, **options)
 
 
 def check_args(args):
@@ -67,7 +61,7 @@ def check_args(args):
     except ImportError:
         raise ConfigError("the server needs fastapi, uvicorn and prometheus_client: "
                           "pip install 'anyspec[server]'") from None
-    from anyspec.server.app import Settings
+    from anyspec.server.settings import Settings
 
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise ConfigError("--served-model-name is empty; give a name or leave it out (the target's)")

@@ -62,8 +62,9 @@ from anyspec.server import messages, response_store
 from anyspec.server.answers import as_api_error, full_response, renamed, response_head, stream_chunks
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, parse_request
-from anyspec.server.routes import Settings, add_info_routes, add_token_routes, read_json, require_key
+from anyspec.server.routes import add_info_routes, add_token_routes, read_json, require_key
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
+from anyspec.server.settings import Settings
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
           "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize")

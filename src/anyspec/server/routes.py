@@ -1,4 +1,4 @@
-"""The server's settings, a request body read within its limits, and the routes beside
+"""A request body read within its limits, and the routes beside
 generation: ``GET /v1/models``, ``/health``, ``/metrics``, and ``POST /tokenize`` and
 ``/detokenize`` (``tokens.py``)."""
 
@@ -6,49 +6,13 @@ import asyncio
 import functools
 import json
 import sys
-from dataclasses import dataclass
 
-from anyspec.config import MAX_BATCH
 from anyspec.engine import Engine
-from anyspec.errors import ConfigError
 from anyspec.server.metrics import Metrics
 from anyspec.server.protocol import ApiError, ClientGone
 from anyspec.server.scheduler import Scheduler
+from anyspec.server.settings import Settings
 from anyspec.server.tokens import parse_detokenize, parse_tokenize
-
-
-@dataclass
-class Settings:
-    """The server's limits, checked here (a ``ConfigError`` names the ``anyspec serve`` option)."""
-    model_name: str
-    queue_size: int = 16
-    queue_timeout: float = 60.0
-    generation_timeout: float = 300.0
-    max_body_bytes: int = 1_000_000
-    default_max_tokens: int = 256
-    max_batch: int = MAX_BATCH
-    max_prompt_tokens: int | None = None  # None: up to the target's context
-    worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
-    body_timeout: float = 30.0  # seconds for a request's body to arrive in full; then 408
-    api_key: str | None = None  # every route but /health and /metrics needs "Authorization: Bearer <key>"
-    allowed_origins: list[str] | None = None  # browser origins answered with CORS headers ("*": any)
-    responses_store: int = 1024  # Responses API responses kept in memory (0: none)
-
-    def __post_init__(self):
-        for name, least in (("queue_size", 1), ("max_body_bytes", 1), ("default_max_tokens", 1),
-                            ("max_batch", 1), ("max_prompt_tokens", 1), ("responses_store", 0)):
-            value = getattr(self, name)
-            if value is None and name == "max_prompt_tokens":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {value!r}")
-        for name in ("queue_timeout", "generation_timeout", "body_timeout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
-        if self.api_key is not None and (not self.api_key or not self.api_key.isprintable()
-                                         or not self.api_key.isascii() or " " in self.api_key):
-            raise ConfigError("--api-key must be printable ASCII without spaces (an HTTP header holds it)")
 
 
 async def read_json(request, limit: int, timeout: float | None = None):
