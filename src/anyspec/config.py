@@ -59,19 +59,22 @@ def _flag(default, help: str, *flags: str, **argparse_options):
 class SpeculativeConfig:
     """The pair's settings. Each field's metadata is its command-line flag (``cli/options.py``)."""
 
-    method: str = _flag("draft_model", f"speculative method ({', '.join(METHODS)})")
+    method: str = _flag("draft_model", "speculative method", metavar="{" + ",".join(METHODS) + "}")
     num_speculative_tokens: int = _flag(
         NUM_SPECULATIVE_TOKENS, f"draft tokens per round, at most (1 to {MAX_SPECULATIVE_TOKENS}; "
         "default %(default)s)", "-k", "--num-speculative-tokens", metavar="K", alias="--k")
     use_heterogeneous_vocab: bool = _flag(
         True, "the draft shares the target's vocabulary (use_heterogeneous_vocab off)", "--same-vocab")
-    draft_sample_method: str = _flag("sample", " | ".join(DRAFT_SAMPLE_METHODS))
+    draft_sample_method: str = _flag(
+        "sample", "sampled requests: sample (default): the draft's choice reads the same noise as the "
+        "target's (Gumbel-max) | greedy: the draft proposes its argmax",
+        metavar="{" + ",".join(DRAFT_SAMPLE_METHODS) + "}")
     algorithm: str = _flag(
         "auto", "auto (default): slem, or tli with --draft-context token-map | tli: the draft keeps to the "
         "shared tokens | slem: the draft writes freely, its text is re-encoded", choices=ALGORITHMS)
     draft_context: str = _flag(
-        "retokenize", f"{' | '.join(DRAFT_CONTEXTS)}: the draft reads its own tokenization, or the "
-        "target's tokens mapped one by one (vLLM's)")
+        "retokenize", "retokenize (default): the draft reads its own tokenization of the text | token-map: "
+        "the target's tokens mapped one by one (vLLM's)", metavar="{" + ",".join(DRAFT_CONTEXTS) + "}")
     draft_window: int = _flag(
         DRAFT_WINDOW, "the draft reads at most the last 2N tokens of a long prompt, from a multiple of N "
         "(0 = all of it; default %(default)s); the target always reads all", metavar="N")
