@@ -279,7 +279,7 @@ def test_lone_surrogate_in_model_is_a_400(post):
 def test_unknown_chat_role_is_a_400_naming_the_roles(post):
     body = CHAT_OK | {"messages": [{"role": "wizard", "content": "hi"}]}
     assert_error(post("/v1/chat/completions", json=body), 400, "messages[0].role", "invalid_value",
-                 "must be one of system, user, assistant, tool, got 'wizard'")
+                 "must be one of system, user, assistant, tool, developer, got 'wizard'")
 
 
 def test_user_message_with_null_content_is_a_400(post):

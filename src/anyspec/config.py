@@ -300,7 +300,8 @@ ROLES = ("system", "user", "assistant", "tool")  # a chat message's roles
 
 
 def check_prompt(prompt: str | list[dict]) -> None:
-    """A non-empty text, or a non-empty list of ``{"role", "content"}`` messages, all valid UTF-8."""
+    """A non-empty text, or a non-empty list of ``{"role", "content"}`` messages, all valid UTF-8; the
+    last may be an assistant's with ``"prefix": True``, which the answer continues."""
     if isinstance(prompt, str):
         if not prompt:
             raise ConfigError("the prompt is empty; pass some text")
@@ -316,3 +317,7 @@ def check_prompt(prompt: str | list[dict]) -> None:
             raise ConfigError(f"message {i}'s content must be a string, got {type(content).__name__} "
                               "(join text parts into one; an assistant message that only calls tools: '')")
         check_text(content, f"message {i}'s content")
+        if m.get("prefix", False) is not False and (m.get("prefix") is not True or i != len(prompt) - 1
+                                                    or m["role"] != "assistant" or not content):
+            raise ConfigError(f"message {i}'s prefix: only the last message, an assistant's with some "
+                              "content, may be marked prefix=True (the answer continues it)")

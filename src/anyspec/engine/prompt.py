@@ -12,29 +12,42 @@ from anyspec.errors import ConfigError
 
 
 def render_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None = None,
-                  tools: list[dict] | None = None) -> tuple[str, bool]:
+                  tools: list[dict] | None = None, template_kwargs: dict | None = None) -> tuple[str, bool]:
     """``(text, is_chat)``: chat messages through the tokenizer's own template when it has one,
-    with ``tools`` (OpenAI's function definitions) where given."""
+    with ``tools`` (OpenAI's function definitions) and ``template_kwargs`` (the template's own
+    variables) where given; a last message marked ``prefix`` is continued, not answered."""
     check_prompt(prompt)
     if isinstance(prompt, str):
         return prompt, False
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False, add_generation_prompt=True)
-        return text, True
+        return _template(tokenizer, prompt, tools, template_kwargs), True
     if fallback_text is not None:
         return fallback_text, False
     raise ConfigError("the target tokenizer has no chat template; pass the prompt as plain text")
 
 
+def _template(tokenizer, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None) -> str:
+    go_on = bool(messages[-1].get("prefix"))
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=not go_on, continue_final_message=go_on,
+                                             **(template_kwargs or {}))
+    except ValueError as exc:  # transformers: the template drops or rewrites the message to continue
+        if not go_on:
+            raise
+        raise ConfigError(f"the chat template cannot continue the last message: {exc}") from None
+
+
 def encode_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None = None,
-                  tools: list[dict] | None = None) -> tuple[list[int], str, bool]:
+                  tools: list[dict] | None = None, template_kwargs: dict | None = None
+                  ) -> tuple[list[int], str, bool]:
     """``(ids, text, is_chat)``. Plain text gets the tokenizer's special tokens (BOS); a rendered chat
     template already holds them. A control token written inside a message (``<|im_end|>``, or an
     added token such as ``<tool_call>``) is encoded as the text it spells, never as the token: only
     the template makes turns and tool calls."""
-    text, chat = render_prompt(tokenizer, prompt, fallback_text, tools)
+    text, chat = render_prompt(tokenizer, prompt, fallback_text, tools, template_kwargs)
     if chat and _controls_in_contents(tokenizer, prompt):
-        return _encode_contents_as_text(tokenizer, prompt, text, tools), text, chat
+        return _encode_contents_as_text(tokenizer, prompt, text, tools, template_kwargs), text, chat
     return tokenizer.encode(text, add_special_tokens=not chat), text, chat
 
 
@@ -76,14 +89,14 @@ def _controls_in_contents(tokenizer, messages: list[dict]) -> bool:
     return any(c in m.get("content") for m in messages if isinstance(m.get("content"), str) for c in controls)
 
 
-def _encode_contents_as_text(tokenizer, messages: list[dict], text: str,
-                             tools: list[dict] | None = None) -> list[int]:
+def _encode_contents_as_text(tokenizer, messages: list[dict], text: str, tools: list[dict] | None = None,
+                             template_kwargs: dict | None = None) -> list[int]:
     """The template rendered around placeholders: the control tokens it writes stay control tokens;
     each stretch between them, with the message contents put back, is encoded with special tokens
     read as text. Stretch by stretch is how the tokenizer reads any text between control tokens."""
     contents = [m.get("content") or "" for m in messages]
     marked = [m | {"content": _MARK.format(i)} if m.get("content") else m for i, m in enumerate(messages)]
-    frame = tokenizer.apply_chat_template(marked, tools=tools, tokenize=False, add_generation_prompt=True)
+    frame = _template(tokenizer, marked, tools, template_kwargs)
     controls = re.compile("(" + "|".join(re.escape(c) for c in _control_texts(tokenizer)) + ")")
     marks = re.compile("\ue000([0-9]+)\ue001")
     pieces = [(part, i % 2 == 1) for i, part in enumerate(controls.split(frame)) if part]

@@ -7,7 +7,8 @@ assistant's ``tool_use`` blocks (the chat's ``tool_calls``) and the user's ``too
 (tool messages); ``tools`` (``name``, ``description``, ``input_schema``) and ``tool_choice``
 (``auto``, ``any``, ``tool``, ``none``; ``disable_parallel_tool_use``) are the chat's function
 tools; ``output_config.format`` (a JSON Schema) its ``response_format``; ``stop_sequences`` its
-``stop``. ``cache_control`` and ``output_config.effort`` change nothing here (prompts are cached
+``stop``. A last message of the assistant's with text is continued: the answer goes on from it
+(Anthropic's prefill). ``cache_control`` and ``output_config.effort`` change nothing here (prompts are cached
 anyway; the models do not reason first). ``stop_reason`` is ``end_turn``, ``max_tokens``,
 ``stop_sequence`` (with ``stop_sequence``) or ``tool_use``. ``usage.input_tokens`` counts the
 prompt tokens not read from the prefix cache, ``cache_read_input_tokens`` those that were. Errors
@@ -136,6 +137,9 @@ def chat_body(body) -> dict:
         messages += _blocks(message, i)
     sent = {k: v for k, v in body.items() if k not in OWN} | {"messages": messages,
                                                                "max_tokens": body["max_tokens"]}
+    last = messages[-1]
+    if last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):
+        sent["continue_final_message"] = True  # Anthropic's: the answer goes on from the assistant's text
     if (tools := _tools(body.get("tools"))) is not None:
         sent["tools"] = tools
     _tool_choice(body.get("tool_choice"), sent)

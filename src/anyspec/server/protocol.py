@@ -13,6 +13,7 @@ from anyspec.config import MAX_LOGPROBS, ROLES, SamplingParams, seed_fits, utf8_
 from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
+from anyspec.server.chat import continued, template_kwargs
 from anyspec.server.structured import (
     Structure,
     StructuredError,
@@ -29,7 +30,8 @@ UNSUPPORTED = {"best_of": (None, 1),
                "xtc_probability": (None, 0), "dynatemp_range": (None, 0), "use_beam_search": (None, False),
                "length_penalty": (None, 1), "bad_words": (None, []), "truncate_prompt_tokens": (None,),
                "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
-               "prompt_logprobs": (None,), "n_predict": (None,)}
+               "prompt_logprobs": (None,), "n_predict": (None,), "return_tokens_as_token_ids": (None, False),
+               "modalities": (None, ["text"]), "audio": (None,)}
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
 
@@ -124,10 +126,10 @@ def chat_messages(body: dict) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]",
                            "invalid_type")
-        if m["role"] not in ROLES:
+        if m["role"] not in (*ROLES, "developer"):
             role = checked_text(m["role"], f"messages[{i}].role")
-            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}.",
-                           f"messages[{i}].role", "invalid_value")
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, developer, got "
+                                f"{role!r}.", f"messages[{i}].role", "invalid_value")
         extra = _checked(message_fields, m, i)
         content = m.get("content")
         if content is None and m["role"] != "assistant":
@@ -145,7 +147,7 @@ def chat_messages(body: dict) -> list[dict]:
         elif not isinstance(content, str):
             raise ApiError(400, f"Invalid type for 'messages[{i}].content': expected a string or an array of "
                                 "text parts.", f"messages[{i}].content", "invalid_type")
-        out.append({"role": checked_text(m["role"], f"messages[{i}].role"),
+        out.append({"role": "system" if m["role"] == "developer" else m["role"],  # as OpenAI's models read it
                     "content": checked_text(content, f"messages[{i}].content")} | extra)
     return out
 
@@ -194,14 +196,15 @@ def _is_id(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def encoded_prompt(tokenizer, prompt: str | list[int] | list[dict], param: str, tools) -> Prompt:
-    """A prompt's target ids: text and messages encoded (the chat template, ``tools``), token ids as
-    they are."""
+def encoded_prompt(tokenizer, prompt: str | list[int] | list[dict], param: str, tools,
+                   template_kwargs: dict | None = None) -> Prompt:
+    """A prompt's target ids: text and messages encoded (the chat template, ``tools`` and its
+    ``template_kwargs``), token ids as they are."""
     if isinstance(prompt, list) and all(map(_is_id, prompt)):
         text = tokenizer.decode(prompt)
         return Prompt(text, list(prompt), text)
     try:
-        ids, text, _ = encode_prompt(tokenizer, prompt, tools=tools)
+        ids, text, _ = encode_prompt(tokenizer, prompt, tools=tools, template_kwargs=template_kwargs)
     except Exception as exc:  # ConfigError, or the chat template refusing these messages
         raise ApiError(400, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc),
                        param, "invalid_value") from None
@@ -299,7 +302,10 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                            "unsupported_parameter")
     vocab = vocab_size or 2**31
     suffix = None if chat else body_field(body, "suffix", (str,))
-    sent = [chat_messages(body)] if chat else _infills(_prompts(body, vocab), suffix, tokenizer)
+    if chat:
+        sent = [_checked(continued, body, chat_messages(body))]
+    else:
+        sent = _infills(_prompts(body, vocab), suffix, tokenizer)
     if len(sent) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(sent)} prompts with n {n} make {len(sent) * n} choices; at most "
                             f"{MAX_CHOICES}.", "n" if n > 1 else "prompt", "invalid_value")
@@ -322,6 +328,9 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
         raise ApiError(400, "'seed' must fit in 64 bits.", "seed", "invalid_value")
     stream = body_field(body, "stream", (bool,), False)
     options = body_field(body, "stream_options", (dict,), {})
+    if options and not stream:
+        raise ApiError(400, "'stream_options' is allowed only with 'stream': true.", "stream_options",
+                       "invalid_value")
     include_usage = body_field(options, "include_usage", (bool,), False)
     speculative = body_field(body, "speculative", (bool,), True)
     logprobs = _logprobs(body, chat)
@@ -337,7 +346,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
 
     param = "messages" if chat else "prompt"
     names = [param if len(sent) == 1 else f"{param}[{i}]" for i in range(len(sent))]
-    prompts = [encoded_prompt(tokenizer, one, name, wanted.tools)
+    kwargs = _checked(template_kwargs, body, tokenizer) if chat else None
+    prompts = [encoded_prompt(tokenizer, one, name, wanted.tools, kwargs)
                for one, name in zip(sent, names, strict=True)]
     max_tokens = _max_tokens(prompts, names, max_tokens, context, default_max_tokens, max_prompt_tokens)
     try:
