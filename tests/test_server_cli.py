@@ -223,6 +223,7 @@ def test_an_api_key_guards_every_route_but_health_and_metrics(folders):
             r = httpx.post(url + "/v1/messages", json=message, headers={"x-api-key": key}, timeout=60)
             assert r.status_code == status
         assert r.json()["type"] == "error" and r.json()["error"]["type"] == "authentication_error", r.text
+        assert "Send 'x-api-key: <key>'" in r.json()["error"]["message"]  # the header its client sends
         client = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
         assert client.completions.create(**body).choices[0].text
         with pytest.raises(openai.AuthenticationError):

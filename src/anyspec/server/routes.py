@@ -71,8 +71,8 @@ def require_key(app, key: str, form):
         if hmac.compare_digest(given, wanted):
             return await app(scope, receive, send)
         said = "no API key was given" if not given else "the API key given is not this server's"
-        refused = ApiError(401, f"Incorrect API key: {said}. Send 'Authorization: Bearer <key>'.", None,
-                           "invalid_api_key")
+        how = "'x-api-key: <key>'" if anthropic is not None else "'Authorization: Bearer <key>'"
+        refused = ApiError(401, f"Incorrect API key: {said}. Send {how}.", None, "invalid_api_key")
         answer = JSONResponse(form(scope["path"], refused), 401, {"WWW-Authenticate": "Bearer"})
         await answer(scope, receive, send)
     return wrapped
