@@ -396,3 +396,11 @@ def test_tokenize_gives_the_ids_a_request_holds_and_detokenize_their_text(server
     assert asked.usage.prompt_tokens == chat["count"] > got["count"]
     text = httpx.post(server + "/detokenize", json={"tokens": got["tokens"]}).json()["prompt"]
     assert text == tokenizer.decode(got["tokens"]) and prompt in text
+    assert "token_strs" not in got
+    named = httpx.post(server + "/tokenize", json={"prompt": prompt, "return_token_strs": True}).json()
+    assert named["token_strs"] == tokenizer.convert_ids_to_tokens(got["tokens"])
+    assert "Ġreturn" in named["token_strs"]
+    partial = [*CHAT, {"role": "assistant", "content": "Seven"}]
+    going_on = httpx.post(server + "/tokenize", json={"messages": partial, "continue_final_message": True,
+                                                      "add_generation_prompt": False}).json()
+    assert going_on["tokens"] == encode_prompt(tokenizer, [*CHAT, partial[-1] | {"prefix": True}])[0]

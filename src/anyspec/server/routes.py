@@ -122,8 +122,9 @@ def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, run) ->
         app.post(path)(route)
 
     async def tokenize(body):
-        ids = await run(functools.partial(parse_tokenize, body, settings.model_name, tokenizer))
-        return {"count": len(ids), "max_model_len": engine.target.context_length, "tokens": ids}
+        ids, strs = await run(functools.partial(parse_tokenize, body, settings.model_name, tokenizer))
+        out = {"count": len(ids), "max_model_len": engine.target.context_length, "tokens": ids}
+        return out | ({"token_strs": tokenizer.convert_ids_to_tokens(ids)} if strs else {})
 
     async def detokenize(body):
         ids = parse_detokenize(body, settings.model_name, engine.target.vocab_size)

@@ -4,8 +4,10 @@ client counts exactly what a request will hold), and the text of ids."""
 
 from __future__ import annotations
 
+from anyspec.server.chat import continued, template_kwargs
 from anyspec.server.protocol import (
     ApiError,
+    _checked,
     body_field,
     chat_messages,
     check_model,
@@ -15,23 +17,26 @@ from anyspec.server.protocol import (
 )
 
 
-def parse_tokenize(body, model_name: str, tokenizer) -> list[int]:
+def parse_tokenize(body, model_name: str, tokenizer) -> tuple[list[int], bool]:
     """``POST /tokenize`` (vLLM's): the ids a completion's ``prompt`` or a chat's ``messages``
-    become, as the generation endpoints encode them."""
+    become, as the generation endpoints encode them (a chat's ``continue_final_message`` and
+    ``chat_template_kwargs`` too), and whether ``return_token_strs`` asks for their tokens' strings."""
     check_model(body, model_name)
-    for name, default in (("add_special_tokens", True), ("add_generation_prompt", True)):
-        if body_field(body, name, (bool,), default) is not default:
-            raise ApiError(400, f"'{name}' other than {str(default).lower()} is not supported by this "
-                                "server.", name, "unsupported_parameter")
+    if body_field(body, "add_special_tokens", (bool,), True) is not True:
+        raise ApiError(400, "'add_special_tokens' other than true is not supported by this server.",
+                       "add_special_tokens", "unsupported_parameter")
     if body.get("tools") is not None:
         raise ApiError(400, "'tools' is not supported by /tokenize.", "tools", "unsupported_parameter")
+    strs = body_field(body, "return_token_strs", (bool,), False)
     if "messages" in body:
-        return encoded_prompt(tokenizer, chat_messages(body), "messages", None).ids
+        messages = _checked(continued, body, chat_messages(body))
+        kwargs = _checked(template_kwargs, body, tokenizer)
+        return encoded_prompt(tokenizer, messages, "messages", None, kwargs).ids, strs
     prompt = body_field(body, "prompt", (str,))
     if prompt is None:
         raise ApiError(400, "Missing required parameter: 'prompt' (or 'messages').", "prompt",
                        "missing_required_parameter")
-    return encoded_prompt(tokenizer, checked_text(prompt, "prompt"), "prompt", None).ids
+    return encoded_prompt(tokenizer, checked_text(prompt, "prompt"), "prompt", None).ids, strs
 
 
 def parse_detokenize(body, model_name: str, vocab: int) -> list[int]:
