@@ -3,7 +3,9 @@ client, on tiny random-weight models with real tokenizers: each answer is the en
 conversation, whole or streamed, a stored response continues as its whole conversation would, and
 bad fields are 400s naming the Responses field."""
 
+import copy
 import json
+import time
 
 import pytest
 
@@ -13,6 +15,7 @@ httpx = pytest.importorskip("httpx")
 
 from live_server import CHAT, MODEL_NAME, greedy, live_server, load_engine, one_thread  # noqa: E402, F401
 from test_linear import needs_rowwise  # noqa: E402
+from tiny_models import CHATML, save_tiny_model  # noqa: E402
 
 from anyspec.engine import SamplingParams  # noqa: E402
 from anyspec.server.response_store import Api  # noqa: E402
@@ -248,8 +251,6 @@ def test_the_store_keeps_the_most_recent_responses():
 def test_a_streamed_response_is_readable_while_it_runs_and_after_it_ends(server):
     """Its id is out with ``response.created``: GET reads it as in_progress (and it cannot be
     continued yet), then as completed or incomplete; a stream the client leaves is cancelled."""
-    import time
-
     body = {"model": MODEL_NAME, "input": "Count to twenty.", "max_output_tokens": 24, "temperature": 0,
             "stream": True}
     with httpx.stream("POST", server + "/v1/responses", json=body, timeout=60) as r:
@@ -275,3 +276,45 @@ def test_a_streamed_response_is_readable_while_it_runs_and_after_it_ends(server)
             break
         time.sleep(0.1)
     assert status == "cancelled"
+
+
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+    "additionalProperties": False}}
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+                  "Call one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|im_end|>\n"
+                  "{% endif %}" + CHATML)
+
+
+@pytest.fixture(scope="module")
+def tool_client(tok_qwen2, tok_llama2, tmp_path_factory):
+    """The ``openai`` client of a live server whose tiny target takes tools as Qwen2.5 does (its
+    template shows them, its tokenizer has the ``<tool_call>`` marks), and the server's URL."""
+    tokenizer = copy.deepcopy(tok_qwen2)
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>"])
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    folder = tmp_path_factory.mktemp("tools")
+    target = save_tiny_model(tokenizer, folder / "target", "qwen2", seed=0)
+    draft = save_tiny_model(tok_llama2, folder / "draft", "llama", seed=1)
+    with live_server(load_engine(target, draft), queue_size=4) as (url, _):
+        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0), url
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_a_forced_call_is_the_whole_output_streamed_or_not(tool_client, choice):
+    """An answer that is only a call has no message item, whole, streamed or read back."""
+    pytest.importorskip("llguidance")
+    client, url = tool_client
+    kw = dict(model=MODEL_NAME, input="Weather in Paris?", tools=[WEATHER], tool_choice=choice,
+              parallel_tool_calls=False, max_output_tokens=40, temperature=0)
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(**kw, stream=True))
+    streamed = events[-1].response
+    assert [i.type for i in whole.output] == ["function_call"], whole.output
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == [i.type for i in streamed.output] == ["function_call"], streamed.output
+    assert not [e for e in events if e.type.startswith(("response.output_text", "response.content_part"))]
+    assert streamed.output[0].arguments == whole.output[0].arguments
+    stored = httpx.get(f"{url}/v1/responses/{streamed.id}").json()
+    assert [i["type"] for i in stored["output"]] == ["function_call"]
+

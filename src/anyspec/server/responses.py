@@ -232,9 +232,9 @@ def whole(base: dict, outcome: Outcome, read_calls: bool) -> dict:
 
 async def events(next_event, base: dict, read_calls: bool, on_final=None):
     """The server-sent events of a streamed response from its job's events: ``response.created``,
-    the message's text deltas, each function call, then ``response.completed`` (or
-    ``response.incomplete``), whose response goes to ``on_final`` too; an ``error`` event where the
-    generation fails."""
+    the message's text deltas (the message opened with the first text, none where the answer is
+    calls only), each function call, then ``response.completed`` (or ``response.incomplete``),
+    whose response goes to ``on_final`` too; an ``error`` event where the generation fails."""
     numbers = itertools.count()
 
     def event(kind: str, **fields) -> str:
@@ -261,8 +261,8 @@ async def events(next_event, base: dict, read_calls: bool, on_final=None):
 
     while True:
         kind, value = await next_event()
-        if kind == "text" and (said := "".join(opened(calls.feed(value) if calls else value))):
-            yield said
+        if kind == "text" and (piece := calls.feed(value) if calls else value):
+            yield "".join(opened(piece))
         elif kind == "error":
             exc = as_api_error(value)
             yield event("error", code=exc.code, message=exc.message, param=exc.param)
