@@ -318,3 +318,22 @@ def test_a_forced_call_is_the_whole_output_streamed_or_not(tool_client, choice):
     stored = httpx.get(f"{url}/v1/responses/{streamed.id}").json()
     assert [i["type"] for i in stored["output"]] == ["function_call"]
 
+
+def test_a_stream_the_client_leaves_keeps_the_text_it_sent(client, server):
+    """The stored response of a stream cut short: cancelled, with the message as far as it went."""
+    body = {"model": MODEL_NAME, "input": "Count to twenty.", "max_output_tokens": 200, "temperature": 0,
+            "stream": True}
+    with httpx.stream("POST", server + "/v1/responses", json=body, timeout=60) as r:
+        events = (json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: "))
+        rid = next(events)["response"]["id"]
+        deltas = (e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        seen = [next(deltas) for _ in range(4)]
+    for _ in range(100):
+        got = client.responses.retrieve(rid)
+        if got.status != "in_progress":
+            break
+        time.sleep(0.1)
+    whole = client.responses.create(**{k: v for k, v in body.items() if k != "stream"}, store=False)
+    assert got.status == "cancelled" and [i.type for i in got.output] == ["message"]
+    assert got.output[0].status == "incomplete"
+    assert got.output_text.startswith("".join(seen)) and whole.output_text.startswith(got.output_text)

@@ -93,22 +93,25 @@ class Api:
 
     async def events(self, next_event, base: dict, read_calls: bool):
         """``events``, the final response kept; one that ends otherwise is kept as ``failed`` (an
-        error) or ``cancelled`` (the client left)."""
-        finished, ended = [], "failed"
+        error) or ``cancelled`` (the client left), with the output it had sent (an item cut short
+        ``incomplete``) and no usage."""
+        finished, ended, output = [], "failed", []
 
         def keep(final: dict) -> None:  # before the last event goes out, so a reply can continue it
             finished.append(final)
             self.keep(final)
 
         try:
-            async for event in events(next_event, base, read_calls, keep):
+            async for event in events(next_event, base, read_calls, keep, output):
                 yield event
         except (GeneratorExit, asyncio.CancelledError):
             ended = "cancelled"
             raise
         finally:
             if not finished and base["id"] in self.kept:
-                self.kept[base["id"]] = (base | {"status": ended}, *self.kept[base["id"]][1:])
+                sent = [item | {"status": "incomplete"} if item["status"] == "in_progress" else item
+                        for item in output]
+                self.kept[base["id"]] = (base | {"status": ended, "output": sent}, *self.kept[base["id"]][1:])
 
     def delete(self, response_id) -> dict:
         self.find(response_id)

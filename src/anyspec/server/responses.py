@@ -230,11 +230,13 @@ def whole(base: dict, outcome: Outcome, read_calls: bool) -> dict:
     return _finished(base, outcome, output + [_call(c, f"fc_{uuid.uuid4().hex}") for c in calls])
 
 
-async def events(next_event, base: dict, read_calls: bool, on_final=None):
+async def events(next_event, base: dict, read_calls: bool, on_final=None, output: list | None = None):
     """The server-sent events of a streamed response from its job's events: ``response.created``,
     the message's text deltas (the message opened with the first text, none where the answer is
     calls only), each function call, then ``response.completed`` (or ``response.incomplete``),
-    whose response goes to ``on_final`` too; an ``error`` event where the generation fails."""
+    whose response goes to ``on_final`` too; an ``error`` event where the generation fails.
+    ``output``: the list the output items go to as they are sent, the message with its text so far,
+    for a stream that ends early."""
     numbers = itertools.count()
 
     def event(kind: str, **fields) -> str:
@@ -244,25 +246,28 @@ async def events(next_event, base: dict, read_calls: bool, on_final=None):
     yield event("response.created", response=base)
     yield event("response.in_progress", response=base)
     calls = CallStream() if read_calls else None
-    message, text, output = f"msg_{uuid.uuid4().hex}", None, []
+    output = [] if output is None else output
+    message, part = f"msg_{uuid.uuid4().hex}", None
     at = dict(item_id=message, output_index=0, content_index=0)
 
-    def opened(piece: str):
-        nonlocal text
-        if text is None:
-            text = ""
-            yield event("response.output_item.added", output_index=0,
-                        item=_message(message, "", "in_progress"))
-            yield event("response.content_part.added", **at,
-                        part={"type": "output_text", "text": "", "annotations": []})
-        text += piece
+    def said(piece: str) -> str:
+        nonlocal part
+        out = []
+        if part is None:
+            output.append(_message(message, "", "in_progress"))
+            out.append(event("response.output_item.added", output_index=0, item=output[0]))
+            part = {"type": "output_text", "text": "", "annotations": []}
+            out.append(event("response.content_part.added", **at, part=part))
+            output[0]["content"].append(part)
+        part["text"] += piece
         if piece:
-            yield event("response.output_text.delta", **at, delta=piece, logprobs=[])
+            out.append(event("response.output_text.delta", **at, delta=piece, logprobs=[]))
+        return "".join(out)
 
     while True:
         kind, value = await next_event()
         if kind == "text" and (piece := calls.feed(value) if calls else value):
-            yield "".join(opened(piece))
+            yield said(piece)
         elif kind == "error":
             exc = as_api_error(value)
             yield event("error", code=exc.code, message=exc.message, param=exc.param)
@@ -270,13 +275,12 @@ async def events(next_event, base: dict, read_calls: bool, on_final=None):
         elif kind == "done":
             break
     rest, found = calls.finish() if calls else (None, [])
-    if rest or not found or text is not None:
-        yield "".join(opened(rest or ""))
-        part = {"type": "output_text", "text": text, "annotations": []}
+    if rest or not found or part is not None:
+        yield said(rest or "")
         cut = value.finish_reason == "length"
-        output.append(_message(message, text, "incomplete" if cut else "completed"))
-        yield event("response.output_text.done", **at, text=text, logprobs=[])
-        yield event("response.content_part.done", **at, part=part)
+        output[0] = _message(message, part["text"], "incomplete" if cut else "completed")
+        yield event("response.output_text.done", **at, text=part["text"], logprobs=[])
+        yield event("response.content_part.done", **at, part=output[0]["content"][0])
         yield event("response.output_item.done", output_index=0, item=output[0])
     for call in found:
         item, index = f"fc_{uuid.uuid4().hex}", len(output)
@@ -287,7 +291,7 @@ async def events(next_event, base: dict, read_calls: bool, on_final=None):
         yield event("response.function_call_arguments.done", item_id=item, output_index=index,
                     arguments=output[-1]["arguments"], name=output[-1]["name"])
         yield event("response.output_item.done", output_index=index, item=output[-1])
-    final = _finished(base, value, output)
+    final = _finished(base, value, list(output))
     if on_final:
         on_final(final)
     yield event(f"response.{final['status']}", response=final)
