@@ -155,7 +155,7 @@ def test_tool_call_blocks_are_read_into_openai_calls():
     text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
             '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
     content, calls = read_tool_calls(text)
-    assert content == "Let me look."
+    assert content == "Let me look.\n"  # as written: streamed, it went out before the call
     assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
@@ -194,6 +194,24 @@ def test_streamed_text_holds_back_only_what_may_begin_a_call():
     assert content is None and calls[0]["function"]["name"] == "f"
     plain = CallStream()
     assert plain.feed("a <") == "a " and plain.feed("b>") == "<b>" and plain.finish() == (None, [])
+
+
+@pytest.mark.parametrize("text", [
+    '\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n',
+    'Sure.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\nDone. ',
+    '\n\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "g", '
+    '"arguments": {}}\n</tool_call>',
+    "  Just text, no call.\n", "\n", 'First <tool_call>\nnot json\n</tool_call> after'])
+def test_streamed_text_and_calls_are_the_whole_answers(text):
+    """Piece by piece, one character at a time, a stream gives the text and calls that the whole
+    answer reads: whitespace alone before a call is no text, text keeps its own whitespace."""
+    whole = read_tool_calls(text)
+    stream = CallStream()
+    said = "".join(stream.feed(c) for c in text)
+    rest, calls = stream.finish()
+    content = said + (rest or "")
+    assert (content if content.strip() else None) == whole[0]
+    assert [c["function"] for c in calls] == [c["function"] for c in whole[1]]
 
 
 @pytest.mark.parametrize("vocab", [96, 100, 130])  # a whole number of words, part of one, past the mask

@@ -248,9 +248,11 @@ def message_fields(m: dict, i: int) -> dict:
 
 
 def read_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """The answer's text outside its ``<tool_call>`` blocks (None when empty) and the calls in
-    OpenAI's form; a block that is not a ``{"name", "arguments"}`` object stays text, and a block
-    left open at the end (an answer cut by ``max_tokens``) is dropped: it is neither."""
+    """The answer's text outside its ``<tool_call>`` blocks, as written but for stretches of
+    whitespace alone (the newlines between calls; None when nothing else is left), and the calls in
+    OpenAI's form; a block that is not a
+    ``{"name", "arguments"}`` object stays text, and a block left open at the end (an answer cut by
+    ``max_tokens``) is dropped: it is neither."""
     calls, kept, at = [], [], 0
     for match in CALL.finditer(text):
         try:
@@ -267,31 +269,41 @@ def read_tool_calls(text: str) -> tuple[str | None, list[dict]]:
     rest = text[at:]
     if (opened := rest.rfind(TOOL_OPEN)) >= 0 and TOOL_CLOSE not in rest[opened:]:
         rest = rest[:opened]
-    content = ("".join(kept) + rest).strip()
+    content = "".join(part for part in [*kept, rest] if part.strip())
     return content or None, calls
 
 
 class CallStream:
     """Streamed text with tool calls held back: text goes out until a ``<tool_call>`` may begin;
-    from there on it is kept, and read into calls at the end."""
+    from there on it is kept, and read into calls at the end. Text that is only whitespace so far
+    waits too, so that streamed and whole answers agree (``read_tool_calls``): an answer of calls
+    alone has no text."""
 
     def __init__(self):
         self.held = ""
         self.inside = False
+        self.said = False  # some text went out
 
     def feed(self, piece: str) -> str:
         self.held += piece
-        if not self.inside and (at := self.held.find(TOOL_OPEN)) >= 0:
-            self.inside = True
-            out, self.held = self.held[:at], self.held[at:]
-            return out
         if self.inside:
             return ""
+        if (at := self.held.find(TOOL_OPEN)) >= 0:
+            self.inside = True
+            return self._out(at)
         keep = next((n for n in range(min(len(TOOL_OPEN) - 1, len(self.held)), 0, -1)
                      if TOOL_OPEN.startswith(self.held[-n:])), 0)
-        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return self._out(len(self.held) - keep)
+
+    def _out(self, end: int) -> str:
+        if not self.said and not self.held[:end].strip():
+            return ""
+        self.said = True
+        out, self.held = self.held[:end], self.held[end:]
         return out
 
     def finish(self) -> tuple[str | None, list[dict]]:
         """The text still held and the calls read from it."""
-        return read_tool_calls(self.held) if self.inside else (self.held or None, [])
+        if self.inside:
+            return read_tool_calls(self.held)
+        return (self.held if self.held and (self.said or self.held.strip()) else None), []
