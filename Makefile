@@ -2,8 +2,10 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch; an unpinned torch pulls a multi-GB CUDA build.
+# The CPU build of torch, from PyTorch's CPU index: PyPI's torch for Linux pulls the multi-GB CUDA
+# stack, pinned or not. One retry: where that index cannot be reached, pip goes on without it.
 TORCH := torch==2.13.0
+TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu --retries 1
 # Every other package at the version the suite passed with (`make lock` refreshes it).
 LOCK := constraints.txt
 
@@ -12,7 +14,7 @@ LOCK := constraints.txt
 $(BIN)/anyspec: pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c $(LOCK) $(TORCH)
+	$(BIN)/pip install -q -c $(LOCK) $(TORCH_INDEX) $(TORCH)
 	$(BIN)/pip install -q -c $(LOCK) -e '.[dev,server,bench]'
 	touch $@
 
@@ -43,7 +45,7 @@ lock:
 	rm -rf .venv-lock
 	$(PY) -m venv .venv-lock
 	.venv-lock/bin/pip install -q --upgrade pip
-	.venv-lock/bin/pip install -q $(TORCH) '.[dev,server,bench]'
+	.venv-lock/bin/pip install -q $(TORCH_INDEX) $(TORCH) '.[dev,server,bench]'
 	{ sed -n '/^#/p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable | grep -iv '^anyspec' \
 		| sed 's/+cpu$$//'; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
