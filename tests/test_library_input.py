@@ -69,6 +69,13 @@ def test_load_takes_paths_and_gives_the_engine_generate_uses(folders):
     got = engine.generate("def add(a, b):", params)
     assert got.text == anyspec.generate("def add(a, b):", str(target), str(draft), params=params).text
     assert got.token_ids == anyspec.load(target, None).generate("def add(a, b):", params).token_ids
+    batch = engine.generate_batch([("def add(a, b):", params), ("def add(a, b):", None)])
+    assert batch[0].token_ids == got.token_ids
+    assert batch[1].token_ids == engine.generate("def add(a, b):").token_ids  # None: the defaults
+    for requests, says in ((["def add(a, b):"], r"requests must be a list of \(prompt, params\) pairs"),
+                           ([("hi", {"max_new_tokens": 4})], r"requests\[0\]'s params must be a Sampling")):
+        with pytest.raises(ConfigError, match=says):
+            engine.generate_batch(requests)
 
 
 @pytest.mark.parametrize(("kwargs", "says"), [

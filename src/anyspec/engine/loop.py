@@ -148,13 +148,18 @@ class Engine:
                               "int8 or bf16, models on anyspec's kernels); run these requests one at a time")
         return self.target.new_sequence(), self.draft.new_sequence() if self.draft is not None else None
 
-    def generate_batch(self, requests: list[tuple[str | list[dict], SamplingParams]],
+    def generate_batch(self, requests: list[tuple[str | list[dict], SamplingParams | None]],
                        max_batch: int = MAX_BATCH) -> list[GenerationResult]:
-        """Every ``(prompt, params)``, up to ``max_batch`` at a time; a request joins as soon as
-        another one ends, in the slot the server would give it (``batch.take_slot``). Each result is
-        the same as ``generate`` gives the request alone."""
+        """Every ``(prompt, params)`` (params None: the defaults), up to ``max_batch`` at a time; a
+        request joins as soon as another one ends, in the slot the server would give it
+        (``batch.take_slot``). Each result is the same as ``generate`` gives the request alone."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if not isinstance(requests, list | tuple) or not all(isinstance(r, list | tuple) and len(r) == 2
+                                                             for r in requests):
+            raise ConfigError("requests must be a list of (prompt, params) pairs (params None: the defaults)")
+        requests = [(prompt, given(params, SamplingParams, f"requests[{i}]'s params"))
+                    for i, (prompt, params) in enumerate(requests)]
         results: dict[int, GenerationResult] = {}
         errors: dict[int, Exception] = {}
         encoded: dict[int, tuple[list[int], str]] = {}
