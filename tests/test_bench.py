@@ -22,7 +22,7 @@ def test_shipped_prompt_files_load():
 
 
 def test_bad_prompt_files_are_one_line_errors(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match=r"does not exist \(the sets shipped with anyspec: code, prose"):
         bench_prompts.load_prompts(tmp_path / "nope.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "prompt": "x"}\n{not json\n')
@@ -79,10 +79,14 @@ def test_the_header_names_a_temperature_only_when_a_sampled_method_ran():
     sampled = greedy + [run("anyspec-sampled", "a", 10, 1.0, drafted=8, accepted=5)]
     head = report.markdown({"config": config, "notes": {}, "runs": sampled,
                             "summary": report.summarize(sampled)}).splitlines()[0]
-    assert head.endswith("2 threads, sampled at T=0.7")
+    assert head.endswith("2 threads, greedy, and the -sampled methods at T=0.7")  # a mixed run
     head = report.markdown({"config": config | {"top_p": 0.9}, "notes": {}, "runs": sampled,
                             "summary": report.summarize(sampled)}).splitlines()[0]
-    assert head.endswith("2 threads, sampled at T=0.7, top-p 0.9")
+    assert head.endswith("2 threads, greedy, and the -sampled methods at T=0.7, top-p 0.9")
+    alone = [run("target-sampled", "a", 10, 2.0), sampled[-1]]
+    head = report.markdown({"config": config, "notes": {}, "runs": alone,
+                            "summary": report.summarize(alone)}).splitlines()[0]
+    assert head.endswith("2 threads, sampled at T=0.7")
     head = report.markdown({"config": config | {"frequency_penalty": 0.5}, "notes": {}, "runs": greedy,
                             "summary": report.summarize(greedy)}).splitlines()[0]
     assert head.endswith("2 threads, greedy, frequency penalty 0.5")

@@ -37,7 +37,8 @@ def load_prompts(path: Path) -> list[dict]:
 
     Every line is checked here, before any model loads: a bad one is a ``ConfigError`` naming it."""
     if not path.is_file():
-        raise ConfigError(f"prompt file {path} does not exist")
+        raise ConfigError(f"prompt file {path} does not exist (the sets shipped with anyspec: "
+                          f"{', '.join(SETS)})")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:

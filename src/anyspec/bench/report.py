@@ -128,7 +128,10 @@ def sampled_at(result: dict) -> str:
         penalties += f", {name.replace('_', ' ')} {config[name]}" if config.get(name) else ""
     if "anyspec-sampled" not in ran:
         return "greedy" + penalties
-    return f"sampled at T={config['temperature']}" + (f", top-p {top_p}" if top_p < 1.0 else "") + penalties
+    sampled = f"T={config['temperature']}" + (f", top-p {top_p}" if top_p < 1.0 else "")
+    if ran - {"anyspec-sampled", "target-sampled"}:
+        return f"greedy, and the -sampled methods at {sampled}" + penalties
+    return f"sampled at {sampled}" + penalties
 
 
 def markdown(result: dict) -> str:

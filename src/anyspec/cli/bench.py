@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole rotation N times (tok/s then pools every run; a noisy machine)")
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS,
-                   help="default: all but vllm-target (a second vLLM instance)")
+                   help=f"default: {' '.join(DEFAULT_METHODS)}")
     p.add_argument("--also-draft-dtype", nargs="+", default=[], metavar="DTYPE",
                    help="run each anyspec method with a draft again with the draft in DTYPE (named "
                         "METHOD@DTYPE), in the same alternating rotation: e.g. gguf against bf16")
