@@ -299,7 +299,7 @@ def test_a_bad_guide_is_one_line_before_loading(no_loading, capsys, tmp_path, ar
     (["generate", "--k", "abc", "--prompt", "x"], "anyspec generate: error: argument --k: invalid int value"),
     (["generate"], "the following arguments are required: --prompt"),
     (["serve", "--port", "x"], "anyspec serve: error: argument --port"),
-    (["generate", "--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    (["generate", "--prompt", "x", "--bogus"], "anyspec generate: error: unrecognized arguments: --bogus"),
     ([], "required: command"),
     (["generate", "--prompt", "x", "--no-draft", "--draft", "gemma3-270m"], "not allowed with argument"),
 ])
@@ -308,3 +308,19 @@ def test_a_command_line_argparse_refuses_is_one_line(capsys, argv, says):
         main(argv)
     err = capsys.readouterr().err
     assert info.value.code == 2 and says in err and err.count("\n") == 1 and "--help" in err, err
+
+
+@pytest.mark.parametrize(("written", "err"), [("half an ans", "\nanyspec generate: interrupted\n"),
+                                              ("a line\n", "anyspec generate: interrupted\n")])
+def test_an_interrupt_is_said_on_a_line_of_its_own(monkeypatch, capsys, written, err):
+    import sys
+
+    import anyspec.cli.generate as generate
+
+    def cut_short(args):
+        sys.stdout.write(written)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "run", cut_short)
+    assert main(["generate", "--prompt", "x"]) == 130
+    assert capsys.readouterr() == (written, err)

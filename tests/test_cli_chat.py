@@ -23,7 +23,7 @@ def chat(folders, monkeypatch, capsys, lines: str | bytes, *extra: str) -> tuple
 
 
 def test_each_answer_is_the_engines_for_the_conversation_so_far(folders, reference, monkeypatch, capsys):
-    lines = "Name a prime.\n\nAnd another?\n/reset\nName a prime.\n"
+    lines = "Name a prime.\n\n/help\nAnd another?\n/reset\nName a prime.\n"
     rc, out, err = chat(folders, monkeypatch, capsys, lines, "--max-new-tokens", "10", "--temperature", "1",
                         "--seed", "3")
     params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=10)
@@ -35,6 +35,7 @@ def test_each_answer_is_the_engines_for_the_conversation_so_far(folders, referen
     assert a2 != reference.generate([system, second[-1]], params).text  # the answer reads the turns before
     assert rc == 0 and out == f"{a1}\n{a2}\n{a1}\n"
     assert err.count("tok/s, acceptance") == 3 and "(a new conversation)" in err
+    assert "anyspec chat: /help is not a command; /reset starts a new conversation" in err  # not sent
 
 
 def test_a_turn_beyond_the_context_is_one_line_and_the_session_goes_on(folders, reference, monkeypatch,

@@ -195,7 +195,8 @@ def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):
     spec = json.loads(capsys.readouterr().out)
     assert main([*common, "--no-draft"]) == 0
     alone = json.loads(capsys.readouterr().out)
-    assert set(spec) == {"text", "token_ids", "stats"}
+    assert set(spec) == {"text", "token_ids", "finish_reason", "stop_reason", "stats"}
+    assert spec["finish_reason"] == "length" and spec["stop_reason"] is None
     assert set(spec["stats"]) == {"algorithm", "rounds", "drafted", "accepted", "acceptance_rate",
                                   "mean_accepted_length", "tokens_per_second", "draft_seconds",
                                   "target_seconds", "ended_by", "rejected_at", "ngram_proposed",

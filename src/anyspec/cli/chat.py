@@ -4,7 +4,8 @@ Each line read is a user message; the answer goes to stdout, and a line of stati
 (tokens/s, acceptance, how much of the conversation's prompt the cache already held). Every turn
 resends the whole conversation through the chat template, and the target's cache keeps the
 prefix it shares with the turn before, so only the new messages are prefilled. ``/reset`` starts
-the conversation over, ``/exit`` or end of input (Ctrl-D) ends it. Ctrl-C while an answer streams
+the conversation over, ``/exit`` or end of input (Ctrl-D) ends it; any other ``/word`` alone on its
+line is not sent but answered with the commands. Ctrl-C while an answer streams
 stops it there and keeps what was shown as the assistant's turn; at the prompt it only says how to
 leave. Lines from a pipe are read the same way, one message each, without the prompt sign.
 """
@@ -63,6 +64,10 @@ def run(args) -> int:
             print("(a new conversation)", file=sys.stderr)
             continue
         if not command:
+            continue
+        if command.startswith("/") and " " not in command and command not in ("/exit", "/quit", "/reset"):
+            print(f"anyspec chat: {command} is not a command; /reset starts a new conversation, /exit "
+                  "(or Ctrl-D) ends it", file=sys.stderr)
             continue
         check_prompt_text(line)
         try:

@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (analyze, generate, chat, models, bench, demo, serve):
         command.add_parser(sub)  # each sets func=run(args)
+    parser.commands = sub.choices
     return parser
 
 
@@ -37,6 +38,7 @@ class Stdout:
 
     def __init__(self, stream):
         self.stream = stream
+        self.open_line = False  # the last text written did not end its line
 
     def _guard(self, call, *args):
         try:
@@ -47,6 +49,8 @@ class Stdout:
             raise OutputError(f"cannot write to stdout ({exc.strerror or exc})") from None
 
     def write(self, text: str) -> int:
+        if text:
+            self.open_line = not text.endswith("\n")
         return self._guard(self.stream.write, text)
 
     def flush(self) -> None:
@@ -57,7 +61,10 @@ class Stdout:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command they were given to, as its other errors are
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)
     shown, warnings.showwarning = warnings.showwarning, _one_line_warning
     try:
@@ -67,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except KeyboardInterrupt:
-        print(f"anyspec {args.command}: interrupted", file=sys.stderr)
+        after_text = "\n" if sys.stdout.open_line else ""  # not on the line of an answer cut short
+        print(f"{after_text}anyspec {args.command}: interrupted", file=sys.stderr)
         return 130
     except AnyspecError as exc:
         print(f"anyspec {args.command}: error: {exc}", file=sys.stderr)

@@ -119,7 +119,8 @@ def run(args) -> int:
         if result.logprobs is not None:
             extra["logprobs"] = [{"token": e.token, "logprob": e.logprob, "top": e.top}
                                  for e in result.logprobs]
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids, **extra,
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                          "finish_reason": result.finish_reason, "stop_reason": result.stop_reason, **extra,
                           "stats": {key: stats[key] for key in keys}}))
         return 0
     print()
