@@ -66,18 +66,20 @@ def sampling_params(args, **more) -> SamplingParams:
                           stop=args.stop, **more)
 
 
-def add_speculative_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) -> None:
-    """A flag for each ``SpeculativeConfig`` field but the command's ``fixed`` ones, spelled, typed and
-    explained by the field's metadata (``config._flag``)."""
-    for f in dataclasses.fields(SpeculativeConfig):
-        if f.name in fixed:
+def add_flags(p: argparse.ArgumentParser, settings: type, fixed: tuple[str, ...] = ()) -> None:
+    """A flag for each field of the dataclass ``settings`` that has a help text but the command's
+    ``fixed`` ones (``SpeculativeConfig``'s, the server's ``Settings``), spelled (``--field-name``
+    unless its metadata says), typed and explained by the field's metadata (``config._flag``); a
+    bool field is a switch away from its default."""
+    for f in dataclasses.fields(settings):
+        if f.name in fixed or "help" not in f.metadata:
             continue
         options = dict(f.metadata)
-        flags = options.pop("flags") or (f"--{f.name.replace('_', '-')}",)
+        flags = options.pop("flags", ()) or (f"--{f.name.replace('_', '-')}",)
         alias = options.pop("alias", None)
         if isinstance(f.default, bool):
             options["action"] = "store_false" if f.default else "store_true"
-        else:
+        elif f.default is not None:
             options.setdefault("type", type(f.default))
         p.add_argument(*flags, dest=f.name, default=f.default, **options)
         if alias:
@@ -86,8 +88,8 @@ def add_speculative_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] =
 
 
 def add_engine_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) -> None:
-    """The ``SpeculativeConfig`` flags (``add_speculative_options``), the dtypes and threads."""
-    add_speculative_options(p, fixed)
+    """The ``SpeculativeConfig`` flags (``add_flags``), the dtypes and threads."""
+    add_flags(p, SpeculativeConfig, fixed)
     p.add_argument("--dtype", default="auto",
                    help="target: auto (a GGUF model: gguf where anyspec's kernels run its blocks, else "
                         "de-quantized; a folder: bf16, or fp32 on a CPU without AVX2) | gguf (the file's "
@@ -105,7 +107,7 @@ def add_engine_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) 
 
 
 def speculative_config(args, **fixed) -> SpeculativeConfig:
-    """The config from ``add_speculative_options``' flags and the command's ``fixed`` settings."""
+    """The config from ``add_flags``' flags and the command's ``fixed`` settings."""
     flagged = {f.name: getattr(args, f.name) for f in dataclasses.fields(SpeculativeConfig)
                if hasattr(args, f.name)}
     return SpeculativeConfig(**(flagged | fixed))

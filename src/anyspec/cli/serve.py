@@ -13,6 +13,7 @@ from pathlib import Path
 
 from anyspec.cli.options import (
     add_engine_options,
+    add_flags,
     add_model_options,
     pair_plan,
     speculative_config,
@@ -28,21 +29,11 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="the port to listen on (default %(default)s)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the target)")
-    add_settings_options(p)
-    p.set_defaults(api_key=os.environ.get("ANYSPEC_API_KEY"))
-    p.set_defaults(func=run)
-
-
-def add_settings_options(p) -> None:
-    """A flag for each of the server's ``Settings`` with a help text, spelled ``--field-name``."""
     from anyspec.server.settings import Settings
 
-    for f in dataclasses.fields(Settings):
-        if "help" in f.metadata:
-            options = dict(f.metadata)
-            if f.default is not None:
-                options.setdefault("type", type(f.default))
-            p.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=f.default, **options)
+    add_flags(p, Settings)
+    p.set_defaults(api_key=os.environ.get("ANYSPEC_API_KEY"))
+    p.set_defaults(func=run)
 
 
 def check_args(args):
