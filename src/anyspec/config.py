@@ -48,10 +48,11 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _flag(default, help: str, *flags: str, **argparse_options):
-    """A ``SpeculativeConfig`` field and its command-line flag: the flag's spelling (default
-    ``--field-name``; a switch for a bool, inverting one that defaults to True), help and any argparse
-    options (``type`` where the default is None, ``choices``, ``metavar``, a hidden ``alias``)."""
+def flag(default, help: str, *flags: str, **argparse_options):
+    """A settings field and its command-line flag (``cli/options.add_flags``; ``SpeculativeConfig``'s,
+    the server's ``Settings``): the flag's spelling (default ``--field-name``; a switch for a bool,
+    inverting one that defaults to True), help and any argparse options (``type`` where the default
+    is None, ``choices``, ``metavar``, a hidden ``alias``)."""
     return field(default=default, metadata={"help": help, "flags": flags, **argparse_options})
 
 
@@ -59,43 +60,43 @@ def _flag(default, help: str, *flags: str, **argparse_options):
 class SpeculativeConfig:
     """The pair's settings. Each field's metadata is its command-line flag (``cli/options.py``)."""
 
-    method: str = _flag("draft_model", "speculative method", metavar="{" + ",".join(METHODS) + "}")
-    num_speculative_tokens: int = _flag(
+    method: str = flag("draft_model", "speculative method", metavar="{" + ",".join(METHODS) + "}")
+    num_speculative_tokens: int = flag(
         NUM_SPECULATIVE_TOKENS, f"draft tokens per round, at most (1 to {MAX_SPECULATIVE_TOKENS}; "
         "default %(default)s)", "-k", "--num-speculative-tokens", metavar="K", alias="--k")
-    use_heterogeneous_vocab: bool = _flag(
+    use_heterogeneous_vocab: bool = flag(
         True, "the draft shares the target's vocabulary (use_heterogeneous_vocab off)", "--same-vocab")
-    draft_sample_method: str = _flag(
+    draft_sample_method: str = flag(
         "sample", "sampled requests: sample (default): the draft's choice reads the same noise as the "
         "target's (Gumbel-max) | greedy: the draft proposes its argmax",
         metavar="{" + ",".join(DRAFT_SAMPLE_METHODS) + "}")
-    algorithm: str = _flag(
+    algorithm: str = flag(
         "auto", "auto (default): slem, or tli with --draft-context token-map | tli: the draft keeps to the "
         "shared tokens | slem: the draft writes freely, its text is re-encoded", choices=ALGORITHMS)
-    draft_context: str = _flag(
+    draft_context: str = flag(
         "retokenize", "retokenize (default): the draft reads its own tokenization of the text | token-map: "
         "the target's tokens mapped one by one (vLLM's)", metavar="{" + ",".join(DRAFT_CONTEXTS) + "}")
-    draft_window: int = _flag(
+    draft_window: int = flag(
         DRAFT_WINDOW, "the draft reads at most the last 2N tokens of a long prompt, from a multiple of N "
         "(0 = all of it; default %(default)s); the target always reads all", metavar="N")
-    adaptive_k: bool = _flag(
+    adaptive_k: bool = flag(
         False, "choose k (0 = target alone) each round from measured acceptance and speed")
-    draft_confidence: float | None = _flag(
+    draft_confidence: float | None = flag(
         None, "end a round's draft after a token the draft gives probability below P (0 = always draft "
         f"k; default: {DRAFT_CONFIDENCE}, or {DRAFT_CONFIDENCE_AVX2} where anyspec's kernels run below "
         "their AVX-512 level)", type=float, metavar="P")
-    prefix_cache: bool = _flag(
+    prefix_cache: bool = flag(
         True, "prefill every prompt in full (default: a request starts from the KV cache of the prefix it "
         "shares with the one before or with another slot, on row-invariant models)", "--no-prefix-cache")
-    batch_k: bool = _flag(
+    batch_k: bool = flag(
         True, "in a batch, draft each generation's configured k every round (default: its k per round "
         "from the batch's pass costs and its acceptance)", "--no-batch-k")
-    ngram: int | None = _flag(
+    ngram: int | None = flag(
         None, "prompt lookup: where the last N or more tokens occurred earlier in the context, propose what "
         "followed them: alone while the text copies it, else beside the draft's chain; with --no-draft too "
         f"(0 = off; default: {AUTO_NGRAM} where a draft runs and the prompt has at least "
         f"{AUTO_NGRAM_PROMPT} tokens, else off; engine/lookup.py)", type=int, metavar="N")
-    tree: int | None = _flag(
+    tree: int | None = flag(
         None, "up to N branches beside the draft's chain, at its second "
         f"choices where they pay for their rows (0 = the chain alone; default: {TREE_BRANCHES} where the "
         "target runs on anyspec's kernels (GGUF, or lean int8 or bf16) at their AVX-512 level, else 0; "

@@ -69,7 +69,7 @@ def sampling_params(args, **more) -> SamplingParams:
 def add_flags(p: argparse.ArgumentParser, settings: type, fixed: tuple[str, ...] = ()) -> None:
     """A flag for each field of the dataclass ``settings`` that has a help text but the command's
     ``fixed`` ones (``SpeculativeConfig``'s, the server's ``Settings``), spelled (``--field-name``
-    unless its metadata says), typed and explained by the field's metadata (``config._flag``); a
+    unless its metadata says), typed and explained by the field's metadata (``config.flag``); a
     bool field is a switch away from its default."""
     for f in dataclasses.fields(settings):
         if f.name in fixed or "help" not in f.metadata:

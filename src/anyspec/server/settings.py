@@ -4,15 +4,10 @@ command line can read it before anything loads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from anyspec.config import MAX_BATCH
+from anyspec.config import MAX_BATCH, flag
 from anyspec.errors import ConfigError
-
-
-def _flag(default, help: str, **argparse_options):
-    """A setting and its ``--field-name`` flag: its help and any argparse options."""
-    return field(default=default, metadata={"help": help, **argparse_options})
 
 
 @dataclass
@@ -20,32 +15,32 @@ class Settings:
     """The server's limits, checked here (a ``ConfigError`` names the ``anyspec serve`` option)."""
 
     model_name: str  # --served-model-name, or the target's name (cli/serve.py)
-    queue_size: int = _flag(16, "requests that may wait; more answer 429 (default %(default)s)", metavar="N")
-    queue_timeout: float = _flag(60.0, "seconds a request may wait; then 503 (default %(default)s)",
+    queue_size: int = flag(16, "requests that may wait; more answer 429 (default %(default)s)", metavar="N")
+    queue_timeout: float = flag(60.0, "seconds a request may wait; then 503 (default %(default)s)",
                                  metavar="S")
-    generation_timeout: float = _flag(
+    generation_timeout: float = flag(
         300.0, "seconds a generation may run; then it ends with what it wrote, finish_reason 'length' "
         "(default %(default)s)", metavar="S")
-    max_body_bytes: int = _flag(1_000_000, "a request body larger than this is a 400 (default %(default)s)",
+    max_body_bytes: int = flag(1_000_000, "a request body larger than this is a 400 (default %(default)s)",
                                 metavar="N")
-    default_max_tokens: int = _flag(256, "max_tokens where a request sets none (default %(default)s)",
+    default_max_tokens: int = flag(256, "max_tokens where a request sets none (default %(default)s)",
                                     metavar="N")
-    max_batch: int = _flag(MAX_BATCH, "generations run together (each keeps a KV cache of the target and the "
+    max_batch: int = flag(MAX_BATCH, "generations run together (each keeps a KV cache of the target and the "
                            "draft; default %(default)s)", metavar="N")
-    max_prompt_tokens: int | None = _flag(
+    max_prompt_tokens: int | None = flag(
         None, "refuse (400) a request whose prompt has more than N tokens (default: the context)",
         metavar="N", type=int)
     worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
-    body_timeout: float = _flag(
+    body_timeout: float = flag(
         30.0, "seconds a request's body may take to arrive; then 408 (slow or stalled clients; default "
         "%(default)s)", metavar="S")
-    api_key: str | None = _flag(
+    api_key: str | None = flag(
         None, "requests need 'Authorization: Bearer KEY' (all routes but /health and /metrics); default: "
         "$ANYSPEC_API_KEY, else none", metavar="KEY")
-    allowed_origins: list[str] | None = _flag(
+    allowed_origins: list[str] | None = flag(
         None, "answer CORS requests from this browser origin (repeatable; '*': any; default: none)",
         metavar="ORIGIN", action="append")
-    responses_store: int = _flag(
+    responses_store: int = flag(
         1024, "Responses API responses kept in memory, the most recent, for previous_response_id and GET "
         "/v1/responses/{id} (0: none; default %(default)s)", metavar="N")
 
