@@ -8,8 +8,8 @@ assistant's ``tool_use`` blocks (the chat's ``tool_calls``) and the user's ``too
 (``auto``, ``any``, ``tool``, ``none``; ``disable_parallel_tool_use``) are the chat's function
 tools; ``output_config.format`` (a JSON Schema) its ``response_format``; ``stop_sequences`` its
 ``stop``. A last message of the assistant's with text is continued: the answer goes on from it
-(Anthropic's prefill). ``cache_control`` and ``output_config.effort`` change nothing here (prompts are cached
-anyway; the models do not reason first). ``stop_reason`` is ``end_turn``, ``max_tokens``,
+(Anthropic's prefill). ``cache_control`` and ``output_config.effort`` change nothing here
+(prompts are cached anyway; the models do not reason first). ``stop_reason`` is ``end_turn``, ``max_tokens``,
 ``stop_sequence`` (with ``stop_sequence``) or ``tool_use``. ``usage.input_tokens`` counts the
 prompt tokens not read from the prefix cache, ``cache_read_input_tokens`` those that were. Errors
 are Anthropic's ``{"type": "error", "error": {"type", "message"}}``.

@@ -152,6 +152,12 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
+def chat_request(body: dict, tokenizer) -> tuple[list[dict], dict | None]:
+    """A chat request's messages, the last marked to be continued where it asks (``chat.continued``),
+    and its chat template's variables (``chat.template_kwargs``)."""
+    return _checked(continued, body, chat_messages(body)), _checked(template_kwargs, body, tokenizer)
+
+
 def _prompts(body: dict, vocab: int) -> list[str | list[int]]:
     """``prompt``: a string, an array of token ids, or an array of either (one choice each)."""
     prompt = body.get("prompt")
@@ -303,9 +309,10 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     vocab = vocab_size or 2**31
     suffix = None if chat else body_field(body, "suffix", (str,))
     if chat:
-        sent = [_checked(continued, body, chat_messages(body))]
+        messages, kwargs = chat_request(body, tokenizer)
+        sent = [messages]
     else:
-        sent = _infills(_prompts(body, vocab), suffix, tokenizer)
+        sent, kwargs = _infills(_prompts(body, vocab), suffix, tokenizer), None
     if len(sent) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(sent)} prompts with n {n} make {len(sent) * n} choices; at most "
                             f"{MAX_CHOICES}.", "n" if n > 1 else "prompt", "invalid_value")
@@ -346,7 +353,6 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
 
     param = "messages" if chat else "prompt"
     names = [param if len(sent) == 1 else f"{param}[{i}]" for i in range(len(sent))]
-    kwargs = _checked(template_kwargs, body, tokenizer) if chat else None
     prompts = [encoded_prompt(tokenizer, one, name, wanted.tools, kwargs)
                for one, name in zip(sent, names, strict=True)]
     max_tokens = _max_tokens(prompts, names, max_tokens, context, default_max_tokens, max_prompt_tokens)

@@ -4,12 +4,10 @@ client counts exactly what a request will hold), and the text of ids."""
 
 from __future__ import annotations
 
-from anyspec.server.chat import continued, template_kwargs
 from anyspec.server.protocol import (
     ApiError,
-    _checked,
     body_field,
-    chat_messages,
+    chat_request,
     check_model,
     checked_text,
     encoded_prompt,
@@ -29,8 +27,7 @@ def parse_tokenize(body, model_name: str, tokenizer) -> tuple[list[int], bool]:
         raise ApiError(400, "'tools' is not supported by /tokenize.", "tools", "unsupported_parameter")
     strs = body_field(body, "return_token_strs", (bool,), False)
     if "messages" in body:
-        messages = _checked(continued, body, chat_messages(body))
-        kwargs = _checked(template_kwargs, body, tokenizer)
+        messages, kwargs = chat_request(body, tokenizer)
         return encoded_prompt(tokenizer, messages, "messages", None, kwargs).ids, strs
     prompt = body_field(body, "prompt", (str,))
     if prompt is None:
