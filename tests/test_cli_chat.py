@@ -67,9 +67,10 @@ def test_bad_settings_fail_before_loading(no_loading, capsys, extra, message):
 
 def test_ctrl_c_stops_an_answer_and_the_conversation_goes_on_from_what_was_shown(folders, reference,
                                                                                  monkeypatch, capsys):
-    """SIGINT after the first piece of the first answer: the answer stops there (a '[stopped]' line),
-    the text shown is the assistant's turn, and the next answer is the engine's for that conversation
-    (the caches kept from the stopped turn hold nothing it did not commit)."""
+    """SIGINT after the first piece of the first answer: the answer stops there (its statistics line
+    begins '[stopped; '), the text shown is the assistant's turn, and the next answer is the
+    engine's for that conversation (the caches kept from the stopped turn hold nothing it did not
+    commit)."""
     import os
     import signal
 
@@ -77,8 +78,8 @@ def test_ctrl_c_stops_an_answer_and_the_conversation_goes_on_from_what_was_shown
 
     real, calls = Engine.stream, []
 
-    def interrupted(self, prompt, params=None):
-        inner = real(self, prompt, params)
+    def interrupted(self, prompt, params=None, stop=None):
+        inner = real(self, prompt, params, stop)
         calls.append(prompt)
         if len(calls) > 1:
             return inner
@@ -98,6 +99,6 @@ def test_ctrl_c_stops_an_answer_and_the_conversation_goes_on_from_what_was_shown
     shown, second_answer = out.split("\n", 1)
     full = reference.generate(first, params).text
     assert rc == 0 and shown and full.startswith(shown) and shown != full
-    assert err.count("[stopped]") == 1 and err.count("tok/s, acceptance") == 1
+    assert err.count("[stopped; ") == 1 and err.count("tok/s, acceptance") == 2
     second = [*first, {"role": "assistant", "content": shown}, {"role": "user", "content": "And another?"}]
     assert calls[1] == second and second_answer == reference.generate(second, params).text + "\n"

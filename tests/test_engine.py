@@ -205,6 +205,30 @@ def test_streamed_pieces_add_up_to_the_text(qwen_target, llama_draft):
     assert list(engine.stream(PROMPTS[2], greedy(max_new_tokens=30))) == pieces
 
 
+def test_stop_ends_a_generation_after_its_round_with_its_text_and_statistics(qwen_target, llama_draft):
+    """``stop`` set while the first piece is out: the stream ends before its next round, the text it
+    gave is the result's, a prefix of the whole answer, counted in its statistics; a stop string
+    the answer was holding text back for gives that text out."""
+    import threading
+
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=3))
+    full = engine.generate(PROMPTS[2], greedy(max_new_tokens=30))
+    for params in (greedy(max_new_tokens=30), greedy(max_new_tokens=30, stop=["not in the answer"])):
+        stop = threading.Event()
+        stream = engine.stream(PROMPTS[2], params, stop)
+        pieces = [next(stream)]
+        stop.set()
+        with pytest.raises(StopIteration) as done:
+            while True:
+                pieces.append(next(stream))
+        result = done.value.value
+        assert result.finish_reason == "abort" and "".join(pieces) == result.text
+        assert result.token_ids == full.token_ids[:len(result.token_ids)] and len(result.token_ids) < 30
+        assert result.text == full.text[:len(result.text)] and result.text
+        assert result.stats.generated == len(result.token_ids) and result.stats.rounds >= 1
+    assert engine.generate(PROMPTS[2], greedy(max_new_tokens=30)).token_ids == full.token_ids
+
+
 def test_a_second_stream_waits_for_the_first_to_end_or_close(qwen_target, llama_draft):
     engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=5))
     params = greedy(max_new_tokens=30)

@@ -71,39 +71,31 @@ def run(args) -> int:
             continue
         check_prompt_text(line)
         try:
-            text, stats = answer(engine, [*messages, {"role": "user", "content": line}], params, write)
+            asked = [*messages, {"role": "user", "content": line}]
+            text, stats, finish = answer(engine, asked, params, write)
         except ConfigError as exc:  # the conversation outgrew the context: say so, keep the session
             print(f"anyspec chat: {exc}; /reset starts a new conversation", file=sys.stderr)
             continue
         print()
         messages += [{"role": "user", "content": line}, {"role": "assistant", "content": text}]
-        if stats is None:
-            print("[stopped]", file=sys.stderr)
-            continue
-        print(f"[{stats.generated} tokens, {stats.tokens_per_second:.1f} tok/s, acceptance "
+        stopped = "stopped; " if finish == "abort" else ""
+        print(f"[{stopped}{stats.generated} tokens, {stats.tokens_per_second:.1f} tok/s, acceptance "
               f"{stats.acceptance_rate:.0%}, prompt {stats.prompt_tokens} tokens ({stats.prompt_cached} "
               f"cached), first token {stats.first_token_seconds:.2f} s]", file=sys.stderr)
     return 0
 
 
 def answer(engine, messages: list[dict], params, write):
-    """The answer to ``messages``, streamed through ``write``, and its statistics; Ctrl-C (SIGINT)
-    stops it after the text shown so far (statistics None). The generation ends between rounds, so
-    the caches hold committed tokens only and the next turn reuses them."""
+    """The answer to ``messages``, streamed through ``write``, its statistics and finish reason;
+    Ctrl-C (SIGINT) ends it after its current round (``"abort"``), so the caches hold committed
+    tokens only and the next turn reuses them."""
     stop = threading.Event()
     before = signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stream, text = engine.stream(messages, params), ""
     try:
-        while not stop.is_set():
-            piece = next(stream)
-            write(piece)
-            text += piece
-        stream.close()
-        return text, None
-    except StopIteration as done:
-        return done.value.text, done.value.stats
+        result = engine.generate(messages, params, on_text=write, stop=stop)
     finally:
         signal.signal(signal.SIGINT, before)
+    return result.text, result.stats, result.finish_reason
 
 
 def read_line(sign: str) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import warnings
 
@@ -82,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, OutputError):
             _drop_stdout(stdout)
         return 2
-    except BrokenPipeError:  # the reader of stdout went away (``| head``): stop quietly
-        _drop_stdout(stdout)
-        return 1
+    except BrokenPipeError:  # the reader of stdout went away (``| head``): stop quietly, with the
+        _drop_stdout(stdout)  # status of a command that SIGPIPE ended, as the shell's tools give
+        return 128 + signal.SIGPIPE
     finally:
         sys.stdout, warnings.showwarning = stdout, shown
 

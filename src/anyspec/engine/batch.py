@@ -49,11 +49,13 @@ PREFILL_CHUNK = 256
 SHARED_PREFILL = 32
 
 
-def chunked(seq, ids: list[int], last: int | None = None, head=None) -> Steps:
+def chunked(seq, ids: list[int], last: int | None = None, head=None, stop=None) -> Steps:
     """``ids`` through ``seq`` in forwards of at most ``PREFILL_CHUNK`` tokens; returns the logits of
-    the last one."""
+    the last one (None where ``stop``, a ``threading.Event``, was set before it)."""
     logits = None
     for start in range(0, len(ids), PREFILL_CHUNK):
+        if stop is not None and stop.is_set():
+            return None
         logits = yield Forward(seq, ids[start:start + PREFILL_CHUNK], last, head)
     return logits
 

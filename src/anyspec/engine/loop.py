@@ -12,6 +12,7 @@ seconds it reports, and those its k schedule and branch rule weigh, are its pass
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -48,7 +49,7 @@ from anyspec.errors import ConfigError
 class GenerationResult:
     text: str
     token_ids: list[int]  # target ids of the generated tokens (an EOS that ended it not included)
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    finish_reason: str  # "stop" (EOS or a stop string), "length", or "abort" (``stop`` set)
     stats: Stats
     logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
     # with SamplingParams.prompt_logprobs: one per prompt token, the first None (nothing before it)
@@ -92,9 +93,11 @@ class Engine:
         return self.proposers[algorithm_for(self.config, params)] if self.draft is not None else None
 
     def generate(self, prompt: str | list[dict], params: SamplingParams | None = None,
-                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
-        """Generate; ``on_text`` receives text as it is committed (never half a character)."""
-        stream = self.stream(prompt, params)
+                 on_text: Callable[[str], None] | None = None, stop: threading.Event | None = None
+                 ) -> GenerationResult:
+        """Generate; ``on_text`` receives text as it is committed (never half a character); ``stop``
+        as ``stream``'s."""
+        stream = self.stream(prompt, params, stop)
         while True:
             try:
                 piece = next(stream)
@@ -103,13 +106,16 @@ class Engine:
             if on_text is not None:
                 on_text(piece)
 
-    def stream(self, prompt: str | list[dict], params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt: str | list[dict], params: SamplingParams | None = None,
+               stop: threading.Event | None = None) -> Iterator[str]:
         """Yield committed text; the generator's return value is the ``GenerationResult``. It runs on
         the engine's own KV caches, so one at a time: a second stream that starts while another is
-        under way (begun, not finished or closed) raises ``ConfigError``."""
+        under way (begun, not finished or closed) raises ``ConfigError``. ``stop``, once set (from
+        any thread), ends the generation after its current round: its result has the text and
+        statistics so far and ``finish_reason`` ``"abort"``."""
         params = given(params, SamplingParams, "params")
         return self._one_at_a_time(alone(lambda batch: self.steps(prompt, params, self.target, self.draft,
-                                                                  batch, 0)))
+                                                                  batch, 0, stop=stop)))
 
     def _one_at_a_time(self, generation: Iterator[str]):
         if self.streaming:
@@ -122,18 +128,20 @@ class Engine:
             self.streaming = False
 
     def steps(self, prompt: str | list[dict], params: SamplingParams, target, draft, batch: Batch, key,
-              encoded: tuple[list[int], str] | None = None, speculative: bool = True) -> Steps:
+              encoded: tuple[list[int], str] | None = None, speculative: bool = True,
+              stop: threading.Event | None = None) -> Steps:
         """The generation on the given sequences of the target and the draft, to run in ``batch``
         under ``key``: its k per round follows its schedule (``adaptive_k.BatchSchedule``: its share
         of the batch's passes, unless ``batch_k`` is off; alone, measured costs with ``adaptive_k``).
         ``encoded``: the prompt's target ids and text (``encode_prompt``), when the caller has them
-        already; ``speculative=False``: the target alone, the draft left as it is."""
+        already; ``speculative=False``: the target alone, the draft left as it is; ``stop``: as
+        ``stream``'s."""
         schedule = None
         if self.draft is not None and speculative:
             schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft,
                                       self.config.batch_k, self.config.adaptive_k)
         return speculative_generate(self, prompt, params, batch.meter(key), target, draft, schedule, encoded,
-                                    speculative)
+                                    speculative, stop)
 
     @property
     def batchable(self) -> bool:
@@ -192,11 +200,12 @@ class Engine:
 
 def speculative_generate(engine: Engine, prompt: str | list[dict], params: SamplingParams, meter: Meter,
                          target=None, draft=None, schedule=None, encoded: tuple[list[int], str] | None = None,
-                         speculative: bool = True) -> Steps:
+                         speculative: bool = True, stop: threading.Event | None = None) -> Steps:
     """``meter``: the seconds of its passes (``Batch.meter``); ``target`` and ``draft``: the
     sequences it runs on (the engine's models by default); ``schedule``: what chooses k each round
     (``adaptive_k.BatchSchedule``; None: the config's k every round); ``speculative=False``: the
-    target alone (prompt lookup still proposes, with ``ngram``)."""
+    target alone (prompt lookup still proposes, with ``ngram``); ``stop``: once set, the generation
+    ends before its next round (``"abort"``)."""
     target = target if target is not None else engine.target
     draft = (draft if draft is not None else engine.draft) if speculative else None
     proposer = engine.proposer_for(params) if draft is not None else None
@@ -209,7 +218,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     penalties = Penalties.start(params, engine.target.vocab_size, engine.eos_ids)
     t_start = time.perf_counter()
     pending, ctx, prompt_ids, scored = yield from prefill(engine, target, draft, prompt, params, stats, meter,
-                                                          encoded)
+                                                          encoded, stop)
     if penalties:
         penalties.prompted(prompt_ids)
     output = Output(engine.target_bytes, engine.eos_ids, params)
@@ -217,7 +226,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                                  meter.costs(draft) if proposer else None)
     worth = branch_worth(meter, target, output) if engine.config.tree and proposer else None
 
-    while output.finish is None:
+    while not output.ended(stop):
         stats.rounds += 1
         behind = len(ctx.ids) - common_prefix(draft.cached_ids, ctx.ids) if proposer else 0
         started = meter.total()
@@ -266,6 +275,8 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
         if lookup and proposal.source == "draft":
             lookup.drafted(len(committed) - proposal.lead, meter.total() - started, behind)
 
+    if piece := output.ready():  # what a stop string held back, where ``stop`` ended it
+        yield piece
     count_end(stats, meter, target, draft, ctx, t_start)
     return GenerationResult(output.text, output.ids, output.finish, stats, output.logprobs, scored,
                             output.stopped_by)
@@ -292,11 +303,11 @@ def branch_worth(meter: Meter, target, output: Output):
 
 
 def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats,
-            meter: Meter, encoded: tuple[list[int], str] | None = None) -> Steps:
+            meter: Meter, encoded: tuple[list[int], str] | None = None, stop=None) -> Steps:
     """The prompt into the target's cache but for its last token (returned: committed, not yet
     cached), the draft's context, the prompt's target ids and, with ``params.prompt_logprobs``, its
     tokens' logprobs; a prefix the sequence's previous request left may be kept (not when scoring
-    the prompt: its rows are computed anew)."""
+    the prompt: its rows are computed anew). ``stop`` set: the rest of the prompt is left out."""
     ids, text = encoded if encoded is not None else encode_prompt(engine.target.tokenizer, prompt)[:2]
     check_room(len(ids), params.max_new_tokens, engine.target.context_length)
     stats.prompt_tokens = len(ids)
@@ -307,7 +318,7 @@ def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: Sam
         stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
     prompt_logprobs = (yield from scored_prefill(target, ids, params.prompt_logprobs)) if scored else None
     if not scored and len(ids) - 1 > stats.prompt_cached:
-        yield from chunked(target, ids[stats.prompt_cached:-1], 1)
+        yield from chunked(target, ids[stats.prompt_cached:-1], 1, stop=stop)
     stats.prefill_seconds = meter.seconds(target, since=spent)
     if draft is None:
         return ids[-1], None, ids, prompt_logprobs

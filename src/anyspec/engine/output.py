@@ -34,7 +34,7 @@ class Output:
         self.min_tokens = params.min_tokens  # stop strings count from this many tokens on
         self.ids: list[int] = []
         self.text = ""
-        self.finish: str | None = None  # "stop" (EOS or a stop string) or "length"
+        self.finish: str | None = None  # "stop" (EOS or a stop string), "length" or "abort"
         self.stopped_by: str | int | None = None  # the stop string or stop token id that ended it
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._hold = max((len(s) for s in self.stops), default=1) - 1
@@ -77,6 +77,14 @@ class Output:
                 self.text += self._decoder.decode(b"", final=True)  # an unfinished character: U+FFFD
             self._hold = 0
         return committed
+
+    def ended(self, stop=None) -> bool:
+        """Whether the generation has ended; where ``stop`` (a ``threading.Event``) is set, it ends
+        here (``"abort"``), and the text held back for stop strings may be given out."""
+        if self.finish is None and stop is not None and stop.is_set():
+            self.finish, self._hold = "abort", 0
+            self.text += self._decoder.decode(b"", final=True)
+        return self.finish is not None
 
     def ready(self) -> str:
         """The text that may be streamed now, not yet given out (a ``Piece`` with logprobs)."""

@@ -90,7 +90,7 @@ class Job:
 class Running:
     speculative: bool  # with the draft
     started: float = field(default_factory=time.monotonic)
-    pieces: list[str] = field(default_factory=list)
+    timed_out: threading.Event = field(default_factory=threading.Event)  # ends it after its round
 
 
 class Scheduler:
@@ -212,10 +212,10 @@ class Scheduler:
         self.pending.clear()
 
     def _start(self, job: Job, slot: tuple) -> Steps:
-        self.running[job] = Running(job.speculative and self.engine.draft is not None)
+        run = self.running[job] = Running(job.speculative and self.engine.draft is not None)
         return announced(self.engine.steps(job.prompt, job.params, *slot, self.driver.batch, job,
-                                           encoded=(job.ids, job.text), speculative=job.speculative),
-                         job, slot[0])
+                                           encoded=(job.ids, job.text), speculative=job.speculative,
+                                           stop=run.timed_out), job, slot[0])
 
     def _retire_cancelled(self) -> None:
         for job, run in list(self.running.items()):
@@ -225,29 +225,22 @@ class Scheduler:
                 del self.running[job]
                 self.metrics.add_generation("cancelled", 0, elapsed, None)
             elif elapsed > self.generation_timeout:
-                self.driver.remove(job)
-                del self.running[job]
-                text = "".join(run.pieces)
-                tokenizer = self.engine.target.tokenizer
-                n = len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
-                self.metrics.add_generation("timed_out", n, elapsed, None)
-                job.emit("done", Outcome(text, "length", n, job.prompt_tokens, None,
-                                         run.speculative, timed_out=True))
+                run.timed_out.set()  # it ends after its current round, as one cut by its length
 
     def _on_text(self, job: Job, piece: str) -> None:
         """A piece of the answer; with logprobs, the entries of its tokens go first (``"logprobs"``)."""
-        self.running[job].pieces.append(piece)
         if isinstance(piece, Piece) and piece.logprobs:
             job.emit("logprobs", self._spelled(piece.logprobs))
         job.emit("text", str(piece))
 
     def _on_done(self, job: Job, result) -> None:
         run = self.running.pop(job)
-        stats = result.stats
-        self.metrics.add_generation("completed", len(result.token_ids), stats.total_seconds, stats)
-        job.emit("done", Outcome(result.text, result.finish_reason, len(result.token_ids),
-                                 stats.prompt_tokens, stats, run.speculative,
-                                 logprobs=self._spelled(result.logprobs),
+        stats, timed_out = result.stats, result.finish_reason == "abort"
+        self.metrics.add_generation("timed_out" if timed_out else "completed", len(result.token_ids),
+                                    stats.total_seconds, stats)
+        job.emit("done", Outcome(result.text, "length" if timed_out else result.finish_reason,
+                                 len(result.token_ids), stats.prompt_tokens, stats, run.speculative,
+                                 timed_out=timed_out, logprobs=self._spelled(result.logprobs),
                                  prompt_logprobs=self._spelled(result.prompt_logprobs, job.ids),
                                  stop_reason=result.stop_reason))
 
