@@ -76,7 +76,7 @@ def test_an_integer_too_long_to_parse_is_named_as_such():
     from starlette.requests import Request
 
     from anyspec.server.app import read_json
-    from anyspec.server.protocol import ApiError
+    from anyspec.server.fields import ApiError
 
     body = f'{{"prompt": "hi", "seed": {"7" * 5000}}}'.encode()
     scope = {"type": "http", "method": "POST", "path": "/v1/completions",

@@ -14,7 +14,8 @@ httpx = pytest.importorskip("httpx")
 from live_server import CHAT_OK, MODEL_NAME, assert_error, greedy  # noqa: E402
 
 from anyspec.errors import ConfigError  # noqa: E402
-from anyspec.server.protocol import ApiError, parse_request  # noqa: E402
+from anyspec.server.fields import ApiError  # noqa: E402
+from anyspec.server.protocol import parse_request  # noqa: E402
 
 QUESTION = {"role": "user", "content": "List three colors."}
 PARTIAL = {"role": "assistant", "content": '["red",'}

@@ -219,7 +219,8 @@ def test_chat_template_refusing_messages_is_a_400():
     """A template that raises (as many do on an unknown role) is the request's fault, not a crash."""
     from jinja2 import TemplateError
 
-    from anyspec.server.protocol import ApiError, parse_request
+    from anyspec.server.fields import ApiError
+    from anyspec.server.protocol import parse_request
 
     class Refusing:
         chat_template = "{{ raise_exception('roles must alternate') }}"
@@ -289,7 +290,8 @@ def test_user_message_with_null_content_is_a_400(post):
 
 
 def test_prompt_tokens_beyond_the_servers_cap_are_a_400(tok_qwen2):
-    from anyspec.server.protocol import ApiError, parse_request
+    from anyspec.server.fields import ApiError
+    from anyspec.server.protocol import parse_request
 
     parse_request(OK | {"prompt": "one two three"}, False, MODEL_NAME, tok_qwen2, 256, 16,
                   max_prompt_tokens=3)

@@ -9,7 +9,7 @@ import time
 import uuid
 
 from anyspec.errors import ConfigError
-from anyspec.server.protocol import ApiError, error_body
+from anyspec.server.fields import ApiError, error_body
 from anyspec.server.scheduler import Outcome, ShuttingDown
 from anyspec.server.structured import CallStream, read_tool_calls
 

@@ -60,8 +60,9 @@ from anyspec.engine import Engine
 from anyspec.engine.grammar import Grammars
 from anyspec.server import messages, response_store
 from anyspec.server.answers import as_api_error, full_response, renamed, response_head, stream_chunks
+from anyspec.server.fields import ApiError, ClientGone, error_body
 from anyspec.server.metrics import Metrics
-from anyspec.server.protocol import ApiError, ClientGone, Parsed, error_body, parse_request
+from anyspec.server.protocol import Parsed, parse_request
 from anyspec.server.routes import add_info_routes, add_token_routes, read_json, require_key
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
 from anyspec.server.settings import Settings

@@ -21,7 +21,7 @@ import json
 import uuid
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.protocol import ApiError, body_field
+from anyspec.server.fields import ApiError, body_field
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from anyspec.config import MAX_LOGPROBS, ROLES, SamplingParams, seed_fits, utf8_problem
+from anyspec.config import MAX_LOGPROBS, ROLES, SamplingParams, seed_fits
 from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
 from anyspec.server.chat import continued, template_kwargs
+from anyspec.server.fields import ApiError, body_field, checked_text, number
 from anyspec.server.structured import (
     Structure,
     StructuredError,
@@ -32,25 +33,6 @@ UNSUPPORTED = {"best_of": (None, 1),
                "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
                "prompt_logprobs": (None,), "n_predict": (None,), "return_tokens_as_token_ids": (None, False),
                "modalities": (None, ["text"]), "audio": (None,)}
-JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-              dict: "an object", type(None): "null"}
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
-
-
-class ClientGone(Exception):
-    pass
-
-
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    kind = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
-    kind = kind.get(status, "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass
@@ -80,32 +62,6 @@ class Parsed:
         if seed is None or i == 0:
             return self.params
         return dataclasses.replace(self.params, seed=(seed + i) % 2**64)
-
-
-def body_field(body: dict, name: str, kinds: tuple, default=None):
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        want = " or ".join(JSON_NAMES[k] for k in kinds if not (k is int and float in kinds))
-        got = JSON_NAMES.get(type(value), type(value).__name__)
-        raise ApiError(400, f"Invalid type for '{name}': expected {want}, but got {got} instead.", name,
-                       "invalid_type")
-    return value
-
-
-def _number(value: int | float) -> str:
-    """A number for a message: a huge integer as its digit count, not its digits."""
-    digits = len(str(abs(value))) if isinstance(value, int) and abs(value) > 10**15 else 0
-    return f"an integer of {digits} digits" if digits else str(value)
-
-
-def checked_text(value: str, param: str) -> str:
-    """JSON may carry lone surrogates (``"\\ud800"``), which no tokenizer can encode."""
-    if (at := utf8_problem(value)) is not None:
-        raise ApiError(400, f"'{param}' is not valid Unicode text (a lone surrogate at character {at}).",
-                       param, "invalid_value")
-    return value
 
 
 def _checked(check, *args):
@@ -176,7 +132,7 @@ def _prompts(body: dict, vocab: int) -> list[str | list[int]]:
         elif not (isinstance(one, list) and all(map(_is_id, one))):
             raise ApiError(400, f"'{name}' must be a string or an array of token ids.", name, "invalid_type")
         elif (bad := next((t for t in one if not 0 <= t < vocab), None)) is not None:
-            raise ApiError(400, f"'{name}' holds token id {_number(bad)}; this model's ids run from 0 to "
+            raise ApiError(400, f"'{name}' holds token id {number(bad)}; this model's ids run from 0 to "
                                 f"{vocab - 1}.", name, "invalid_value")
         if not one:
             raise ApiError(400, f"'{name}' must not be empty.", name, "invalid_value")
@@ -233,7 +189,7 @@ def _shaping(body: dict) -> dict:
     for name, (default, fits, says) in SHAPES.items():
         value = body_field(body, name, (int,) if name == "top_k" else (int, float), default)
         if not fits(value):
-            raise ApiError(400, f"'{name}' must be {says}, got {_number(value)}.", name, "invalid_value")
+            raise ApiError(400, f"'{name}' must be {says}, got {number(value)}.", name, "invalid_value")
         out[name] = max(value, 0) if name == "top_k" else max(float(value), 0.0)
     return out
 
@@ -244,7 +200,7 @@ def _penalties(body: dict, vocab: int) -> tuple[float, float, dict[int, float]]:
     for name in ("presence_penalty", "frequency_penalty"):
         value = body_field(body, name, (int, float), 0.0)
         if not -2 <= value <= 2:
-            raise ApiError(400, f"'{name}' must be from -2 to 2, got {_number(value)}.", name,
+            raise ApiError(400, f"'{name}' must be from -2 to 2, got {number(value)}.", name,
                            "invalid_value")
         penalties.append(float(value))
     bias = {}
@@ -301,7 +257,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     check_model(body, model_name)
     n = body_field(body, "n", (int,), 1)
     if not 1 <= n <= MAX_CHOICES:
-        raise ApiError(400, f"'n' must be from 1 to {MAX_CHOICES}, got {_number(n)}.", "n", "invalid_value")
+        raise ApiError(400, f"'n' must be from 1 to {MAX_CHOICES}, got {number(n)}.", "n", "invalid_value")
     for name, harmless in UNSUPPORTED.items():
         if body.get(name) not in harmless:
             raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,

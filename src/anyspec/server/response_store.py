@@ -11,7 +11,7 @@ import asyncio
 from collections import OrderedDict
 
 from anyspec.server.answers import bad
-from anyspec.server.protocol import ApiError, body_field
+from anyspec.server.fields import ApiError, body_field
 from anyspec.server.responses import RENAMED, chat_body, events, head, own_items, whole
 from anyspec.server.scheduler import Outcome
 

@@ -22,7 +22,7 @@ import time
 import uuid
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.protocol import body_field
+from anyspec.server.fields import body_field
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 

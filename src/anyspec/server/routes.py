@@ -8,8 +8,8 @@ import json
 import sys
 
 from anyspec.engine import Engine
+from anyspec.server.fields import ApiError, ClientGone
 from anyspec.server.metrics import Metrics
-from anyspec.server.protocol import ApiError, ClientGone
 from anyspec.server.scheduler import Scheduler
 from anyspec.server.settings import Settings
 from anyspec.server.tokens import parse_detokenize, parse_tokenize

@@ -4,15 +4,8 @@ client counts exactly what a request will hold), and the text of ids."""
 
 from __future__ import annotations
 
-from anyspec.server.protocol import (
-    ApiError,
-    body_field,
-    chat_request,
-    check_model,
-    checked_text,
-    encoded_prompt,
-    token_list,
-)
+from anyspec.server.fields import ApiError, body_field, checked_text
+from anyspec.server.protocol import chat_request, check_model, encoded_prompt, token_list
 
 
 def parse_tokenize(body, model_name: str, tokenizer) -> tuple[list[int], bool]:

@@ -1,0 +1,52 @@
+"""What every endpoint's request checks share: the ``ApiError`` a bad field is answered with
+(OpenAI's ``{"error": {"message", "type", "param", "code"}}``), and a field's type and text."""
+
+from __future__ import annotations
+
+from anyspec.config import utf8_problem
+
+JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+              dict: "an object", type(None): "null"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+class ClientGone(Exception):
+    pass
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    kind = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+    kind = kind.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def body_field(body: dict, name: str, kinds: tuple, default=None):
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        want = " or ".join(JSON_NAMES[k] for k in kinds if not (k is int and float in kinds))
+        got = JSON_NAMES.get(type(value), type(value).__name__)
+        raise ApiError(400, f"Invalid type for '{name}': expected {want}, but got {got} instead.", name,
+                       "invalid_type")
+    return value
+
+
+def number(value: int | float) -> str:
+    """A number for a message: a huge integer as its digit count, not its digits."""
+    digits = len(str(abs(value))) if isinstance(value, int) and abs(value) > 10**15 else 0
+    return f"an integer of {digits} digits" if digits else str(value)
+
+
+def checked_text(value: str, param: str) -> str:
+    """JSON may carry lone surrogates (``"\\ud800"``), which no tokenizer can encode."""
+    if (at := utf8_problem(value)) is not None:
+        raise ApiError(400, f"'{param}' is not valid Unicode text (a lone surrogate at character {at}).",
+                       param, "invalid_value")
+    return value
