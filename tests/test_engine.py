@@ -229,6 +229,20 @@ def test_stop_ends_a_generation_after_its_round_with_its_text_and_statistics(qwe
     assert engine.generate(PROMPTS[2], greedy(max_new_tokens=30)).token_ids == full.token_ids
 
 
+def test_max_new_tokens_0_reads_and_scores_the_prompt_alone(qwen_target, llama_draft):
+    """max_new_tokens 0: nothing generated and nothing streamed; the prompt's logprobs are those a
+    generation reports; what it leaves in the caches changes no later answer."""
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=3))
+    scored = engine.generate(PROMPTS[1], greedy(max_new_tokens=4, prompt_logprobs=1))
+    pieces = []
+    got = engine.generate(PROMPTS[1], greedy(max_new_tokens=0, prompt_logprobs=1), on_text=pieces.append)
+    assert got.text == "" and got.token_ids == [] and pieces == [] and got.finish_reason == "length"
+    assert got.prompt_logprobs == scored.prompt_logprobs and got.stats.generated == 0
+    engine.generate(PROMPTS[1], greedy(max_new_tokens=0))
+    after = engine.generate(PROMPTS[1], greedy(max_new_tokens=4))
+    assert after.token_ids == scored.token_ids
+
+
 def test_a_second_stream_waits_for_the_first_to_end_or_close(qwen_target, llama_draft):
     engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=5))
     params = greedy(max_new_tokens=30)

@@ -206,6 +206,23 @@ def test_echo_gives_the_prompt_and_its_logprobs(client, reference):
     assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, reference):
+    """OpenAI's legacy scoring request (``echo``, ``max_tokens`` 0, ``logprobs``): the prompt and its
+    tokens' logprobs, nothing generated; without logprobs the prompt alone; without ``echo``, 0 is
+    still refused."""
+    text = "def fibonacci(n):"
+    want = reference.generate(text, SamplingParams(max_new_tokens=1, prompt_logprobs=2))
+    out = client.completions.create(model=MODEL_NAME, prompt=text, echo=True, logprobs=2, max_tokens=0)
+    choice, lp = out.choices[0], out.choices[0].logprobs
+    assert choice.text == text and choice.finish_reason == "length" and out.usage.completion_tokens == 0
+    assert lp.token_logprobs == [None] + [e.logprob for e in want.prompt_logprobs[1:]]
+    assert "".join(lp.tokens) == text and out.usage.prompt_tokens == len(lp.tokens)
+    plain = client.completions.create(model=MODEL_NAME, prompt=text, echo=True, max_tokens=0)
+    assert plain.choices[0].text == text and plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="0 only with 'echo'"):
+        client.completions.create(model=MODEL_NAME, prompt=text, max_tokens=0)
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_streamed_logprobs_are_the_whole_answers(client, chat):
     """Each chunk carries the logprobs of the tokens committed since the one before; put together

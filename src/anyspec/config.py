@@ -174,7 +174,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # vLLM's: off at 1; a seen token's logit / it where > 0, * it where not
     logit_bias: dict[int, float] = field(default_factory=dict)  # target token id -> added to its logit
-    max_new_tokens: int = 128
+    max_new_tokens: int = 128  # 0: the prompt is only read (into the prefix cache; its logprobs)
     min_tokens: int = 0  # the end-of-sequence tokens and stop strings wait for this many tokens
     ignore_eos: bool = False  # the end-of-sequence tokens are never chosen (max_new_tokens or a stop ends)
     seed: int | None = None
@@ -226,9 +226,9 @@ class SamplingParams:
                               "logit_bias")
         if not _is_int(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}",
-                              "max_new_tokens")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be an integer >= 0 (0: the prompt is only read, and "
+                              f"scored with prompt_logprobs), got {self.max_new_tokens!r}", "max_new_tokens")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise ConfigError(f"min_tokens must be an integer from 0 to the most new tokens "
                               f"({self.max_new_tokens}), got {self.min_tokens!r}", "min_tokens")

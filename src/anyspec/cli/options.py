@@ -57,6 +57,8 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) 
 
 def sampling_params(args, **more) -> SamplingParams:
     """The checked ``SamplingParams`` of ``add_sampling_options``' flags, and ``more`` fields."""
+    if args.max_new_tokens == 0:  # an answer of nothing: the library's prompt-only reading
+        raise ConfigError("--max-new-tokens must be at least 1, got 0")
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           min_p=args.min_p, typical_p=args.typical_p, top_n_sigma=args.top_n_sigma,
                           presence_penalty=args.presence_penalty,

@@ -34,7 +34,8 @@ class Output:
         self.min_tokens = params.min_tokens  # stop strings count from this many tokens on
         self.ids: list[int] = []
         self.text = ""
-        self.finish: str | None = None  # "stop" (EOS or a stop string), "length" or "abort"
+        # "stop" (EOS or a stop string), "length" or "abort"; max_new_tokens 0: nothing to generate
+        self.finish: str | None = "length" if params.max_new_tokens == 0 else None
         self.stopped_by: str | int | None = None  # the stop string or stop token id that ended it
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._hold = max((len(s) for s in self.stops), default=1) - 1

@@ -304,8 +304,9 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     if echo and stream and logprobs is not None:
         raise ApiError(400, "The prompt's logprobs ('echo' with 'logprobs') are answered only without "
                             "'stream'.", "echo", "unsupported_parameter")
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"'{limit}' must be at least 1, got {max_tokens}.", limit, "invalid_value")
+    if max_tokens is not None and max_tokens < (0 if echo else 1):  # echo alone: the prompt (scored)
+        only = "" if chat else " (0 only with 'echo')"
+        raise ApiError(400, f"'{limit}' must be at least 1{only}, got {max_tokens}.", limit, "invalid_value")
 
     param = "messages" if chat else "prompt"
     names = [param if len(sent) == 1 else f"{param}[{i}]" for i in range(len(sent))]
