@@ -262,6 +262,22 @@ def test_a_tool_calling_conversation(client, stream):
     assert not calls and finish in ("stop", "length") and isinstance(content, str)
 
 
+def test_tokenize_counts_a_chats_tools_as_the_chat_endpoint_does(client):
+    """/tokenize with ``tools`` gives the ids the chat endpoint reads for the same messages and tools
+    (its ``usage.prompt_tokens``), more than without them; a bad tool is the chat endpoint's 400."""
+    import httpx
+
+    messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    url = str(client.base_url).removesuffix("/v1/")
+    plain = httpx.post(url + "/tokenize", json={"messages": messages}).json()
+    with_tools = httpx.post(url + "/tokenize", json={"messages": messages, "tools": [WEATHER, TIME]}).json()
+    used = client.chat.completions.create(model="tiny-qwen2", messages=messages, tools=[WEATHER, TIME],
+                                          tool_choice="none", max_tokens=1, temperature=0).usage
+    assert with_tools["count"] == used.prompt_tokens > plain["count"]
+    bad = httpx.post(url + "/tokenize", json={"messages": messages, "tools": [{"type": "function"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools[0].function"
+
+
 def flat(tool: dict) -> dict:
     """A chat tool as the Responses API writes it."""
     return {"type": "function"} | tool["function"]

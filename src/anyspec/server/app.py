@@ -346,6 +346,6 @@ def create_app(engine: Engine, settings: Settings):
     parse = functools.partial(parse_off_loop, engine, settings, tokenizer, tokenizing, grammars)
     add_generation_routes(app, settings, scheduler, metrics, parse)
     add_info_routes(app, engine, settings, scheduler, metrics)
-    add_token_routes(app, engine, settings, tokenizer,
+    add_token_routes(app, engine, settings, tokenizer, grammars,
                      lambda fn: asyncio.get_running_loop().run_in_executor(tokenizing, fn))
     return app

@@ -114,6 +114,12 @@ def chat_request(body: dict, tokenizer) -> tuple[list[dict], dict | None]:
     return _checked(continued, body, chat_messages(body)), _checked(template_kwargs, body, tokenizer)
 
 
+def wanted_structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
+    """What ``response_format``, ``tools`` and ``tool_choice`` ask for (``structured.structure``),
+    each problem the 400 naming its field."""
+    return _checked(structure, body, chat, tokenizer, grammars)
+
+
 def _prompts(body: dict, vocab: int) -> list[str | list[int]]:
     """``prompt``: a string, an array of token ids, or an array of either (one choice each)."""
     prompt = body.get("prompt")
@@ -272,7 +278,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     if len(sent) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(sent)} prompts with n {n} make {len(sent) * n} choices; at most "
                             f"{MAX_CHOICES}.", "n" if n > 1 else "prompt", "invalid_value")
-    wanted = _checked(structure, body, chat, tokenizer, grammars)
+    wanted = wanted_structure(body, chat, tokenizer, grammars)
     shaping = _shaping(body)
     presence, frequency, bias = _penalties(body, vocab)
     # OpenAI's newer name wins where both are sent, as in vLLM

@@ -106,8 +106,9 @@ def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Schedule
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, run) -> None:
-    """``POST /tokenize`` and ``/detokenize`` (``tokens.py``); ``run(fn)``: ``fn`` off the event loop."""
+def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, grammars, run) -> None:
+    """``POST /tokenize`` and ``/detokenize`` (``tokens.py``); ``grammars()``: the compiler that
+    checks a chat's tools; ``run(fn)``: ``fn`` off the event loop."""
     from fastapi import Request
     from fastapi.responses import Response
 
@@ -122,7 +123,8 @@ def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, run) ->
         app.post(path)(route)
 
     async def tokenize(body):
-        ids, strs = await run(functools.partial(parse_tokenize, body, settings.model_name, tokenizer))
+        asked = functools.partial(parse_tokenize, body, settings.model_name, tokenizer, grammars)
+        ids, strs = await run(asked)
         out = {"count": len(ids), "max_model_len": engine.target.context_length, "tokens": ids}
         return out | ({"token_strs": tokenizer.convert_ids_to_tokens(ids)} if strs else {})
 
