@@ -249,19 +249,21 @@ def test_the_store_keeps_the_most_recent_responses():
 
 
 def test_a_streamed_response_is_readable_while_it_runs_and_after_it_ends(server):
-    """Its id is out with ``response.created``: GET reads it as in_progress (and it cannot be
-    continued yet), then as completed or incomplete; a stream the client leaves is cancelled."""
+    """Its id is out with ``response.created``: GET reads it as in_progress, with the text sent so
+    far (and it cannot be continued yet), then as completed or incomplete; a stream the client
+    leaves is cancelled."""
     body = {"model": MODEL_NAME, "input": "Count to twenty.", "max_output_tokens": 24, "temperature": 0,
-            "stream": True}
+            "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server + "/v1/responses", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        created = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
-        rid = created["response"]["id"]
+        events = (json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: "))
+        rid = next(events)["response"]["id"]
+        sent = next(e for e in events if e["type"] == "response.output_text.delta")["delta"]
         running = httpx.get(f"{server}/v1/responses/{rid}").json()
         early = httpx.post(server + "/v1/responses", json={"model": MODEL_NAME, "input": "More.",
                                                            "previous_response_id": rid})
-        rest = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
-    assert running["status"] == "in_progress" and running["output"] == []
+        rest = list(events)
+    assert running["status"] == "in_progress" and running["output"][0]["status"] == "in_progress"
+    assert running["output"][0]["content"][0]["text"].startswith(sent) and sent
     assert early.status_code == 400 and "in_progress" in early.json()["error"]["message"]
     final = httpx.get(f"{server}/v1/responses/{rid}").json()
     assert final["status"] == rest[-1]["response"]["status"] in ("completed", "incomplete")
@@ -276,6 +278,33 @@ def test_a_streamed_response_is_readable_while_it_runs_and_after_it_ends(server)
             break
         time.sleep(0.1)
     assert status == "cancelled"
+
+
+def test_a_stream_that_fails_is_kept_failed_with_its_error_and_output():
+    """A generation that fails mid-stream: the stream's ``error`` event, and the kept response
+    ``failed`` with that error and the text it had sent, its message ``incomplete``."""
+    import asyncio
+
+    from anyspec.server.scheduler import ShuttingDown
+
+    api = Api(4)
+    body = {"model": MODEL_NAME, "input": "Hi", "stream": True}
+    base = api.head(body, MODEL_NAME, 3, 0)
+    happened = iter([("text", "Hel"), ("text", "lo"), ("error", ShuttingDown())])
+
+    async def next_event():
+        return next(happened)
+
+    async def run() -> list[dict]:
+        return [json.loads(line[6:]) async for chunk in api.events(next_event, base, False)
+                for line in chunk.splitlines() if line.startswith("data: ")]
+
+    sent = asyncio.run(run())
+    assert sent[-1]["type"] == "error" and sent[-1]["code"] == "server_shutting_down"
+    kept = api.find(base["id"])[0]
+    assert kept["status"] == "failed" and kept["error"]["code"] == "server_shutting_down"
+    assert "shutting down" in kept["error"]["message"]
+    assert kept["output"][0]["status"] == "incomplete" and kept["output"][0]["content"][0]["text"] == "Hello"
 
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
-from anyspec.server.answers import bad
+from anyspec.server.answers import as_api_error, bad
 from anyspec.server.fields import ApiError, body_field
 from anyspec.server.responses import RENAMED, chat_body, events, head, own_items, whole
 from anyspec.server.scheduler import Outcome
@@ -92,17 +92,27 @@ class Api:
         return final
 
     async def events(self, next_event, base: dict, read_calls: bool):
-        """``events``, the final response kept; one that ends otherwise is kept as ``failed`` (an
-        error) or ``cancelled`` (the client left), with the output it had sent (an item cut short
-        ``incomplete``) and no usage."""
-        finished, ended, output = [], "failed", []
+        """``events``, the final response kept; while it runs, a ``GET`` reads the output sent so
+        far; one that ends otherwise is kept as ``failed`` (with its ``error``) or ``cancelled`` (the
+        client left), with the output it had sent (an item cut short ``incomplete``) and no usage."""
+        finished, ended, output, error = [], "failed", [], None
+        if base["id"] in self.kept:
+            self.kept[base["id"]] = (base | {"output": output}, *self.kept[base["id"]][1:])
 
         def keep(final: dict) -> None:  # before the last event goes out, so a reply can continue it
             finished.append(final)
             self.keep(final)
 
+        async def watched():
+            nonlocal error
+            kind, value = await next_event()
+            if kind == "error":
+                failure = as_api_error(value)
+                error = {"code": failure.code, "message": failure.message}
+            return kind, value
+
         try:
-            async for event in events(next_event, base, read_calls, keep, output):
+            async for event in events(watched, base, read_calls, keep, output):
                 yield event
         except (GeneratorExit, asyncio.CancelledError):
             ended = "cancelled"
@@ -111,7 +121,8 @@ class Api:
             if not finished and base["id"] in self.kept:
                 sent = [item | {"status": "incomplete"} if item["status"] == "in_progress" else item
                         for item in output]
-                self.kept[base["id"]] = (base | {"status": ended, "output": sent}, *self.kept[base["id"]][1:])
+                self.kept[base["id"]] = (base | {"status": ended, "output": sent, "error": error},
+                                         *self.kept[base["id"]][1:])
 
     def delete(self, response_id) -> dict:
         self.find(response_id)
