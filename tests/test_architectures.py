@@ -124,10 +124,12 @@ def _compare(model, reference, sequences):
 @pytest.mark.parametrize("name", list(CASES))
 def test_an_architecture_on_the_kernels_equals_transformers_in_fp32(name, built):
     from anyspec.backends.gguf import GGUFModel, gguf_problem
+    from anyspec.backends.load import known_context
 
     reference, path = built(name)
     assert gguf_problem(path) is None
     model = GGUFModel(path)
+    assert known_context(str(path)) == model.context_length  # what is checked before a load
     sequences = _positions(model.vocab_size)
     scale = max(reference(torch.tensor([sequences[0][:32]])).logits.abs().max().item(), 1.0)
     worst, agree, margins = _compare(model, reference, sequences)

@@ -57,6 +57,19 @@ def test_bad_input_fails_before_loading(no_loading, capsys, extra, message):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"]])
+def test_more_new_tokens_than_the_context_holds_fails_before_loading(no_loading, capsys, tiny_dirs, command):
+    import json
+    from pathlib import Path
+
+    context = json.loads((Path(tiny_dirs["target"]) / "config.json").read_text())["max_position_embeddings"]
+    models = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"]]
+    assert main([*command, *models, "--max-new-tokens", str(context)]) == 2
+    err = capsys.readouterr().err
+    says = f"--max-new-tokens {context} leaves no room for a prompt in the target's context of {context} "
+    assert says in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("command", [["demo"], ["bench", "--methods", "target"]])
 def test_a_bad_thread_count_fails_before_loading(no_loading, capsys, folders, command):
     import torch

@@ -68,6 +68,17 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
                     template, kv_cache_dtype)
 
 
+def check_new_tokens(plan: PairPlan, max_new_tokens: int, option: str = "--max-new-tokens") -> None:
+    """Refuse, before the models load, more new tokens than the target's context holds beside a
+    prompt (known from its file; a built-in model not fetched yet is checked once it loads)."""
+    from anyspec.backends.load import known_context
+
+    context = known_context(plan.target)
+    if context is not None and max_new_tokens >= context:
+        raise ConfigError(f"{option} {max_new_tokens} leaves no room for a prompt in the target's context "
+                          f"of {context} tokens; ask for fewer")
+
+
 def read_template(source: str) -> str:
     """A chat template's Jinja text from a file, or given as text (as vLLM's ``--chat-template``),
     parsed as transformers will render it."""
@@ -148,4 +159,5 @@ def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGE
     """One call: load the models (built-in names, folders or GGUF files) and generate."""
     params = given(params, SamplingParams, "params")
     check_prompt(prompt)
+    check_new_tokens(check_pair(target, draft, dtype, draft_dtype), params.max_new_tokens, "max_new_tokens")
     return load(target, draft, config, dtype, draft_dtype).generate(prompt, params, on_text=on_text)

@@ -131,6 +131,17 @@ def inv_freq(rope_dim: int, base: float, factors: torch.Tensor | None = None) ->
     return inv if factors is None else inv / factors
 
 
+def context_of(reader) -> tuple[int, str | None]:
+    """The most tokens the file's model reads, and why it is less than the file declares (None:
+    it is not): Phi-3's short rope factors hold it to the original context."""
+    arch = field_of(reader, "general.architecture")
+    context = int(field_of(reader, f"{arch}.context_length", 4096))
+    original = int(field_of(reader, f"{arch}.rope.scaling.original_context_length", context))
+    if "rope_factors_short.weight" in {t.name for t in reader.tensors} and original < context:
+        return original, f"context held to {original} tokens, the range of its short rope factors"
+    return context, None
+
+
 def describe(reader, vector) -> Description:
     """The file's decoder for the stack; ``vector(name)`` reads a small fp32 tensor (rope factors)."""
     arch = field_of(reader, "general.architecture")
@@ -141,18 +152,14 @@ def describe(reader, vector) -> Description:
     head_dim = meta("attention.key_length", hidden // heads)
     rope_dim = meta("rope.dimension_count", head_dim)
     base = float(meta("rope.freq_base", 10000.0))
-    context = int(meta("context_length", 4096))
-    notes: list[str] = []
+    context, held = context_of(reader)
+    notes: list[str] = [held] if held else []
     factors, mscale = None, 1.0
     if "rope_freqs.weight" in names:  # Llama 3.x: each frequency divided by its factor
         factors = vector("rope_freqs.weight")
     elif "rope_factors_short.weight" in names:  # Phi-3 LongRoPE, within the original context
         factors = vector("rope_factors_short.weight")
         mscale = float(meta("rope.scaling.attn_factor", 1.0))
-        original = int(meta("rope.scaling.original_context_length", context))
-        if original < context:
-            notes.append(f"context held to {original} tokens, the range of its short rope factors")
-            context = original
     rotary = [Rotary(inv_freq(rope_dim, base, factors), mscale)]
     window = int(meta("attention.sliding_window", 0) or 0)
     swa = [False] * n_layers

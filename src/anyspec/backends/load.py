@@ -8,6 +8,7 @@ linear layers and, for the Llama family, the lean forward (``backends/lean.py``)
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -47,6 +48,31 @@ def gguf_source(spec: str) -> Path | None:
         found = sorted(path.glob("*.gguf"))
         return found[0] if found else None
     return None
+
+
+def known_context(spec: str) -> int | None:
+    """The most tokens model ``spec`` reads, from its GGUF header or ``config.json``, before it loads
+    (None where that is not known yet: a built-in model not fetched, a file that cannot be read)."""
+    if spec in builtin_names():
+        from anyspec.models import gguf_cached
+
+        source = gguf_cached(spec) if native_builtin(spec) else None
+    else:
+        source = gguf_source(spec)
+    if source is not None:
+        from anyspec.backends.arch import context_of
+        from anyspec.backends.gguf import read_gguf
+
+        try:
+            return context_of(read_gguf(source))[0]
+        except (ConfigError, KeyError, TypeError, ValueError):
+            return None
+    try:
+        config = json.loads((Path(spec).expanduser() / "config.json").read_text(encoding="utf-8"))
+        n = (config.get("text_config") or config).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def is_gguf(spec: str) -> bool:

@@ -86,7 +86,7 @@ def read_guide(args) -> tuple[str, object, str] | None:
 
 def run(args) -> int:
     from anyspec.engine import Engine
-    from anyspec.pair import load_pair
+    from anyspec.pair import check_new_tokens, load_pair
 
     config = speculative_config(args)
     params = sampling_params(args, logprobs=args.logprobs)
@@ -99,7 +99,9 @@ def run(args) -> int:
     if guide is not None:
         check_grammar_end(params)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
-    pair = load_pair(pair_plan(args))
+    plan = pair_plan(args)
+    check_new_tokens(plan, params.max_new_tokens)
+    pair = load_pair(plan)
     engine = Engine(pair.target, pair.draft, config)
     if guide is not None:
         from anyspec.engine.grammar import Grammars
