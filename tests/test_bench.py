@@ -440,7 +440,7 @@ def test_a_second_draft_dtype_runs_as_a_variant_in_the_same_rotation(tmp_path, t
     assert variant["speedup"] is not None and variant["draft_ms_per_token"] > 0
     assert rows["target"]["draft_ms_per_token"] is None
     assert "| all | anyspec-slem@bf16 |" in report.markdown(result)
-    with pytest.raises(ConfigError, match="unknown dtype 'bf17'"):
+    with pytest.raises(ConfigError, match="unknown draft dtype 'bf17'"):
         bench_run.run_bench(BenchSettings(str(target), str(draft), [prompts], ["anyspec-slem"],
                                           also_draft_dtypes=["bf17"]), log=lambda s: None)
 

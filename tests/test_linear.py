@@ -140,6 +140,8 @@ def test_resolve_dtype_names_and_draft_default():
     assert resolve_dtype(None) in ("fp32", "bf16")
     with pytest.raises(ConfigError, match="unknown dtype 'int4'"):
         resolve_dtype("int4")
+    with pytest.raises(ConfigError, match="unknown draft dtype 'int4'"):
+        resolve_dtype("int4", draft=True)
 
 
 def test_model_reports_its_dtype(tok_qwen2):

@@ -121,7 +121,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
                                   "use --dtype bf16 to run it de-quantized")
         return "gguf"
     if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; use one of {NAMES}")
+        raise ConfigError(f"unknown {'draft ' if draft else ''}dtype {dtype!r}; use one of {NAMES}")
     return CANONICAL.get(dtype, dtype)
 
 

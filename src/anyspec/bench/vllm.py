@@ -256,12 +256,14 @@ def unavailable(vllm_python: str | Path | None) -> str | None:
     if vllm_python:
         path = Path(vllm_python)
         if not path.is_file() or not os.access(path, os.X_OK):
-            return f"--vllm-python {vllm_python} does not exist or is not executable; skipped"
+            given = ("ANYSPEC_VLLM_PYTHON" if str(vllm_python) == os.environ.get("ANYSPEC_VLLM_PYTHON")
+                     else "--vllm-python")
+            return f"{given} {vllm_python} does not exist or is not executable; skipped"
         return None
     try:
         from vllm import LLM  # noqa: F401
     except Exception:
-        return ("vLLM does not import in this environment (pip install 'anyspec[vllm]', or pass "
+        return ("vLLM does not import in this environment (pip install '.[vllm]', or pass "
                 "--vllm-python / set ANYSPEC_VLLM_PYTHON to a python that has it, docs/vllm.md); skipped")
     return None
 

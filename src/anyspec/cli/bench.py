@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
     from anyspec.bench.llama_spec import DEFAULT_LLAMA_SPEC
     from anyspec.bench.methods import DEFAULT_METHODS, METHODS
 
-    p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines")
+    p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines",
+                       description=__doc__)
     add_model_options(p, no_draft=False, chat_template=False)
     p.add_argument("--prompts", nargs="+", default=None, metavar="SET_OR_FILE",
                    help="JSONL prompt files, or sets shipped with anyspec by name: code, prose, edit, doc, "
@@ -36,7 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--also-draft-dtype", nargs="+", default=[], metavar="DTYPE",
                    help="run each anyspec method with a draft again with the draft in DTYPE (named "
                         "METHOD@DTYPE), in the same alternating rotation: e.g. gguf against bf16")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                   help="the most tokens each answer may have (default 64)")
     add_engine_options(p, fixed=FIXED)
     p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled and target-sampled")
     p.add_argument("--top-p", type=float, default=1.0, help="for anyspec-sampled and target-sampled")

@@ -29,9 +29,11 @@ FIXED = ("algorithm", "draft_sample_method", "prefix_cache")  # run sets them: g
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="speculative vs target-only on a few prompts, side by side")
+    p = sub.add_parser("demo", help="speculative vs target-only on a few prompts, side by side",
+                       description=__doc__)
     add_model_options(p, no_draft=False, chat_template=False)
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=int, default=96, metavar="N",
+                   help="the most tokens each answer may have (default 96)")
     add_engine_options(p, fixed=FIXED)
     p.add_argument("--prompt", action="append", default=None, help="a prompt of your own (repeatable)")
     p.set_defaults(func=run)

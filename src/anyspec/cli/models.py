@@ -18,7 +18,9 @@ def add_parser(sub) -> None:
     f.add_argument("--bf16", action="store_true", help="also convert it to the folder --dtype bf16 runs")
     pa = msub.add_parser("path", help="print a built-in model's GGUF file, fetching it if needed")
     pa.add_argument("name", choices=list(MODELS))
-    pa.add_argument("--bf16", action="store_true", help="the bf16 folder instead (for vLLM, transformers)")
+    pa.add_argument("--bf16", action="store_true",
+                    help="the bf16 folder instead (for vLLM, transformers), converted from the GGUF file on "
+                         "first use: a minute or more, and its size in bf16 on disk")
     p.set_defaults(func=run)
 
 

@@ -35,10 +35,13 @@ def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True, chat_te
 
 def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
     """How each answer is sampled: ``SamplingParams``' flags (``sampling_params``)."""
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
+                   help=f"the most tokens an answer may have (default {max_new_tokens})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling: the likeliest tokens whose probabilities add up to P "
+                        "(1 = off, default)")
+    p.add_argument("--top-k", type=int, default=0, help="the K likeliest tokens alone (0 = off, default)")
     p.add_argument("--min-p", type=float, default=0.0, help="0 = off (default)")
     p.add_argument("--typical-p", type=float, default=1.0, help="locally typical sampling (1 = off, default)")
     p.add_argument("--top-n-sigma", type=float, default=0.0,
@@ -47,7 +50,9 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) 
     p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="vLLM's: a seen token's logit divided by it where positive, else times it (1 = off)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="a sampled answer's seed: the same seed, the same answer, with or without the draft "
+                        "(default: a random one, reported with --json)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--min-tokens", type=int, default=0,
                    help="the end-of-sequence tokens and stop strings wait for this many tokens")
