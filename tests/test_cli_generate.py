@@ -70,6 +70,15 @@ def test_more_new_tokens_than_the_context_holds_fails_before_loading(no_loading,
     assert says in err and err.count("\n") == 1
 
 
+def test_json_prompts_with_a_method_that_cannot_follow_schemas_fail_before_loading(no_loading, capsys,
+                                                                                  tiny_dirs):
+    models = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"]]
+    assert main(["bench", *models, "--prompts", "json", "--methods", "target", "llama.cpp", "hf-uag"]) == 2
+    err = capsys.readouterr().err
+    assert "llama.cpp, hf-uag cannot follow the JSON schemas these prompts carry" in err
+    assert err.count("\n") == 1
+
+
 @pytest.mark.parametrize("command", [["demo"], ["bench", "--methods", "target"]])
 def test_a_bad_thread_count_fails_before_loading(no_loading, capsys, folders, command):
     import torch

@@ -118,6 +118,19 @@ def with_draft_dtypes(methods: list[str], dtypes: list[str]) -> list[str]:
     return [v for m in methods for v in [m] + ([f"{m}@{d}" for d in dtypes] if m in DRAFT_METHODS else [])]
 
 
+def guided(method: str) -> bool:
+    """Whether the method generates under a prompt's JSON schema (anyspec's engine does)."""
+    return method.startswith(("target", "anyspec"))
+
+
+def check_guided(methods: list[str], prompts: list[dict]) -> None:
+    """Prompts that carry a JSON schema (the ``json`` set) only with methods that follow it."""
+    others = [m for m in methods if not guided(m)]
+    if others and any(p.get("schema") is not None for p in prompts):
+        raise ConfigError(f"{', '.join(others)} cannot follow the JSON schemas these prompts carry; for "
+                          "them choose anyspec's methods (--methods target anyspec-slem)")
+
+
 def available(methods: list[str], vllm_python: str | Path | None = None,
               target: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The methods that can run here, and a note for each one skipped."""
@@ -179,6 +192,7 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
     prompts = [p for f in s.prompt_files for p in load_prompts(f)[:s.limit]]
     plan = check_pair(s.target, s.draft, s.dtype, s.draft_dtype, s.threads, kv_cache_dtype=s.kv_cache_dtype)
     also = [check_pair(s.target, s.draft, s.dtype, d, s.threads).draft_dtype for d in s.also_draft_dtypes]
+    check_guided(s.methods, prompts)
     methods, notes = available(s.methods, s.vllm_python, s.target)
     methods = with_draft_dtypes(methods, also)
     t = time.perf_counter()
@@ -302,7 +316,7 @@ def run_turn(ctx: BenchContext, method: str, prompt, p: dict) -> dict:
     its later ones keep the prefix the earlier turns left (``ctx.prefix_cache``)."""
     ctx.prefix_cache = "turns" in p and len(prompt) > len(p["prompt"])
     ctx.schema = p.get("schema")
-    if ctx.schema is not None and not method.startswith(("target", "anyspec")):
+    if ctx.schema is not None and not guided(method):  # check_guided refused it before the load
         raise ConfigError(f"{method} cannot follow a prompt's JSON schema; only anyspec's methods do")
     try:
         return run_method(ctx, method, prompt)
