@@ -101,7 +101,7 @@ def build_kernel():
     """The kernel, built on first use and then loaded from the cache; or why it could not be built."""
     build = build_folder("rowwise", kernel_flags())
     if not list(build.glob("*.so")):
-        print("anyspec: compiling its CPU kernel once (about a minute) ...", file=sys.stderr)
+        print("anyspec: compiling its CPU kernel once (a minute or two on 2 free cores) ...", file=sys.stderr)
     try:
         return compile_kernel("anyspec_rowwise", SOURCES, build, CSRC)
     except Exception as exc:  # no compiler, no ninja, ...: say why, the caller picks another kernel
