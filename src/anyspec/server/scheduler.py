@@ -108,6 +108,7 @@ class Scheduler:
                              drafts=(engine.draft,))
         self.cond = threading.Condition()
         self.stopping = False
+        self.draining = False  # new jobs are refused; those queued and running go on
         self.thread = threading.Thread(target=self.run, name="anyspec-worker", daemon=True)
 
     @property
@@ -140,7 +141,7 @@ class Scheduler:
     def submit(self, *jobs: Job) -> None:
         """Queue the jobs one after the other, all or none (``QueueFull``)."""
         with self.cond:
-            if self.stopping:
+            if self.stopping or self.draining:
                 raise ShuttingDown
             if len(self.pending) + len(jobs) > self.max_queue:
                 raise QueueFull

@@ -40,6 +40,10 @@ class Settings:
     allowed_origins: list[str] | None = flag(
         None, "answer CORS requests from this browser origin (repeatable; '*': any; default: none)",
         metavar="ORIGIN", action="append")
+    shutdown_timeout: float = flag(
+        30.0, "seconds the requests under way may take to finish after SIGTERM or Ctrl-C, new ones refused; "
+        "then they end with a 503 (a second signal ends them at once; 0: at once; default %(default)s)",
+        metavar="S")
     responses_store: int = flag(
         1024, "Responses API responses kept in memory, the most recent, for previous_response_id and GET "
         "/v1/responses/{id} (0: none; default %(default)s)", metavar="N")
@@ -56,6 +60,9 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds, got {value!r}")
+        wait = self.shutdown_timeout
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < float("inf"):
+            raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {wait!r}")
         if self.api_key is not None and (not self.api_key or not self.api_key.isprintable()
                                          or not self.api_key.isascii() or " " in self.api_key):
             raise ConfigError("--api-key must be printable ASCII without spaces (an HTTP header holds it)")
