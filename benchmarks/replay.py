@@ -35,7 +35,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import anyspec.engine.batch as batching
 import anyspec.engine.loop as loop
+from anyspec.algorithms.adaptive_k import confidence
 from anyspec.backends.load import load_model
 from anyspec.bench.prompts import DEFAULT_PROMPTS, load_prompts
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
@@ -55,39 +57,67 @@ def timed_forwards(model, log: list):
     model.forward = wrapper
 
 
+class Noting:
+    """A proposer that notes the draft tokens of the round it re-encodes to target ids."""
+
+    def __init__(self, proposer):
+        self.proposer, self.draft_ids = proposer, []
+
+    def __getattr__(self, name):
+        return getattr(self.proposer, name)
+
+    def to_target(self, ctx, draft_ids, limit):
+        self.draft_ids = list(draft_ids)
+        return self.proposer.to_target(ctx, draft_ids, limit)
+
+
 def record(engine: Engine, prompt, max_new_tokens: int, draft_log: list, target_log: list) -> dict:
     """One generation with the rounds it drafted: position, probabilities, prefixes' target ids,
-    the catch-up forward's seconds."""
-    rounds, probs, state = [], [], {"pos": 0}
-    proposer = engine.proposers["slem"]
-    sample, propose, verify = proposer.sample, loop.propose, loop.verify
+    the catch-up forward's seconds. It runs with the config's k every round (no k schedule)."""
+    rounds, state = [], {"pos": 0}
+    propose, verify = loop.propose, loop.verify
 
-    def sample_and_note(logits, *args):
-        token, q = sample(logits, *args)
-        probs.append(float(torch.softmax(logits.float(), dim=-1)[token]))
-        return token, q
-
-    def propose_and_note(proposer_, draft, ctx, k, *args):
-        probs.clear()
-        first = len(draft_log)
-        proposal = yield from propose(proposer_, draft, ctx, k, *args)
-        ids = list(proposal.qs)
-        rounds.append({"pos": state["pos"], "probs": list(probs),
-                       "prefixes": [proposer_.to_target(ctx, ids[:i], k) for i in range(1, len(ids) + 1)],
+    def propose_and_note(proposer, draft, ctx, k, *args):
+        """``loop.propose``, keeping the logits each of its draft forwards answered."""
+        first, replies, noting = len(draft_log), [], Noting(proposer)
+        steps, reply = propose(noting, draft, ctx, k, *args), None
+        while True:
+            try:
+                forward = steps.send(reply)
+            except StopIteration as done:
+                proposal = done.value
+                break
+            reply = yield forward
+            replies.append(reply[-1])
+        ids = noting.draft_ids
+        # each draft token is chosen from the last row of a forward: the first from the catch-up's,
+        # each next one from the forward that read the token before it
+        chose = replies[len(replies) - len(ids):]
+        probs = [confidence(logits, d, None, proposer.mask) for logits, d in zip(chose, ids, strict=True)]
+        rounds.append({"pos": state["pos"], "probs": probs,
+                       "prefixes": [proposer.to_target(ctx, ids[:i], k) for i in range(1, len(ids) + 1)],
                        "catch_up": draft_log[first][1] if len(draft_log) > first else 0.0})
         return proposal
 
     def verify_and_count(*args):
-        accepted, token = yield from verify(*args)
-        state["pos"] += len(accepted) + 1
-        return accepted, token
+        verified = yield from verify(*args)
+        state["pos"] += len(verified[0]) + 1  # the accepted tokens and the target's own
+        return verified
 
-    proposer.sample, loop.propose, loop.verify = sample_and_note, propose_and_note, verify_and_count
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    loop.propose, loop.verify = propose_and_note, verify_and_count
     try:
         first = len(target_log)
-        result = engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens))
+        steps = batching.alone(lambda batch: loop.speculative_generate(engine, prompt, greedy,
+                                                                       batch.meter(0)))
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                result = done.value
+                break
     finally:
-        proposer.sample, loop.propose, loop.verify = sample, propose, verify
+        loop.propose, loop.verify = propose, verify
     prefill = target_log[first][1]
     return {"rounds": rounds, "ids": result.token_ids, "decode": result.stats.total_seconds - prefill}
 
@@ -118,7 +148,7 @@ def record_runs(args) -> dict:
     timed_forwards(target, target_log)
     timed_forwards(draft, draft_log)
     config = SpeculativeConfig(num_speculative_tokens=args.k, algorithm="slem", draft_confidence=0, tree=0,
-                               prefix_cache=False)
+                               prefix_cache=False, ngram=0)
     spec, alone = Engine(target, draft, config), Engine(target, None, SpeculativeConfig(prefix_cache=False))
     for engine in (spec, alone):
         engine.generate("Hello", SamplingParams(max_new_tokens=4))
