@@ -22,34 +22,33 @@ from pathlib import Path
 
 import torch
 
+import anyspec.engine.loop as loop
 from anyspec.backends.load import load_model
+from anyspec.bench.prompts import load_prompts, prompt_file
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
-
-PROMPTS = Path(__file__).parent / "prompts"
 
 
 def prompts(kind: str, n: int) -> list[tuple[str, list[dict]]]:
-    rows = [json.loads(line) for line in (PROMPTS / f"{kind}.jsonl").read_text().splitlines() if line.strip()]
-    return [(row["id"], row["messages"]) for row in rows[:n]]
+    """The first ``n`` prompts of the set ``kind`` shipped with anyspec (or of a JSONL file)."""
+    return [(row["id"], row["prompt"]) for row in load_prompts(prompt_file(kind))[:n]]
 
 
 def run(engine: Engine, messages, params) -> tuple:
-    """Generate, logging what each round fed the target: [pending] + the proposed target ids."""
-    target = engine.target
-    calls: list[list[int]] = []
-    original = target.extend
+    """Generate, logging the target ids each round proposed to the target (its chain: ``loop.verify``
+    gets them as ``proposal.ids``)."""
+    proposals: list[list[int]] = []
+    verify = loop.verify
 
-    def logged(ids, last=None):
-        calls.append(list(ids))
-        return original(ids, last)
+    def logged(target, pending, proposal, *args):
+        proposals.append(list(proposal.ids))
+        return (yield from verify(target, pending, proposal, *args))
 
-    target.extend = logged
+    loop.verify = logged
     try:
         result = engine.generate(messages, params)
     finally:
-        del target.extend
-    rounds = calls[1:] if result.stats.prompt_tokens > 1 else calls
-    return result, [c[1:] for c in rounds]
+        loop.verify = verify
+    return result, proposals
 
 
 def main() -> None:
@@ -68,6 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*has no unk token.*")
+    chosen = {kind: prompts(kind, args.prompts) for kind in args.kinds.split(",")}
     target = load_model(args.target, dtype=args.dtype, name="target")
     draft = load_model(args.draft, dtype=args.dtype, name="draft")
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
@@ -78,8 +78,8 @@ def main() -> None:
     to_draft = engines[algorithms[0]].bridge.target_to_draft
     runs = []
     t_start = time.perf_counter()
-    for kind in args.kinds.split(","):
-        for name, messages in prompts(kind, args.prompts):
+    for kind, rows in chosen.items():
+        for name, messages in rows:
             base = Engine(target, None, SpeculativeConfig(prefix_cache=False)).generate(messages, params)
             row = {"kind": kind, "prompt": name, "run": "target-only", "tokens": len(base.token_ids),
                    "target_seconds": round(base.stats.target_seconds, 2), "text": base.text}
@@ -119,7 +119,7 @@ def main() -> None:
     print(json.dumps({"summary": summary}), flush=True)
     if args.out:
         result = {
-            "config": {"target": args.target, "draft": args.draft, "dtype": str(target.model.dtype),
+            "config": {"target": args.target, "draft": args.draft, "dtype": str(target.dtype),
                        "k": args.k, "max_new_tokens": args.max_new_tokens, "temperature": 0.0,
                        "draft_context": "retokenize", "threads": args.threads,
                        "prompts_per_kind": args.prompts, "machine": platform.machine(),

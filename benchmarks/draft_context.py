@@ -1,6 +1,6 @@
 """Acceptance with the draft reading its own tokenization (retokenize) vs vLLM's token map.
 
-    .venv/bin/python benchmarks/draft_context.py [--dtype fp32] [--k 4] [--max-new-tokens 64]
+    .venv/bin/python benchmarks/draft_context.py [--dtype fp32] [--k 4] [--max-new-tokens 64] [--threads 1]
 
 Runs the target alone, then TLI with each draft-context policy, on the first code and the first
 prose prompt; checks greedy outputs are identical and prints one JSON line per run.
@@ -11,17 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
-from pathlib import Path
+
+import torch
 
 from anyspec.backends.load import load_model
+from anyspec.bench.prompts import load_prompts, prompt_file
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
-
-PROMPTS = Path(__file__).parent / "prompts"
 
 
 def first_prompt(kind: str) -> tuple[str, list[dict]]:
-    row = json.loads((PROMPTS / f"{kind}.jsonl").read_text().splitlines()[0])
-    return row["id"], row["messages"]
+    """The first prompt of the set ``kind`` shipped with anyspec (or of a JSONL file)."""
+    row = load_prompts(prompt_file(kind))[0]
+    return row["id"], row["prompt"]
 
 
 def main() -> None:
@@ -34,16 +35,18 @@ def main() -> None:
     parser.add_argument("--kinds", default="code,prose")
     parser.add_argument("--contexts", default="retokenize,token-map")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*has no unk token.*")
+    chosen = {kind: first_prompt(kind) for kind in args.kinds.split(",")}
     target = load_model(args.target, dtype=args.dtype, name="target")
     draft = load_model(args.draft, dtype=args.dtype, name="draft")
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
-    for kind in args.kinds.split(","):
-        name, messages = first_prompt(kind)
+    for name, messages in chosen.values():
         base = None if args.no_baseline else Engine(target, None).generate(messages, params)
         if base is not None:
-            print(json.dumps({"prompt": name, "run": "target-only", "dtype": str(target.model.dtype),
+            print(json.dumps({"prompt": name, "run": "target-only", "dtype": str(target.dtype),
                               "tokens_per_second": round(base.stats.tokens_per_second, 3),
                               "tokens": len(base.token_ids)}), flush=True)
         for context in args.contexts.split(","):
@@ -51,7 +54,7 @@ def main() -> None:
             got = Engine(target, draft, config).generate(messages, params)
             s = got.stats
             print(json.dumps({
-                "prompt": name, "run": context, "k": args.k, "dtype": str(target.model.dtype),
+                "prompt": name, "run": context, "k": args.k, "dtype": str(target.dtype),
                 "identical_to_target_only": None if base is None else got.token_ids == base.token_ids,
                 "acceptance_rate": round(s.acceptance_rate, 3), "drafted": s.drafted,
                 "accepted": s.accepted, "rounds": s.rounds, "accepted_hist": s.accepted_hist,
