@@ -12,9 +12,11 @@ speculative round also rolls back; ``rollback_us`` is the cost of one step back.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -87,6 +89,10 @@ def run_xgrammar(tokenizer, vocab: int, schema: dict, ids: list[int]) -> dict:
     return dict(setup_s=setup, compile_s=compile_s, steps=steps, rollback_us=back * 1e6)
 
 
+LIBRARIES = {"llguidance": "pip install 'llguidance>=1.9,<2' (anyspec's server extra)",
+             "xgrammar": "pip install xgrammar (docs/structured.md: 0.2.9)"}
+
+
 def main() -> None:
     from anyspec.models import gguf_path
     from anyspec.vocab import load_tokenizer
@@ -95,6 +101,11 @@ def main() -> None:
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    for library, install in LIBRARIES.items():
+        if importlib.util.find_spec(library) is None:
+            print(f"grammar_mask.py: {library} is not installed, and this compares llguidance with xgrammar: "
+                  f"{install}", file=sys.stderr)
+            raise SystemExit(2)
     torch.set_num_threads(1)
     tokenizer = load_tokenizer(gguf_path(args.target))
     vocab = len(tokenizer)

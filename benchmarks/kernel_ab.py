@@ -34,6 +34,29 @@ ROOT = Path(__file__).resolve().parent.parent
 CSRC = "src/anyspec/backends/csrc"
 
 
+def check_base(revision: str) -> None:
+    """Exit with a one-line error (status 2) unless git can read the kernel's sources at ``revision``
+    in the checkout this script belongs to."""
+    def fail(problem: str) -> None:
+        print(f"kernel_ab.py: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+    def git(*args: str) -> bool:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True).returncode == 0
+
+    try:
+        inside = git("rev-parse", "--is-inside-work-tree")
+    except FileNotFoundError:
+        fail("git is not installed; --base is a git revision whose kernel sources it reads")
+    if not inside:
+        fail(f"{ROOT} is not a git checkout, and --base is a git revision: run this script from a clone "
+             "of anyspec")
+    if not git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"):
+        fail(f"--base {revision}: no such revision in {ROOT}")
+    if not git("cat-file", "-e", f"{revision}:{CSRC}"):
+        fail(f"--base {revision} has no {CSRC} to build")
+
+
 def build_at(revision: str, into: Path):
     """The kernel as it was at ``revision``, compiled under another module name."""
     from anyspec.backends.build import compile_kernel
@@ -65,6 +88,7 @@ def main() -> None:
     ap.add_argument("--generate", type=int, default=0, metavar="N", help="time generations of N tokens")
     ap.add_argument("--limit", type=int, default=2, help="prompts of each set, with --generate")
     args = ap.parse_args()
+    check_base(args.base)
     torch.set_num_threads(args.threads)
     from anyspec.backends.gguf import GGUFModel
     from anyspec.backends.load import load_model
