@@ -324,3 +324,57 @@ def test_an_interrupt_is_said_on_a_line_of_its_own(monkeypatch, capsys, written,
     monkeypatch.setattr(generate, "run", cut_short)
     assert main(["generate", "--prompt", "x"]) == 130
     assert capsys.readouterr() == (written, err)
+
+
+# ---- damaged model folders and files: one line before anything loads --------------------------------
+
+def _copy_folder(source: Path, to: Path) -> Path:
+    to.mkdir()
+    for f in source.iterdir():
+        (to / f.name).write_bytes(f.read_bytes())
+    return to
+
+
+@pytest.mark.parametrize("damage", ["cut", "noise", "model_type"])
+def test_a_damaged_model_folder_is_one_line_before_loading(no_loading, capsys, tmp_path, folders, damage):
+    folder = _copy_folder(Path(folders[0]), tmp_path / "target")
+    weights = next(folder.glob("*.safetensors"))
+    if damage == "cut":
+        weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    elif damage == "noise":
+        weights.write_bytes(os.urandom(4096))
+    else:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"model_type": "bogusformer"}))
+    says = "model_type 'bogusformer' is not a model transformers" if damage == "model_type" else (
+        f"{weights} is truncated or damaged")
+    one_line_error(capsys, ["generate", "--target", str(folder), "--no-draft", "--prompt", "hi"], says)
+
+
+def test_a_folder_transformers_refuses_while_loading_is_one_line(capsys, tmp_path, folders):
+    """What only the load finds (a weight of another shape than the config says): one line."""
+    folder = _copy_folder(Path(folders[0]), tmp_path / "target")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"hidden_size": config["hidden_size"] * 2}))
+    argv = ["generate", "--target", str(folder), "--no-draft", "--prompt", "hi", "--dtype", "fp32",
+            "--threads", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # after transformers' own progress bar
+    assert err.splitlines()[-1].startswith(f"anyspec generate: error: could not load model {folder}: ")
+    assert "Traceback" not in err
+
+
+def test_a_gguf_of_a_known_architecture_without_its_attention_metadata_is_refused(no_loading, capsys,
+                                                                                  tmp_path):
+    """A damaged header of an architecture the kernels run is a damaged file: no de-quantized
+    fallback through transformers."""
+    from test_gguf import write_gguf
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path)
+    data = path.read_bytes()
+    key = b"llama.attention.head_count"
+    assert data.count(key) == 1
+    path.write_bytes(data.replace(key, key[:-1] + b"X"))
+    one_line_error(capsys, ["generate", "--target", str(path), "--no-draft", "--prompt", "hi"],
+                   "is inconsistent: missing attention metadata")

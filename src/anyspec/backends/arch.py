@@ -91,6 +91,9 @@ class Description:
     notes: list[str] = field(default_factory=list)
 
 
+MISSING_METADATA = "missing attention metadata (head_count, embedding_length, block_count)"
+
+
 def field_of(reader, key: str, default=None):
     f = reader.fields.get(key)
     if f is None:
@@ -116,7 +119,7 @@ def arch_problem(reader) -> str | None:
         return f"rope scaling {scaling}"
     heads, dim = meta("attention.head_count"), meta("embedding_length")
     if not isinstance(heads, int) or not heads or not dim or not meta("block_count"):
-        return "missing attention metadata (head_count, embedding_length, block_count)"
+        return MISSING_METADATA
     head_dim = meta("attention.key_length", dim // heads)
     if meta("attention.value_length", head_dim) != head_dim:
         return "keys and values of different lengths"

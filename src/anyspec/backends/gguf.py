@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from anyspec.backends.arch import (
+    MISSING_METADATA,
     arch_problem,
     describe,
     field_of,
@@ -71,10 +72,11 @@ def check_consistent(path: Path) -> None:
 
 
 def broken_problem(reader) -> str | None:
-    """A tensor that an architecture of the table needs and the file lacks, or one whose shape
-    contradicts the metadata (None: all there and consistent, or an architecture the table lacks)."""
-    if arch_problem(reader):
-        return None
+    """A tensor that an architecture of the table needs and the file lacks, one whose shape
+    contradicts the metadata, or metadata such an architecture cannot go without (None: all there and
+    consistent, or an architecture the table lacks)."""
+    if problem := arch_problem(reader):
+        return problem if problem == MISSING_METADATA else None
     d = describe(reader, lambda name: None)
     names = {t.name for t in reader.tensors}
     for i in range(d.n_layers):

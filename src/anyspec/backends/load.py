@@ -139,6 +139,8 @@ def check_model_path(spec: str, allow_download: bool = False) -> None:
             from anyspec.backends.gguf import read_gguf
 
             read_gguf(source)  # a truncated or foreign file: one line now, not a traceback later
+        elif path.is_dir():
+            check_folder(path)
         return
     if spec in builtin_names():
         return
@@ -146,6 +148,29 @@ def check_model_path(spec: str, allow_download: bool = False) -> None:
     if looks_like_path or not allow_download:
         raise ConfigError(f"model {spec} not found: give a model folder, a .gguf file or a built-in name "
                           f"({', '.join(builtin_names())})")
+
+
+def check_folder(path: Path) -> None:
+    """A transformers model folder, read before anything loads: its ``config.json`` names a model
+    type this transformers knows (or brings its own code), and each safetensors file's header holds
+    together with the file's size."""
+    from safetensors import SafetensorError, safe_open
+    from transformers import CONFIG_MAPPING, __version__
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path / 'config.json'} cannot be read as JSON: {exc}") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if isinstance(config, dict) and "auto_map" not in config and kind not in CONFIG_MAPPING:
+        raise ConfigError(f"{path}: model_type {kind!r} is not a model transformers {__version__} knows")
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(weights, "pt"):
+                pass
+        except (OSError, SafetensorError) as exc:
+            raise ConfigError(f"{weights} is truncated or damaged ({str(exc).splitlines()[0]}); convert or "
+                              "download it again") from None
 
 
 def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = "cpu",
@@ -219,8 +244,11 @@ def load_transformers(spec: str, dtype: str, device: str, trust_remote_code: boo
             source = spec
             tokenizer = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(device)
-    except OSError as exc:
-        raise ConfigError(f"could not load model {spec}: {str(exc).splitlines()[0]}") from None
+    except ConfigError:
+        raise
+    except Exception as exc:  # transformers' and safetensors' own errors on a folder or file they refuse
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"could not load model {spec}: {type(exc).__name__}: {first}") from None
     if device == "cpu" and swap_cpu_kernels(model, dtype) in ("int8", "bf16"):
         from anyspec.backends.lean import LeanModel, lean_unsupported
 
