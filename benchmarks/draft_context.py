@@ -50,7 +50,7 @@ def main() -> None:
                               "tokens_per_second": round(base.stats.tokens_per_second, 3),
                               "tokens": len(base.token_ids)}), flush=True)
         for context in args.contexts.split(","):
-            config = SpeculativeConfig(num_speculative_tokens=args.k, draft_context=context)
+            config = SpeculativeConfig(algorithm="tli", num_speculative_tokens=args.k, draft_context=context)
             got = Engine(target, draft, config).generate(messages, params)
             s = got.stats
             print(json.dumps({
