@@ -378,3 +378,19 @@ def test_a_gguf_of_a_known_architecture_without_its_attention_metadata_is_refuse
     path.write_bytes(data.replace(key, key[:-1] + b"X"))
     one_line_error(capsys, ["generate", "--target", str(path), "--no-draft", "--prompt", "hi"],
                    "is inconsistent: missing attention metadata")
+
+
+def test_version_and_a_non_utf8_system_message(capsys, no_loading):
+    import anyspec
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"anyspec {anyspec.__version__}\n"
+    one_line_error(capsys, ["chat", "--system", "caf\udce9"], "--system is not valid UTF-8 text")
+
+
+def test_library_threads_of_another_type_say_so():
+    import anyspec
+
+    with pytest.raises(ConfigError, match="threads must be an integer .*got '2'"):
+        anyspec.load(threads="2")

@@ -97,6 +97,20 @@ def metric(url: str, path: str, status: int) -> float:
     return float(line.split()[-1]) if line else 0.0
 
 
+def test_metrics_count_the_responses_and_models_routes_by_their_templates(strict_server):
+    """A stored response's GET, its input_items and a model's GET are counted under their routes
+    (ids in braces), apart from unknown paths."""
+    url = strict_server
+    labels = ("/v1/responses/{id}", "/v1/responses/{id}/input_items", "/v1/models/{model}")
+    before, others = [metric(url, label, 404) for label in labels], metric(url, "other", 404)
+    for path in ("/v1/responses/resp_1", "/v1/responses/resp_2/input_items", "/v1/models/nothing"):
+        assert httpx.get(url + path).status_code == 404
+    after = [metric(url, label, 404) for label in labels]
+    assert after == [b + 1 for b in before] and metric(url, "other", 404) == others
+    httpx.get(url + "/no/such/route")
+    assert metric(url, "other", 404) == others + 1
+
+
 def test_a_client_that_hangs_up_mid_body_is_not_a_500(strict_server):
     import socket
     import time

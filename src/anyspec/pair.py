@@ -44,7 +44,9 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
     """The pair to load, every option checked; ``chat_template``: a file, or a template's text."""
     from anyspec.backends import load as backend
 
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+        raise ConfigError(f"threads must be an integer (None: torch's choice), got {threads!r}")
+    if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {threads}")
     cpus = os.cpu_count() or 1
     if threads is not None and threads > cpus:

@@ -8,6 +8,7 @@ import signal
 import sys
 import warnings
 
+from anyspec import __version__
 from anyspec.cli import analyze, bench, chat, demo, generate, models, serve
 from anyspec.cli.options import check_cache_dir, check_switches
 from anyspec.errors import AnyspecError
@@ -23,6 +24,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="anyspec", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"anyspec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (analyze, generate, chat, models, bench, demo, serve):
         command.add_parser(sub)  # each sets func=run(args)

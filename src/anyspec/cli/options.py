@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from anyspec.config import SamplingParams, SpeculativeConfig, check_alone, check_prompt
+from anyspec.config import SamplingParams, SpeculativeConfig, check_alone, check_text
 from anyspec.errors import ConfigError
 from anyspec.pair import PairPlan, check_pair
 
@@ -138,7 +138,7 @@ def check_prompt_text(text: str, option: str = "--prompt") -> None:
     if not text.strip():
         raise ConfigError(f"the prompt is empty; pass some text with {option}" if option == "--prompt"
                           else f"{option} is empty; pass some text or leave it out")
-    check_prompt(text)
+    check_text(text, "the prompt" if option == "--prompt" else option)
 
 
 def output_path(path: Path, option: str) -> Path:

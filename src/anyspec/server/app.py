@@ -71,6 +71,21 @@ ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messa
           "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize")
 
 
+def route_label(path: str) -> str:
+    """A request's path as /metrics counts it: a route, its id in braces, or ``other`` (unknown
+    paths, so that no client can make the labels grow)."""
+    if path in ROUTES:
+        return path
+    parts = path.split("/")[1:]  # "/v1/models/m": ["v1", "models", "m"]
+    if parts[:2] == ["v1", "responses"] and len(parts) == 3:
+        return "/v1/responses/{id}"
+    if parts[:2] == ["v1", "responses"] and len(parts) == 4 and parts[3] == "input_items":
+        return "/v1/responses/{id}/input_items"
+    if parts[:2] == ["v1", "models"] and len(parts) == 3:
+        return "/v1/models/{model}"
+    return "other"
+
+
 async def next_event(job: Job, request, deadline: float | None = None):
     """The job's next event; raises ClientGone on a disconnect (checked every 0.25 s), TimeoutError
     past ``deadline``."""
@@ -150,7 +165,7 @@ def count_requests(app, metrics: Metrics):
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
-        path = scope["path"] if scope["path"] in ROUTES else "other"
+        path = route_label(scope["path"])
 
         started = False
 
