@@ -394,3 +394,5 @@ def test_library_threads_of_another_type_say_so():
 
     with pytest.raises(ConfigError, match="threads must be an integer .*got '2'"):
         anyspec.load(threads="2")
+    with pytest.raises(ConfigError, match="threads must be an integer .*got '2'"):
+        anyspec.generate("hi", threads="2")

@@ -151,6 +151,13 @@ def test_a_schema_too_large_to_compile_in_bounded_time_is_refused(grammars, tok_
         frugal.json(many, "s")
 
 
+def test_an_answers_statistics_count_prompt_lookups_tokens_beside_the_drafts():
+    stats = Stats(algorithm="slem", rounds=5, drafted=6, accepted=3, generated=20, ngram_proposed=12,
+                  ngram_accepted=10)
+    out = full_response({}, False, [Outcome("x", "length", 20, 30, stats, True)])["anyspec"]
+    assert (out["drafted"], out["accepted"], out["ngram_proposed"], out["ngram_accepted"]) == (6, 3, 12, 10)
+
+
 def test_tool_call_blocks_are_read_into_openai_calls():
     text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
             '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')

@@ -157,9 +157,11 @@ def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | 
 def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGET,
              draft: str | os.PathLike | None = DEFAULT_DRAFT, config: SpeculativeConfig | None = None,
              params: SamplingParams | None = None, dtype: str | None = None,
-             on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None):
+             on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None,
+             threads: int | None = None):
     """One call: load the models (built-in names, folders or GGUF files) and generate."""
     params = given(params, SamplingParams, "params")
     check_prompt(prompt)
-    check_new_tokens(check_pair(target, draft, dtype, draft_dtype), params.max_new_tokens, "max_new_tokens")
-    return load(target, draft, config, dtype, draft_dtype).generate(prompt, params, on_text=on_text)
+    plan = check_pair(target, draft, dtype, draft_dtype, threads)
+    check_new_tokens(plan, params.max_new_tokens, "max_new_tokens")
+    return load(target, draft, config, dtype, draft_dtype, threads).generate(prompt, params, on_text=on_text)

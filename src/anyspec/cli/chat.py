@@ -81,9 +81,12 @@ def run(args) -> int:
         print()
         messages += [{"role": "user", "content": line}, {"role": "assistant", "content": text}]
         stopped = "stopped; " if finish == "abort" else ""
-        print(f"[{stopped}{stats.generated} tokens, {stats.tokens_per_second:.1f} tok/s, acceptance "
-              f"{stats.acceptance_rate:.0%}, prompt {stats.prompt_tokens} tokens ({stats.prompt_cached} "
-              f"cached), first token {stats.first_token_seconds:.2f} s]", file=sys.stderr)
+        lookup = (f", lookup accepted {stats.ngram_accepted}/{stats.ngram_proposed}"
+                  if stats.ngram_proposed else "")
+        print(f"[{stopped}{stats.generated} token{'s' * (stats.generated != 1)}, "
+              f"{stats.tokens_per_second:.1f} tok/s, acceptance {stats.acceptance_rate:.0%}{lookup}, prompt "
+              f"{stats.prompt_tokens} tokens ({stats.prompt_cached} cached), first token "
+              f"{stats.first_token_seconds:.2f} s]", file=sys.stderr)
     return 0
 
 

@@ -32,6 +32,7 @@ def choice_stats(outcome: Outcome) -> dict:
         s = outcome.stats
         out.update(acceptance_rate=s.acceptance_rate, mean_accepted_length=s.mean_accepted_length,
                    drafted=s.drafted, accepted=s.accepted, rounds=s.rounds, draft_fallbacks=s.draft_fallbacks,
+                   ngram_proposed=s.ngram_proposed, ngram_accepted=s.ngram_accepted,
                    tokens_per_second=s.tokens_per_second, seconds=s.total_seconds)
         if s.seed is not None:
             out["seed"] = s.seed
