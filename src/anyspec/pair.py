@@ -145,13 +145,7 @@ def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | 
          threads: int | None = None):
     """An ``Engine`` over the two models (built-in names, folders or GGUF files; ``draft=None``: the
     target alone), every option checked before anything loads."""
-    from anyspec.engine import Engine
-
-    config = given(config, SpeculativeConfig, "config")  # before anything loads
-    if draft is None:
-        check_alone(config)
-    pair = load_pair(check_pair(target, draft, dtype, draft_dtype, threads))
-    return Engine(pair.target, pair.draft, config)
+    return _engine(*_checked(target, draft, config, dtype, draft_dtype, threads))
 
 
 def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGET,
@@ -162,6 +156,21 @@ def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGE
     """One call: load the models (built-in names, folders or GGUF files) and generate."""
     params = given(params, SamplingParams, "params")
     check_prompt(prompt)
-    plan = check_pair(target, draft, dtype, draft_dtype, threads)
+    config, plan = _checked(target, draft, config, dtype, draft_dtype, threads)
     check_new_tokens(plan, params.max_new_tokens, "max_new_tokens")
-    return load(target, draft, config, dtype, draft_dtype, threads).generate(prompt, params, on_text=on_text)
+    return _engine(config, plan).generate(prompt, params, on_text=on_text)
+
+
+def _checked(target, draft, config, dtype, draft_dtype, threads) -> tuple[SpeculativeConfig, PairPlan]:
+    """``load``'s options checked, the config first: the config and the pair to load."""
+    config = given(config, SpeculativeConfig, "config")
+    if draft is None:
+        check_alone(config)
+    return config, check_pair(target, draft, dtype, draft_dtype, threads)
+
+
+def _engine(config: SpeculativeConfig, plan: PairPlan):
+    from anyspec.engine import Engine
+
+    pair = load_pair(plan)
+    return Engine(pair.target, pair.draft, config)

@@ -98,7 +98,7 @@ def run(args) -> int:
         then, or at a second signal, the worker ends the rest (a 503, an error event) and returns,
         and the HTTP server has 5 s more to send those."""
         if scheduler.draining:
-            end()
+            return end()
         scheduler.draining = server.should_exit = True
         timer = threading.Timer(settings.shutdown_timeout, end)
         timer.daemon = True
