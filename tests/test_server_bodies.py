@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from live_server import BODY_LIMIT, BODY_TIMEOUT, OK, assert_error  # noqa: E402
+from live_server import BODY_LIMIT, BODY_TIMEOUT, CHAT_OK, OK, assert_error  # noqa: E402
 
 
 def test_invalid_json(post):
@@ -145,3 +145,13 @@ def test_a_body_that_stalls_is_a_408_after_the_timeout(strict_server):
         waited = time.monotonic() - t
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert BODY_TIMEOUT - 0.5 < waited < BODY_TIMEOUT + 10
+
+
+def test_fields_nothing_reads_are_named_in_the_log(post, caplog):
+    """A misspelt field changes nothing in the answer; the server's log names it, and only it."""
+    with caplog.at_level("WARNING", logger="anyspec.server"):
+        assert post("/v1/completions", json=OK | {"max_token": 5, "top_k": 3}).status_code == 200
+        assert post("/v1/chat/completions", json=CHAT_OK | {"seed": 1, "logprobs": True}).status_code == 200
+    warned = [r.getMessage() for r in caplog.records if r.name == "anyspec.server"]
+    assert warned == ["/v1/completions: ignored the request's fields 'max_token': this server does not "
+                      "read them"]

@@ -30,7 +30,8 @@ Request extensions: ``top_k``, ``min_p``, ``typical_p``, ``top_n_sigma``, ``spec
 Responses carry ``anyspec: {speculative, acceptance_rate, mean_accepted_length, ...}``. Fields the
 server cannot honour (``functions``, ``best_of``, ...) answer 400, as do other servers' sampling
 fields (``repeat_penalty``, ``mirostat``, ``dry_multiplier``, ...) unless their value changes
-nothing; other unknown fields are ignored.
+nothing; other fields it does not read are ignored, each request's named in a warning in the
+server's log.
 ``response_format`` (``json_object``, ``json_schema``) and ``tools``/``tool_choice`` constrain the
 answer by a grammar compiled against the target's tokenizer (``structured.py``, ``engine/grammar.py``).
 Chat roles are ``system``, ``user``, ``assistant`` and ``tool``; message contents are read as plain
@@ -52,6 +53,7 @@ import asyncio
 import contextlib
 import copy
 import functools
+import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +68,8 @@ from anyspec.server.protocol import Parsed, parse_request
 from anyspec.server.routes import add_info_routes, add_token_routes, read_json, require_key
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
 from anyspec.server.settings import Settings
+
+log = logging.getLogger("anyspec.server")
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
           "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize")
@@ -238,6 +242,9 @@ async def generate(request, chat: bool, api, parse, settings: Settings, schedule
     except ClientGone:  # hung up before the body ended
         return Response(status_code=499)
     parsed = await parse(body, chat, api)
+    if parsed.ignored:
+        log.warning("%s: ignored the request's fields %s: this server does not read them",
+                    request.url.path, ", ".join(repr(name) for name in parsed.ignored))
     jobs, n, read_calls = choice_jobs(parsed, settings.queue_size), parsed.n, parsed.structure.read_calls
     if (cached := await admit(jobs, request, scheduler, settings, metrics)) is None:
         return Response(status_code=499)

@@ -20,6 +20,30 @@ class ClientGone(Exception):
     pass
 
 
+class Body(dict):
+    """A request's JSON object that remembers which fields were looked at: the others are fields
+    this server ignores (a typo such as ``max_token`` among them)."""
+
+    def __init__(self, body: dict):
+        super().__init__(body)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+    def ignored(self) -> list[str]:
+        return sorted(set(self) - self.read)
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     kind = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
     kind = kind.get(status, "invalid_request_error")

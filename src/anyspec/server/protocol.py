@@ -14,7 +14,7 @@ from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
 from anyspec.server.chat import continued, template_kwargs
-from anyspec.server.fields import ApiError, body_field, checked_text, number
+from anyspec.server.fields import ApiError, Body, body_field, checked_text, number
 from anyspec.server.structured import (
     Structure,
     StructuredError,
@@ -54,6 +54,7 @@ class Parsed:
     structure: Structure  # response_format, tools and tool_choice
     n: int = 1  # choices per prompt: choice i is sampled with seed + i (mod 2**64)
     echo: bool = False  # completions: each choice's text (and logprobs) begins with its prompt's
+    ignored: list[str] = dataclasses.field(default_factory=list)  # fields nothing here reads
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice i's sampling: the request's, with seed + i where a seed was given (none: each
@@ -260,6 +261,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     ``max_prompt_tokens``: the server's cap on one request's prompt (None: the context only);
     ``grammars()``: the compiler of ``response_format`` and ``tools`` (``engine.grammar.Grammars``);
     ``vocab_size``: the target's, which ``logit_bias`` keys stay below."""
+    body = Body(body) if isinstance(body, dict) else body
     check_model(body, model_name)
     n = body_field(body, "n", (int,), 1)
     if not 1 <= n <= MAX_CHOICES:
@@ -328,7 +330,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                                 prompt_logprobs=logprobs if echo else None, grammar=wanted.grammar)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
-    return Parsed(prompts, params, stream, include_usage, speculative, wanted, n, echo)
+    return Parsed(prompts, params, stream, include_usage, speculative, wanted, n, echo, body.ignored())
 
 
 def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None, context: int | None,
