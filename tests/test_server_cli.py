@@ -14,6 +14,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from anyspec import cli, models  # noqa: E402
+from anyspec.errors import ConfigError  # noqa: E402
 from anyspec.fetch import FetchError  # noqa: E402
 
 
@@ -226,6 +227,10 @@ def test_serve_api_key_and_origins_reach_the_settings(monkeypatch):
     assert settings().api_key is None and settings().allowed_origins is None
     got = settings("--api-key", "sk-1", "--allowed-origins", "http://a.example", "--allowed-origins", "*")
     assert got.api_key == "sk-1" and got.allowed_origins == ["http://a.example", "*"]
+    for origin in ("", "localhost:3000", "http://a.example/", "http://a.example/app"):  # never a match
+        with pytest.raises(ConfigError, match="--allowed-origins takes"):
+            settings("--allowed-origins", origin)
+    assert settings("--allowed-origins", "http://localhost:3000").allowed_origins == ["http://localhost:3000"]
     monkeypatch.setenv("ANYSPEC_API_KEY", "sk-env")
     assert settings().api_key == "sk-env" and settings("--api-key", "sk-2").api_key == "sk-2"
     monkeypatch.setenv("ANYSPEC_API_KEY", "")  # exported empty, as templates do: no key

@@ -4,6 +4,7 @@ command line can read it before anything loads."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from anyspec.config import MAX_BATCH, flag
@@ -66,3 +67,7 @@ class Settings:
         if self.api_key is not None and (not self.api_key or not self.api_key.isprintable()
                                          or not self.api_key.isascii() or " " in self.api_key):
             raise ConfigError("--api-key must be printable ASCII without spaces (an HTTP header holds it)")
+        for origin in self.allowed_origins or ():  # as a browser's Origin header gives it, to match
+            if origin != "*" and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s]+", origin):
+                raise ConfigError(f"--allowed-origins takes '*' or an origin, a scheme and a host without a "
+                                  f"path (http://localhost:3000), got {origin!r}")
