@@ -411,3 +411,36 @@ def test_with_tool_choice_auto_text_is_free_and_an_opened_call_is_held_to_its_sc
     assert auto.rows(Proposal(text))[0].ids == []  # inside the call, no free text
     required = grammars.tool_calls([AUTO_WEATHER], one=True, field="tools").start(Stats())
     assert required.rows(Proposal(text))[0].ids == []
+
+
+def test_parallel_calls_may_end_after_the_newline_the_model_writes(pair):
+    """Qwen2.5 writes ``</tool_call>`` then a newline then the end of its turn; with parallel calls
+    allowed that newline may still end the answer, or open another call."""
+    from anyspec.engine.grammar import Grammars
+    from anyspec.engine.proposers import Proposal
+    from anyspec.engine.stats import Stats
+
+    tok = pair[0].tokenizer
+    grammars = Grammars(tok, pair[0].vocab_size, {tok.eos_token_id})
+    opener, closer = (tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>"))
+    call = [opener, *tok.encode('\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n',
+                                add_special_tokens=False), closer]
+    newline = tok.encode("\n", add_special_tokens=False)
+    for one in (False, True):
+        calls = grammars.tool_calls([AUTO_WEATHER], one=one, field="tools").start(Stats())
+        proposal, masks = calls.rows(Proposal(call + newline))
+        assert proposal.ids == call + newline
+        last = masks[len(proposal.ids)]
+        assert (int(last[tok.eos_token_id >> 5]) >> (tok.eos_token_id & 31)) & 1
+        assert bool((int(last[opener >> 5]) >> (opener & 31)) & 1) is not one
+
+
+def test_required_calls_end_where_the_model_ends_them(client):
+    """``tool_choice: "required"`` with parallel calls allowed (the default): one question, one
+    call, and the answer ends there, as the model ends it."""
+    choice = client.chat.completions.create(
+        model="tiny-qwen2", messages=[{"role": "user", "content": "What is the weather in Paris right now?"}],
+        tools=[WEATHER, TIME], tool_choice="required", max_tokens=200, temperature=0).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = [(c.function.name, json.loads(c.function.arguments)["city"]) for c in choice.message.tool_calls]
+    assert calls == [("get_weather", "Paris")]

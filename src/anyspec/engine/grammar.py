@@ -82,8 +82,10 @@ class Grammars:
             raise GrammarError(f"The function parameters in '{field}' are {len(body)} bytes as JSON; at "
                                f"most {MAX_SCHEMA_BYTES} are compiled.", field)
         marks = [self.tokenizer.convert_tokens_to_ids(t) for t in (TOOL_OPEN, TOOL_CLOSE)]
-        more = "" if one else ' ("\\n" call)*'
-        start = f"start: TEXT (call{more})?\nTEXT: /(?s:.*)/\n" if text else f"start: call{more}\n"
+        # Qwen2.5 ends its last call with a newline before the end of its turn: without the "\n"?
+        # that newline could only open another call
+        rule = ("call" if one else 'call ("\\n" call)*') + ' "\\n"?'
+        start = f"start: TEXT ({rule})?\nTEXT: /(?s:.*)/\n" if text else f"start: {rule}\n"
         lark = (start + f'call: <[{marks[0]}]> "\\n" body "\\n" <[{marks[1]}]>\n'
                 f"body: %json {body}\n")
         return self._compile(_llguidance().LLMatcher.grammar_from_lark(lark), field)
