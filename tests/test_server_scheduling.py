@@ -198,3 +198,31 @@ def test_a_request_cancelled_during_a_long_prefill_stops_after_that_chunk(engine
         scheduler.stop()
     assert n > 100 and rows == [16]
     assert scheduler.metrics.generations["cancelled"] == 1
+
+
+def test_a_burst_takes_the_free_slots_before_queue_places():
+    """Requests that arrive together at an idle batched server: as many as there are free slots start
+    at the next pass and do not count as waiting; ``queue_size`` more may wait, and only beyond both
+    is the answer 429."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from anyspec.server.metrics import Metrics
+    from anyspec.server.scheduler import Job, QueueFull, Scheduler
+
+    scheduler = Scheduler(SimpleNamespace(batchable=True, draft=None), max_queue=2, generation_timeout=60,
+                          metrics=Metrics(), max_batch=4)
+    loop = asyncio.new_event_loop()
+    jobs = [Job("hi", SamplingParams(), True, 1, loop) for _ in range(7)]
+    for i, job in enumerate(jobs[:6]):
+        scheduler.submit(job)
+        assert scheduler.depth == max(0, i - 3)
+    with pytest.raises(QueueFull):
+        scheduler.submit(jobs[6])
+    scheduler.running[scheduler.pending.popleft()] = None  # one runs, one is taken from the queue and
+    scheduler.pending.popleft()  # not yet running: two slots stay open for the four still queued
+    scheduler.joining = 1
+    assert scheduler.depth == 2
+    with pytest.raises(QueueFull):
+        scheduler.submit(jobs[6])
+    loop.close()

@@ -109,11 +109,16 @@ class Scheduler:
         self.cond = threading.Condition()
         self.stopping = False
         self.draining = False  # new jobs are refused; those queued and running go on
+        self.joining = 0  # jobs taken from the queue, not yet running
         self.thread = threading.Thread(target=self.run, name="anyspec-worker", daemon=True)
 
     @property
     def depth(self) -> int:
-        return len(self.pending)
+        """Jobs that wait for a slot: those queued beyond the slots the next pass gives them."""
+        return max(0, len(self.pending) - self._open_slots())
+
+    def _open_slots(self) -> int:
+        return self.max_batch - len(self.running) - self.joining
 
     @property
     def free(self) -> list[tuple]:
@@ -143,7 +148,7 @@ class Scheduler:
         with self.cond:
             if self.stopping or self.draining:
                 raise ShuttingDown
-            if len(self.pending) + len(jobs) > self.max_queue:
+            if len(self.pending) + len(jobs) > self.max_queue + self._open_slots():
                 raise QueueFull
             self.pending.extend(jobs)
             self.cond.notify()
@@ -194,6 +199,7 @@ class Scheduler:
                     job = self.pending.popleft()
                     (later if self._waits_for_prefix(job, joining) else joining).append(job)
                 self.pending.extendleft(reversed(later))
+                self.joining = len(joining)
             for job in joining:
                 try:
                     ids = self._ids(job)
@@ -201,6 +207,7 @@ class Scheduler:
                     self._on_error(job, exc)
                 else:
                     self.driver.admit(job, ids)
+                self.joining -= 1
             self._retire_cancelled()
             self.metrics.add_pass(len(self.driver), self.driver.step())
 
