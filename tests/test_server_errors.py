@@ -215,6 +215,18 @@ def test_logprobs_come_with_each_token(post, path):
         assert lp["text_offset"][0] == 0
 
 
+@pytest.mark.parametrize("count", [0, 1])
+def test_completions_top_logprobs_hold_the_chosen_token(post, count):
+    """OpenAI's legacy API always adds the chosen token to ``top_logprobs``: ``logprobs`` + 1 entries
+    where a sampled token is not among the likeliest (tiny random models sample many such)."""
+    r = post("/v1/completions", json=OK | {"logprobs": count, "max_tokens": 12, "temperature": 1.5,
+                                           "seed": 3})
+    lp = r.json()["choices"][0]["logprobs"]
+    for token, x, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        assert top[token] == x and len(top) <= count + 1
+    assert any(len(top) == count + 1 for top in lp["top_logprobs"])
+
+
 def test_chat_template_refusing_messages_is_a_400():
     """A template that raises (as many do on an unknown role) is the request's fault, not a crash."""
     from jinja2 import TemplateError

@@ -214,9 +214,16 @@ def logprobs_json(chat: bool, entries: list, at: int = 0) -> tuple[dict, int]:
         at += len(_token(b))
     return {"tokens": [_token(b) for b, _, _ in entries],
             "token_logprobs": [lp for _, lp, _ in entries],
-            "top_logprobs": [None if top is None else {_token(t): x for t, x in top}
-                             for _, _, top in entries],
+            "top_logprobs": [None if top is None else _top_with(b, lp, top) for b, lp, top in entries],
             "text_offset": offsets}, at
+
+
+def _top_with(spelled: bytes, logprob: float, top: list) -> dict:
+    """Completions' likeliest tokens and, as OpenAI's legacy API always adds it, the chosen one
+    (``logprobs`` + 1 entries where it is not among them)."""
+    out = {_token(t): x for t, x in top}
+    out.setdefault(_token(spelled), logprob)
+    return out
 
 
 def logprobs_field(chat: bool, outcome: Outcome, echo: bool = False) -> dict | None:
