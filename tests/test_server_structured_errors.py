@@ -39,6 +39,9 @@ def schema_format(schema) -> dict:
     ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": {"type": "function", "function": {
         "name": "g"}}}, "tool_choice.function.name", "invalid_value", "'g', which is not in 'tools' (f)"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice", "invalid_value", "needs 'tools'"),
+    ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+        "mode": "auto", "tools": []}}}, "tool_choice.type", "unsupported_parameter",
+     "'allowed_tools' is not"),
     ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": "required", "response_format": {
         "type": "json_object"}}, "response_format", "invalid_value", "cannot be used together"),
     ("/v1/completions", {"tools": [TOOL]}, "tools", "unsupported_parameter", "a chat field"),

@@ -145,7 +145,12 @@ def _choice(body: dict, functions: list[dict]) -> tuple[str, str | None]:
         if choice == "required" and not functions:
             raise StructuredError("'tool_choice': 'required' needs 'tools'.", "tool_choice")
         return choice, None
-    name = _object(_object(choice, "tool_choice").get("function"), "tool_choice.function").get("name")
+    kind = _object(choice, "tool_choice").get("type", "function")
+    if kind != "function":  # OpenAI's allowed_tools and custom
+        raise StructuredError(f"'tool_choice.type' {kind!r} is not supported by this server: 'function' "
+                              "with a function of 'tools' by name, or one of none, auto, required.",
+                              "tool_choice.type", "unsupported_parameter")
+    name = _object(choice.get("function"), "tool_choice.function").get("name")
     known = [f["name"] for f in functions]
     if name is None:
         raise StructuredError(f"'tool_choice.function.name' is required: one of 'tools' "
