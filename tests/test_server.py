@@ -6,6 +6,7 @@ folders: the server must give exactly what the engine gives alone.
 """
 
 import re
+import time
 
 import pytest
 
@@ -28,6 +29,7 @@ def metric(text: str, name: str) -> float:
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL_NAME]
+    assert 0 < time.time() - client.models.list().data[0].created < 3600  # when the server put it up
     assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")

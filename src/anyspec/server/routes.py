@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import sys
+import time
 
 from anyspec.engine import Engine
 from anyspec.server.fields import ApiError, ClientGone
@@ -83,10 +84,12 @@ def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Schedule
     from fastapi.responses import Response
     from prometheus_client import CONTENT_TYPE_LATEST
 
+    loaded = int(time.time())  # the model's "created": when this server put it up, as vLLM has it
+
     @app.get("/v1/models")
     async def models():
         draft = engine.draft.name if engine.draft is not None else None
-        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": 0,
+        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": loaded,
                                             "owned_by": "anyspec", "anyspec": {"draft": draft}}]}
 
     @app.get("/v1/models/{model}")
