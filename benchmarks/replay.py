@@ -41,7 +41,7 @@ from anyspec.algorithms.adaptive_k import confidence
 from anyspec.backends.load import load_model
 from anyspec.bench.prompts import DEFAULT_PROMPTS, load_prompts
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
-from anyspec.engine.context import common_prefix
+from anyspec.engine.prefix import common_prefix
 
 
 def timed_forwards(model, log: list):

@@ -64,8 +64,7 @@ def test_a_fresh_slot_adopts_the_prefix_another_slot_holds(engine):
     """A request on a fresh sequence copies the KV cache of its prompt's prefix from another sequence
     of the model (a shared system prompt): the same bits as computing it, the answer equal to the
     request computed from scratch, and the copy counted as cached."""
-    from anyspec.engine.context import common_prefix
-    from anyspec.engine.loop import reuse_prefix
+    from anyspec.engine.prefix import common_prefix, reuse_prefix
     from anyspec.engine.prompt import encode_prompt
 
     target = engine.target

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from anyspec.engine.context import common_prefix
+from anyspec.engine.prefix import common_prefix
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 

@@ -13,9 +13,9 @@ from anyspec.engine.context import (
     DraftContext,
     append_retokenize,
     append_token_map,
-    common_prefix,
     incomplete_utf8_tail,
 )
+from anyspec.engine.prefix import common_prefix
 
 TEXTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",

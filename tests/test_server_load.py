@@ -161,7 +161,7 @@ def test_jobs_that_arrive_together_compute_a_shared_system_prompt_once(gguf_engi
     alone, computed cold."""
     from anyspec.config import SpeculativeConfig
     from anyspec.engine import Engine
-    from anyspec.engine.context import common_prefix
+    from anyspec.engine.prefix import common_prefix
     from anyspec.engine.prompt import encode_prompt
     from anyspec.server.metrics import Metrics
     from anyspec.server.scheduler import Job, Scheduler

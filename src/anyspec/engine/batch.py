@@ -27,7 +27,7 @@ import torch
 
 from anyspec.algorithms.adaptive_k import Acceptance, BatchSchedule, PassCosts
 from anyspec.backends.stack import Sequence
-from anyspec.engine.context import common_prefix
+from anyspec.engine.prefix import common_prefix
 
 
 class Forward(NamedTuple):

@@ -86,31 +86,6 @@ def append_token_map(ctx: DraftContext, target_ids: list[int], target_to_draft: 
         ctx.ids.append(d if d >= 0 else unk_id)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two id lists (C-speed slice compares)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def longest_prefix(seqs, ids: list[int]) -> tuple[object | None, int]:
-    """The first of ``seqs`` whose ``cached_ids`` share the longest prefix with ``ids``, and its
-    length; (None, 0) where none shares a token."""
-    best, most = None, 0
-    for seq in seqs:
-        if (n := common_prefix(seq.cached_ids, ids)) > most:
-            best, most = seq, n
-    return best, most
-
-
 class DraftReader:
     """The draft's side of a request: its context at the prompt, then after each committed round."""
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from anyspec.algorithms import ngram
 from anyspec.algorithms.adaptive_k import Acceptance, PassCosts, expected_tokens, mix
 from anyspec.config import AUTO_NGRAM, AUTO_NGRAM_PROMPT
-from anyspec.engine.context import common_prefix
+from anyspec.engine.prefix import common_prefix
 
 SPAN = 32  # the most tokens a continuation proposes in one round
 

@@ -23,11 +23,12 @@ from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig, given
 from anyspec.engine import lookup as prompt_lookup
 from anyspec.engine.batch import PREFILL_CHUNK, Batch, Driver, Forward, Meter, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
-from anyspec.engine.context import DraftReader, common_prefix, longest_prefix
+from anyspec.engine.context import DraftReader
 from anyspec.engine.grammar import Free, masked
-from anyspec.engine.model import MultiSequence, PrefixSharing
+from anyspec.engine.model import MultiSequence
 from anyspec.engine.output import Output
 from anyspec.engine.penalties import Penalties
+from anyspec.engine.prefix import common_prefix, reusable, reuse_prefix
 from anyspec.engine.prompt import check_room, encode_prompt, end_ids
 from anyspec.engine.proposers import (
     SLEM,
@@ -370,33 +371,3 @@ def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | Non
     kept = [0] + [1 + j for j in path]
     target.keep_rows(target.num_cached - len(tokens) - 1, kept)
     return [tokens[j] for j in path], token, logits[kept]
-
-
-def reuse_prefix(model, ids: list[int], enabled: bool = True) -> int:
-    """Keep the cached tokens that begin ``ids`` and drop the rest; returns how many were kept.
-
-    Where another sequence of the model (``model.donors()``: a batch's other slots) holds a longer
-    prefix of ``ids``, that prefix is copied instead, so concurrent requests that share a system
-    prompt compute it once. Only for a row-invariant model (``model.row_invariant``: anyspec's
-    row-wise kernel in every product and attention, so a token's keys and values are the same bits
-    however many tokens were computed with it); any other model starts empty, since a prefix
-    computed within another request could differ in the last bits from the target alone's own
-    prefill.
-    """
-    if not reusable(model, enabled):
-        model.reset()
-        return 0
-    keep = common_prefix(model.cached_ids, ids)
-    donor, most = longest_prefix(model.donors() if isinstance(model, PrefixSharing) else [], ids)
-    if most > keep:
-        model.adopt(donor, most)
-        return most
-    if keep:
-        model.crop(keep)
-    else:
-        model.reset()
-    return keep
-
-
-def reusable(model, enabled: bool) -> bool:
-    return enabled and model.row_invariant

@@ -32,8 +32,9 @@ from anyspec.config import (
 )
 from anyspec.engine.batch import Forward, Steps, chunked
 from anyspec.engine.bridge import Bridge
-from anyspec.engine.context import ANCHOR, DraftContext, common_prefix
+from anyspec.engine.context import ANCHOR, DraftContext
 from anyspec.engine.model import RestrictedHead
+from anyspec.engine.prefix import common_prefix
 from anyspec.engine.sampler import Sampler
 
 

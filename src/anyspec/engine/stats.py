@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from anyspec.engine.context import common_prefix
+from anyspec.engine.prefix import common_prefix
 from anyspec.engine.proposers import Proposal, round_end
 
 

@@ -8,7 +8,7 @@ between passes (continuous batching). Each running job owns a slot: a sequence o
 one of the draft, each with its own KV cache, kept for the next job in that slot (its prompt prefix
 may be reused), so memory stays bounded by ``max_batch`` times the context. A job whose prompt
 begins with what another job is about to prefill (a shared system prompt) joins one pass later and
-copies those keys and values (``loop.reuse_prefix``). A job that finds no free slot waits in the queue.
+copies those keys and values (``prefix.reuse_prefix``). A job that finds no free slot waits in the queue.
 Cancelling a job takes it out of the queue at once, or, once it runs, ends it before the worker's
 next pass. A job that fails leaves no slot behind: its sequences are dropped, since whatever their
 caches hold may be half written, and the next job gets a fresh slot. Models that hold one cache
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from anyspec.config import MAX_BATCH, SamplingParams
 from anyspec.engine import Engine, Stats
 from anyspec.engine.batch import Driver, Steps
-from anyspec.engine.context import common_prefix, longest_prefix
 from anyspec.engine.model import MultiSequence
 from anyspec.engine.output import Piece
+from anyspec.engine.prefix import common_prefix, longest_prefix
 from anyspec.engine.prompt import encode_prompt
 from anyspec.errors import ConfigError
 from anyspec.server.metrics import Metrics
