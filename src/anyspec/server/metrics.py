@@ -103,7 +103,7 @@ class Metrics:
                 "draft tokens.", buckets=[(_bound(b), n) for b, n in zip(ACCEPTANCE_BUCKETS, self.acceptance,
                                                                           strict=True)],
                 sum_value=self.acceptance_sum)
-        gauges += [("queue_depth", "Requests waiting for the worker.", waiting),
+        gauges += [("queue_depth", "Requests waiting for a free slot.", waiting),
                    ("running", "Generations running now (at most --max-batch).", int(running))]
         return ([requests, generations, acceptance]
                 + [CounterMetricFamily(f"anyspec_{name}", text, value=v) for name, text, v in counters]
