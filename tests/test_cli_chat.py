@@ -47,8 +47,26 @@ def test_a_turn_beyond_the_context_is_one_line_and_the_session_goes_on(folders, 
     want = reference.generate(messages, SamplingParams(max_new_tokens=6)).text
     assert rc == 0 and out == f"{want}\n"
     said = [line for line in err.splitlines() if line.startswith("anyspec chat:")]
-    assert len(said) == 1 and "beyond the target's context of 256 tokens" in said[0]
+    assert len(said) == 1 and "no room left in the target's context of 256 tokens" in said[0]
     assert said[0].endswith("/reset starts a new conversation")
+
+
+def test_a_turn_near_the_context_gets_the_room_left(folders, reference, monkeypatch, capsys):
+    """The conversation leaves fewer tokens than --max-new-tokens: the answer gets those, as the
+    target alone gives it with that many, and the next turn is refused in one line."""
+    from anyspec.engine.prompt import encode_prompt
+
+    long = "word " * 220
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": long}]
+    room = 256 - len(encode_prompt(reference.target.tokenizer, messages)[0])
+    assert 0 < room < 40
+    rc, out, err = chat(folders, monkeypatch, capsys, f"{long}\nmore\n", "--max-new-tokens", "40",
+                        "--ignore-eos")
+    want = reference.generate(messages, SamplingParams(max_new_tokens=room, ignore_eos=True)).text
+    assert rc == 0 and out == f"{want}\n"
+    assert f"[context full; {room} tokens" in err
+    said = [line for line in err.splitlines() if line.startswith("anyspec chat:")]
+    assert len(said) == 1 and "no room left in the target's context of 256 tokens" in said[0]
 
 
 def test_input_that_is_not_utf8_is_one_line(folders, monkeypatch, capsys):

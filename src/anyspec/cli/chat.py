@@ -7,11 +7,15 @@ prefix it shares with the turn before, so only the new messages are prefilled. `
 the conversation over, ``/exit`` or end of input (Ctrl-D) ends it; any other ``/word`` alone on its
 line is not sent but answered with the commands. Ctrl-C while an answer streams
 stops it there and keeps what was shown as the assistant's turn; at the prompt it only says how to
-leave. Lines from a pipe are read the same way, one message each, without the prompt sign.
+leave. Lines from a pipe are read the same way, one message each, without the prompt sign. An
+answer gets at most the new tokens the target's context still holds after the conversation
+(``--max-new-tokens`` or fewer; its statistics then say ``context full`` where that ended it); a
+conversation that fills the context is said in one line, and ``/reset`` starts over.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -74,13 +78,15 @@ def run(args) -> int:
         check_prompt_text(line)
         try:
             asked = [*messages, {"role": "user", "content": line}]
-            text, stats, finish = answer(engine, asked, params, write)
+            turn = fitted(engine, asked, params)
+            text, stats, finish = answer(engine, asked, turn, write)
         except ConfigError as exc:  # the conversation outgrew the context: say so, keep the session
             print(f"anyspec chat: {exc}; /reset starts a new conversation", file=sys.stderr)
             continue
         print()
         messages += [{"role": "user", "content": line}, {"role": "assistant", "content": text}]
-        stopped = "stopped; " if finish == "abort" else ""
+        full = finish == "length" and turn.max_new_tokens < params.max_new_tokens
+        stopped = "stopped; " if finish == "abort" else "context full; " if full else ""
         lookup = (f", lookup accepted {stats.ngram_accepted}/{stats.ngram_proposed}"
                   if stats.ngram_proposed else "")
         print(f"[{stopped}{stats.generated} token{'s' * (stats.generated != 1)}, "
@@ -88,6 +94,21 @@ def run(args) -> int:
               f"{stats.prompt_tokens} tokens ({stats.prompt_cached} cached), first token "
               f"{stats.first_token_seconds:.2f} s]", file=sys.stderr)
     return 0
+
+
+def fitted(engine, messages: list[dict], params):
+    """``params`` with no more new tokens than the target's context holds after ``messages`` (as the
+    server does for a request's default ``max_tokens``); a ``ConfigError`` where it holds none."""
+    from anyspec.engine.prompt import encode_prompt
+
+    context = engine.target.context_length
+    if context is None:
+        return params
+    used = len(encode_prompt(engine.target.tokenizer, messages)[0])
+    if used >= context:
+        raise ConfigError(f"the conversation has {used} tokens, no room left in the target's context of "
+                          f"{context} tokens")
+    return dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, context - used))
 
 
 def answer(engine, messages: list[dict], params, write):
