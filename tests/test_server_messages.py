@@ -170,6 +170,9 @@ def test_count_tokens_is_what_the_message_holds(server):
     r = httpx.post(server + "/v1/messages/count_tokens", json={"model": MODEL_NAME, "messages": []},
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    long = {"messages": [{"role": "user", "content": "word " * 400}]}  # beyond the context's 256 tokens
+    assert count(**long) > 256  # counted, as a client checks whether it fits
+    assert ask(server, max_tokens=2, **long)[0] == 400
 
 
 SCALARS = (st.none() | st.booleans() | st.integers(-3, 10**6)

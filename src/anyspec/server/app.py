@@ -220,14 +220,16 @@ def add_error_handlers(app) -> None:
 
 
 async def parse_off_loop(engine: Engine, settings: Settings, tokenizer, tokenizing, grammars, body,
-                         chat: bool, api=None) -> Parsed:
+                         chat: bool, api=None, counting: bool = False) -> Parsed:
     """The request checked and its prompts encoded, on the ``tokenizing`` thread; ``api``: another
-    API's module, whose request is read into a chat completion's (``responses``, ``messages``)."""
+    API's module, whose request is read into a chat completion's (``responses``, ``messages``);
+    ``counting``: only its tokens are asked for, so a prompt longer than the context is counted."""
     asked = api.chat_body(body) if api else body
+    context, most = (None, None) if counting else (engine.target.context_length, settings.max_prompt_tokens)
     try:
         return await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
-            parse_request, asked, chat, settings.model_name, tokenizer, engine.target.context_length,
-            settings.default_max_tokens, settings.max_prompt_tokens, grammars, engine.target.vocab_size))
+            parse_request, asked, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
+            most, grammars, engine.target.vocab_size))
     except ApiError as exc:
         raise renamed(exc, api.RENAMED) if api else exc from None
 
@@ -326,7 +328,8 @@ def add_generation_routes(app, settings: Settings, scheduler: Scheduler, metrics
             body = await read_json(request, settings.max_body_bytes, settings.body_timeout)
         except ClientGone:
             return Response(status_code=499)
-        parsed = await parse({"max_tokens": 1} | body if isinstance(body, dict) else body, True, messages)
+        parsed = await parse({"max_tokens": 1} | body if isinstance(body, dict) else body, True, messages,
+                             counting=True)
         return {"input_tokens": len(parsed.prompts[0].ids)}
 
 
