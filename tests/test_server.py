@@ -373,9 +373,13 @@ def test_prefix_cache_over_http_reuses_the_system_prompt_and_changes_no_answer(f
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         outs = [client.chat.completions.create(model=MODEL_NAME, messages=chat, max_tokens=10, temperature=0)
                 for chat in chats]
+        metrics = httpx.get(url + "/metrics").text
     assert [o.choices[0].message.content for o in outs] == want
     cached = [o.usage.prompt_tokens_details.cached_tokens for o in outs]
     assert cached[0] == 0 and 0 < cached[1] < outs[1].usage.prompt_tokens
+    assert metric(metrics, "anyspec_prompt_tokens_total") == sum(o.usage.prompt_tokens for o in outs)
+    assert metric(metrics, "anyspec_prompt_cached_tokens_total") == cached[1]
+    assert metric(metrics, "anyspec_prefill_seconds_total") > 0
 
 
 def test_a_request_renders_and_encodes_its_prompt_once(folders, reference):

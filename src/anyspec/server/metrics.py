@@ -25,6 +25,8 @@ class Metrics:
         self.generations: collections.Counter = collections.Counter()  # outcome
         self.tokens = 0
         self.gen_seconds = 0.0
+        self.prompt_tokens = self.prompt_cached = 0
+        self.prefill_seconds = 0.0
         self.drafted = self.accepted = self.rounds = 0
         self.passes = self.pass_generations = self.pass_rows = 0
         self.last_batch = 0
@@ -40,6 +42,10 @@ class Metrics:
             self.generations[outcome] += 1
             self.tokens += tokens
             self.gen_seconds += seconds
+            if stats is not None:
+                self.prompt_tokens += stats.prompt_tokens
+                self.prompt_cached += stats.prompt_cached
+                self.prefill_seconds += stats.prefill_seconds
             if stats is not None and stats.drafted:
                 self.drafted += stats.drafted
                 self.accepted += stats.accepted
@@ -81,6 +87,12 @@ class Metrics:
                 generations.add_metric([outcome], n)
             counters = [("generated_tokens", "Tokens generated (target vocabulary).", self.tokens),
                         ("generation_seconds", "Wall time spent generating.", self.gen_seconds),
+                        ("prompt_tokens", "Prompt tokens of the generations that ended (not cancelled).",
+                         self.prompt_tokens),
+                        ("prompt_cached_tokens", "Of those, the tokens the prefix cache held (not computed).",
+                         self.prompt_cached),
+                        ("prefill_seconds", "Time their prompts took to enter the target's cache.",
+                         self.prefill_seconds),
                         ("draft_tokens", "Draft tokens proposed.", self.drafted),
                         ("accepted_tokens", "Draft tokens accepted by the target.", self.accepted),
                         ("model_passes", "Model passes of the worker (a draft or a target forward over "
