@@ -44,6 +44,7 @@ def test_a_message_is_the_engines_answer_to_the_conversation(server, reference):
     assert out["stop_reason"] == ("max_tokens" if alone.finish_reason == "length" else "end_turn")
     usage = out["usage"]
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] == alone.stats.prompt_tokens
+    assert usage["cache_creation_input_tokens"] == 0  # Anthropic's client adds all three
     assert usage["output_tokens"] == len(alone.token_ids) and out["anyspec"]["drafted"] > 0
 
 
@@ -133,6 +134,11 @@ def test_output_config_format_holds_the_answer_to_the_schema(server):
     ({"max_tokens": None}, "'max_tokens' is required"),
     ({"max_tokens": 0}, "'max_tokens' must be at least 1"),
     ({"messages": []}, "'messages' must be a non-empty array"),
+    ({"messages": [{"role": "user", "content": []}]}, "'messages[0].content' is empty"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []},
+                   {"role": "user", "content": "hi"}]}, "'messages[1].content' is empty"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "'messages[0].content[0].text' must be a string"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
      "'messages[0].content[0].type' must be text or tool_result in a user message"),
     ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}]},
@@ -149,6 +155,12 @@ def test_bad_requests_are_400s_in_anthropics_form(server, body, says):
     status, out = ask(server, **{"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]} | body)
     assert status == 400 and out["type"] == "error" and out["error"]["type"] == "invalid_request_error", out
     assert says in out["error"]["message"], out["error"]["message"]
+
+
+def test_an_empty_last_assistant_message_is_no_prefill(server):
+    question = [{"role": "user", "content": "Name a prime."}]
+    status, out = ask(server, max_tokens=6, messages=[*question, {"role": "assistant", "content": []}])
+    assert status == 200 and out["content"] == ask(server, max_tokens=6, messages=question)[1]["content"]
 
 
 def test_count_tokens_is_what_the_message_holds(server):

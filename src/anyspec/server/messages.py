@@ -11,7 +11,8 @@ tools; ``output_config.format`` (a JSON Schema) its ``response_format``; ``stop_
 (Anthropic's prefill). ``cache_control`` and ``output_config.effort`` change nothing here
 (prompts are cached anyway; the models do not reason first). ``stop_reason`` is ``end_turn``, ``max_tokens``,
 ``stop_sequence`` (with ``stop_sequence``) or ``tool_use``. ``usage.input_tokens`` counts the
-prompt tokens not read from the prefix cache, ``cache_read_input_tokens`` those that were. Errors
+prompt tokens not read from the prefix cache, ``cache_read_input_tokens`` those that were
+(``cache_creation_input_tokens`` is 0: no request writes a cache entry of its own). Errors
 are Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
 """
 
@@ -50,16 +51,21 @@ def _text(content, param: str) -> str:
     return "".join(b["text"] for b in content)
 
 
-def _blocks(message: dict, i: int) -> list[dict]:
-    """``messages[i]`` as chat messages: its text, tool calls and tool results."""
+def _blocks(message: dict, i: int, last: bool) -> list[dict]:
+    """``messages[i]`` as chat messages: its text, tool calls and tool results; ``last``: it ends
+    the conversation."""
     role, content, param = message.get("role"), message.get("content"), f"messages[{i}]"
     if role not in ("user", "assistant"):
         raise bad(f"'{param}.role' must be user or assistant.", f"{param}.role")
+    last = last and role == "assistant"
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise bad(f"'{param}.content' must be a string or an array of content blocks.", f"{param}.content",
                    "invalid_type")
+    if not content and not last:
+        raise bad(f"'{param}.content' is empty; only the last message, an assistant's, may be.",
+                  f"{param}.content")
     text, calls, results = [], [], []
     allowed = ("text", "tool_use") if role == "assistant" else ("text", "tool_result")
     for j, block in enumerate(content):
@@ -69,7 +75,9 @@ def _blocks(message: dict, i: int) -> list[dict]:
             raise bad(f"'{at}.type' must be {' or '.join(allowed)} in a{'n' * (role == 'assistant')} {role} "
                        f"message (this server reads text and tools only), got {kind!r}.", f"{at}.type")
         if kind == "text":
-            text.append(_text([block], at))
+            if not isinstance(block.get("text"), str):
+                raise bad(f"'{at}.text' must be a string.", f"{at}.text", "invalid_type")
+            text.append(block["text"])
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) \
                     or not isinstance(block.get("input"), dict):
@@ -134,10 +142,10 @@ def chat_body(body) -> dict:
     for i, message in enumerate(given):
         if not isinstance(message, dict):
             raise bad(f"'messages[{i}]' must be an object.", f"messages[{i}]", "invalid_type")
-        messages += _blocks(message, i)
+        messages += _blocks(message, i, i == len(given) - 1)
     sent = {k: v for k, v in body.items() if k not in OWN} | {"messages": messages,
                                                                "max_tokens": body["max_tokens"]}
-    last = messages[-1]
+    last = messages[-1] if messages else {"role": "user"}
     if last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):
         sent["continue_final_message"] = True  # Anthropic's: the answer goes on from the assistant's text
     if (tools := _tools(body.get("tools"))) is not None:
@@ -167,7 +175,7 @@ def head(body: dict, model_name: str, prompt_tokens: int, cached: int) -> dict:
     return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model_name,
             "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": {"input_tokens": prompt_tokens - cached, "cache_read_input_tokens": cached,
-                      "output_tokens": 0}}
+                      "cache_creation_input_tokens": 0, "output_tokens": 0}}
 
 
 def _call(call: dict) -> dict:
@@ -188,7 +196,7 @@ def _ending(outcome: Outcome, calls: list) -> dict:
     sequence = outcome.stop_reason if reason == "stop_sequence" else None
     return {"stop_reason": reason, "stop_sequence": sequence,
             "usage": {"input_tokens": counts["prompt_tokens"] - cached, "cache_read_input_tokens": cached,
-                      "output_tokens": counts["completion_tokens"]}}
+                      "cache_creation_input_tokens": 0, "output_tokens": counts["completion_tokens"]}}
 
 
 def whole(base: dict, outcome: Outcome, read_calls: bool) -> dict:
