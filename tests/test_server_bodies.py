@@ -53,7 +53,11 @@ def test_a_crash_is_a_500_counted_in_metrics(strict_server, monkeypatch):
     monkeypatch.setattr(app, "parse_request", crash)
     with httpx.Client(base_url=strict_server, timeout=60) as http:
         r = http.post("/v1/completions", json=OK)
+        monkeypatch.undo()
+        for _ in range(4):  # the crash's connection is not kept for the next request
+            assert http.post("/v1/completions", json=OK).status_code == 200
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert r.headers["connection"] == "close"
     assert metric(strict_server, "/v1/completions", 500) == before + 1
 
 

@@ -212,7 +212,11 @@ def add_error_handlers(app) -> None:
         return error(request, ApiError(exc.status_code, str(exc.detail)))
 
     async def on_crash(request, exc: Exception):
-        return error(request, as_api_error(exc))
+        # Starlette raises the exception again once this is sent, and the server then drops the
+        # connection: a client must not send its next request on it
+        answer = error(request, as_api_error(exc))
+        answer.headers["Connection"] = "close"
+        return answer
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)
