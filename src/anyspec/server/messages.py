@@ -4,15 +4,16 @@ one, and answered as a message, whole (``whole``) or as the Messages stream's ev
 
 ``system`` (a string or text blocks) is a system message; ``messages`` hold text blocks, the
 assistant's ``tool_use`` blocks (the chat's ``tool_calls``) and the user's ``tool_result`` blocks
-(tool messages); ``tools`` (``name``, ``description``, ``input_schema``) and ``tool_choice``
-(``auto``, ``any``, ``tool``, ``none``; ``disable_parallel_tool_use``) are the chat's function
-tools; ``output_config.format`` (a JSON Schema) its ``response_format``; ``stop_sequences`` its
-``stop``. A last message of the assistant's with text is continued: the answer goes on from it
-(Anthropic's prefill). ``cache_control`` and ``output_config.effort`` change nothing here
-(prompts are cached anyway; the models do not reason first). ``stop_reason`` is ``end_turn``, ``max_tokens``,
-``stop_sequence`` (with ``stop_sequence``) or ``tool_use``. ``usage.input_tokens`` counts the
-prompt tokens not read from the prefix cache, ``cache_read_input_tokens`` those that were
-(``cache_creation_input_tokens`` is 0: no request writes a cache entry of its own). Errors
+(tool messages, ``is_error`` not among what they hold); ``tools`` (``name``, ``description``,
+``input_schema``) and ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``;
+``disable_parallel_tool_use``) are the chat's function tools; ``output_config.format`` (a JSON
+Schema) its ``response_format``; ``stop_sequences`` its ``stop``. A last message of the assistant's
+with text is continued: the answer goes on from it (Anthropic's prefill). ``cache_control`` and
+``output_config.effort`` change nothing here (prompts are cached anyway; the models do not reason
+first). ``stop_reason`` is ``end_turn``, ``max_tokens``, ``stop_sequence`` (with ``stop_sequence``)
+or ``tool_use``. ``usage.input_tokens`` counts the prompt tokens not read from the prefix cache,
+``cache_read_input_tokens`` those that were (``cache_creation_input_tokens`` is 0: no request writes
+a cache entry of its own). Errors
 are Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
 """
 
@@ -34,7 +35,8 @@ RENAMED = [(r"stop\b", "stop_sequences"),
            (r"response_format", "output_config.format"),
            (r"(tools\[\d+\])\.function\.parameters", r"\1.input_schema"),
            (r"(tools\[\d+\])\.function", r"\1"), (r"tool_choice\.function", "tool_choice"),
-           (r"parallel_tool_calls", "tool_choice.disable_parallel_tool_use")]
+           (r"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
+           (r"tool_choice': 'required'", "tool_choice' of type any")]
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
