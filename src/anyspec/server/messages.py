@@ -13,8 +13,7 @@ with text is continued: the answer goes on from it (Anthropic's prefill). ``cach
 first). ``stop_reason`` is ``end_turn``, ``max_tokens``, ``stop_sequence`` (with ``stop_sequence``)
 or ``tool_use``. ``usage.input_tokens`` counts the prompt tokens not read from the prefix cache,
 ``cache_read_input_tokens`` those that were (``cache_creation_input_tokens`` is 0: no request writes
-a cache entry of its own). Errors
-are Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
+a cache entry of its own). Errors are Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
 """
 
 from __future__ import annotations
