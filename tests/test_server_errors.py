@@ -227,6 +227,24 @@ def test_completions_top_logprobs_hold_the_chosen_token(post, count):
     assert any(len(top) == count + 1 for top in lp["top_logprobs"])
 
 
+def test_completions_logprobs_of_tokens_inside_a_character():
+    """A token whose bytes end inside a UTF-8 character is written ``bytes:\\xNN`` (OpenAI's legacy
+    form), keeps its own key among ``top_logprobs``, and every ``text_offset`` indexes the text, the
+    count carried from one streamed chunk to the next."""
+    from anyspec.server.answers import logprobs_json
+
+    pieces = [b"!", b" \xf0\x9f", b"\x8d", b"\x95", "\U0001f354".encode(), b"\n"]
+    entries = [(b, -0.5, [(b, -0.5), (b"\x8c", -1.0), (b"\x8e", -2.0)]) for b in pieces]
+    whole, _ = logprobs_json(False, entries)
+    text = b"".join(pieces).decode()
+    assert whole["tokens"] == ["!", "bytes: \\xf0\\x9f", "bytes:\\x8d", "bytes:\\x95", "\U0001f354", "\n"]
+    assert whole["text_offset"] == [0, 1, 2, 2, 3, 4] and text[2] == "\U0001f355" and text[3] == "\U0001f354"
+    assert [len(top) for top in whole["top_logprobs"]] == [3] * 6  # three bytes, three keys
+    first, at = logprobs_json(False, entries[:2])
+    second, _ = logprobs_json(False, entries[2:], at)
+    assert first["text_offset"] + second["text_offset"] == whole["text_offset"]
+
+
 def test_chat_template_refusing_messages_is_a_400():
     """A template that raises (as many do on an unknown role) is the request's fault, not a crash."""
     from jinja2 import TemplateError

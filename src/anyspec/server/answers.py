@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import re
 import time
@@ -99,7 +100,7 @@ async def _choice_chunks(next_event, index: int, head: dict, chat: bool, extra: 
     chunk carries the entries of the tokens committed since the chunk before, and the last one
     what none carried (a token held back with a stop string's start, or a tool call)."""
     calls = CallStream() if read_calls else None
-    pending, sent, at = [], 0, 0
+    pending, sent, at = [], 0, None
 
     def logged(choice: dict) -> dict:
         nonlocal pending, sent, at
@@ -198,31 +199,42 @@ def _token(spelled: bytes) -> str:
     return spelled.decode("utf-8", errors="replace")
 
 
-def logprobs_json(chat: bool, entries: list, at: int = 0) -> tuple[dict, int]:
+def _spelled(token: bytes) -> str:
+    """A completions token as OpenAI's legacy API writes it: its text, or ``bytes:\\xNN...`` where
+    its bytes are part of a character (so that such tokens stay apart as ``top_logprobs`` keys)."""
+    try:
+        return token.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(chr(b) if 32 <= b < 127 and b != 92 else f"\\x{b:02x}" for b in token)
+
+
+def logprobs_json(chat: bool, entries: list, at=None) -> tuple[dict, object]:
     """OpenAI's ``logprobs`` of these entries (``(bytes, logprob, [(bytes, logprob), ...])``, the
     logprob None for a prompt's first token): chat's ``content`` list, or completions' four lists,
-    their text offsets counted from ``at``; and the offset after them."""
+    each token's text offset the characters the text holds before it (``at``: the UTF-8 decoder of
+    the tokens before these and its count; None: none); and the two after them."""
     if chat:
         def entry(b: bytes, lp: float) -> dict:
             return {"token": _token(b), "logprob": lp, "bytes": list(b)}
 
         return {"content": [entry(b, lp) | {"top_logprobs": [entry(t, x) for t, x in top]}
                             for b, lp, top in entries]}, at
+    decoder, chars = at or (codecs.getincrementaldecoder("utf-8")(errors="replace"), 0)
     offsets = []
     for b, _, _ in entries:
-        offsets.append(at)
-        at += len(_token(b))
-    return {"tokens": [_token(b) for b, _, _ in entries],
+        offsets.append(chars)
+        chars += len(decoder.decode(b))
+    return {"tokens": [_spelled(b) for b, _, _ in entries],
             "token_logprobs": [lp for _, lp, _ in entries],
             "top_logprobs": [None if top is None else _top_with(b, lp, top) for b, lp, top in entries],
-            "text_offset": offsets}, at
+            "text_offset": offsets}, (decoder, chars)
 
 
 def _top_with(spelled: bytes, logprob: float, top: list) -> dict:
     """Completions' likeliest tokens and, as OpenAI's legacy API always adds it, the chosen one
     (``logprobs`` + 1 entries where it is not among them)."""
-    out = {_token(t): x for t, x in top}
-    out.setdefault(_token(spelled), logprob)
+    out = {_spelled(t): x for t, x in top}
+    out.setdefault(_spelled(spelled), logprob)
     return out
 
 
