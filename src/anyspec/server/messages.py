@@ -58,13 +58,12 @@ def _blocks(message: dict, i: int, last: bool) -> list[dict]:
     role, content, param = message.get("role"), message.get("content"), f"messages[{i}]"
     if role not in ("user", "assistant"):
         raise bad(f"'{param}.role' must be user or assistant.", f"{param}.role")
-    last = last and role == "assistant"
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise bad(f"'{param}.content' must be a string or an array of content blocks.", f"{param}.content",
                    "invalid_type")
-    if not content and not last:
+    if not content and not (last and role == "assistant"):
         raise bad(f"'{param}.content' is empty; only the last message, an assistant's, may be.",
                   f"{param}.content")
     text, calls, results = [], [], []
