@@ -133,6 +133,8 @@ def test_output_config_format_holds_the_answer_to_the_schema(server):
 @pytest.mark.parametrize(("body", "says"), [
     ({"max_tokens": None}, "'max_tokens' is required"),
     ({"max_tokens": 0}, "'max_tokens' must be at least 1"),
+    ({"temperature": 1.5}, "'temperature' must be between 0 and 1, got 1.5"),
+    ({"temperature": -0.1}, "'temperature' must be between 0 and 1, got -0.1"),
     ({"messages": []}, "'messages' must be a non-empty array"),
     ({"messages": [{"role": "user", "content": []}]}, "'messages[0].content' is empty"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []},

@@ -22,7 +22,7 @@ import json
 import uuid
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.fields import ApiError, body_field
+from anyspec.server.fields import ApiError, body_field, number
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 
@@ -133,6 +133,11 @@ def chat_body(body) -> dict:
                        "unsupported_parameter")
     if body.get("max_tokens") is None:
         raise bad("'max_tokens' is required.", "max_tokens", "missing_required_parameter")
+    temperature = body.get("temperature")  # Anthropic's range; the rest of the checks are the chat's
+    numeric = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+    if numeric and not 0 <= temperature <= 1:
+        raise bad(f"'temperature' must be between 0 and 1, got {number(temperature)}.", "temperature",
+                  "invalid_value")
     given = body.get("messages")
     if not isinstance(given, list) or not given:
         raise bad("'messages' must be a non-empty array of messages.", "messages",
