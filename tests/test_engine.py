@@ -6,6 +6,7 @@ Greedy speculative output must be token-identical to the target alone, whatever 
 from __future__ import annotations
 
 import functools
+import gc
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from anyspec.backends.transformers import TransformersModel
 from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
-from anyspec.errors import ConfigError
+from anyspec.errors import ConfigError, EngineBusy
 
 # This file tests TLI (SLEM has test_slem.py), with every round drafting all k tokens: random drafts
 # are unsure of everything, so the default confidence stop would end most rounds after one token.
@@ -249,13 +250,39 @@ def test_a_second_stream_waits_for_the_first_to_end_or_close(qwen_target, llama_
     alone = [engine.generate(p, params).text for p in PROMPTS[:2]]
     first, second = engine.stream(PROMPTS[0], params), engine.stream(PROMPTS[1], params)
     head = next(first)
-    with pytest.raises(ConfigError, match="running another generation"):
+    with pytest.raises(EngineBusy, match="running another generation"):
         next(second)
     assert head + "".join(first) == alone[0]  # the first stream goes on unharmed
     third = engine.stream(PROMPTS[1], params)
     next(third)
     third.close()  # a closed stream frees the engine
     assert engine.generate(PROMPTS[1], params).text == alone[1]
+
+
+def test_a_stop_that_is_no_event_is_refused_before_the_generation(qwen_target, llama_draft):
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=5))
+    with pytest.raises(ConfigError, match="stop must be a threading.Event"):
+        engine.stream(PROMPTS[0], greedy(max_new_tokens=4), stop=True)
+    with pytest.raises(ConfigError, match="on_text must be a callable"):
+        engine.generate(PROMPTS[0], greedy(max_new_tokens=4), on_text="x")
+    assert engine.generate(PROMPTS[0], greedy(max_new_tokens=4)).token_ids
+
+
+def test_a_stream_dropped_unfinished_in_a_reference_cycle_frees_the_engine(qwen_target, llama_draft):
+    """As a web framework drops a client's stream when the client leaves: the stream is never
+    closed, and a reference cycle keeps it from being freed at once."""
+    engine = Engine(qwen_target, llama_draft, TLI(num_speculative_tokens=5))
+    params = greedy(max_new_tokens=30)
+    alone = engine.generate(PROMPTS[1], params).text
+    holder = {"stream": engine.stream(PROMPTS[0], params)}
+    holder["self"] = holder
+    next(holder["stream"])
+    gc.disable()  # the collector would otherwise run at a moment of its own choosing
+    try:
+        del holder
+        assert engine.generate(PROMPTS[1], params).text == alone
+    finally:
+        gc.enable()
 
 
 def test_sampling_is_seeded_and_respects_limits(qwen_target, llama_draft):

@@ -3,6 +3,7 @@ loads (``no_loading``), and the documented ways to load and run work."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -35,10 +36,13 @@ def test_bad_chat_messages_are_refused_before_loading(no_loading, messages, says
     ({"params": {"max_new_tokens": 4}}, "params must be a SamplingParams, got dict"),
     ({"config": {"num_speculative_tokens": 4}}, "config must be a SpeculativeConfig, got dict"),
     ({"target": 5}, "target must be a built-in model name, a folder or a .gguf file, got int"),
-    ({"draft": ["smollm2-135m"]}, "draft must be a built-in model name, a folder or a .gguf file, got list")])
+    ({"draft": ["smollm2-135m"]}, "draft must be a built-in model name, a folder or a .gguf file, got list"),
+    ({"on_text": "x"}, "on_text must be a callable that takes each piece of text, got str"),
+    ({"prompt": [9707, 11]}, "chat messages must be a non-empty list"),
+    ({"prompt": 123}, "the prompt must be a string, or chat messages as a list .* got int .*token ids")])
 def test_bad_arguments_are_refused_before_loading(no_loading, kwargs, says):
     with pytest.raises(ConfigError, match=says):
-        anyspec.generate("hi", **kwargs)
+        anyspec.generate(**{"prompt": "hi"} | kwargs)
 
 
 def test_an_engine_of_model_names_points_to_load():
@@ -59,6 +63,18 @@ def test_stop_takes_none_a_string_or_strings_and_nothing_else():
     assert SamplingParams(stop=("x", "y")).stop == ["x", "y"]
     with pytest.raises(ConfigError, match="stop must be a string or a list of strings, got int"):
         SamplingParams(stop=5)
+
+
+@pytest.mark.parametrize(("made", "field", "value"), [
+    (SamplingParams, "stop", 5), (SamplingParams, "temperature", -1.0),
+    (SpeculativeConfig, "num_speculative_tokens", 0)])
+def test_settings_are_changed_by_replace_which_checks_them_not_in_place(made, field, value):
+    settings = made()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(settings, field, value)
+    with pytest.raises(ConfigError, match=field):
+        dataclasses.replace(settings, **{field: value})
+    assert dataclasses.replace(SamplingParams(), stop="x").stop == ["x"]
 
 
 def test_load_takes_paths_and_gives_the_engine_generate_uses(folders):

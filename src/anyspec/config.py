@@ -56,9 +56,10 @@ def flag(default, help: str, *flags: str, **argparse_options):
     return field(default=default, metadata={"help": help, "flags": flags, **argparse_options})
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpeculativeConfig:
-    """The pair's settings. Each field's metadata is its command-line flag (``cli/options.py``)."""
+    """The pair's settings, checked as they are made; ``dataclasses.replace`` makes a changed copy
+    (checked again). Each field's metadata is its command-line flag (``cli/options.py``)."""
 
     method: str = flag("draft_model", "speculative method", metavar="{" + ",".join(METHODS) + "}")
     num_speculative_tokens: int = flag(
@@ -162,8 +163,11 @@ def _spelling(name: str) -> str:
     return "/".join(f.metadata["flags"]) or f"--{name.replace('_', '-')}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
+    """One request's sampling and stopping, checked as they are made; ``dataclasses.replace`` makes a
+    changed copy (checked again)."""
+
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
@@ -188,37 +192,37 @@ class SamplingParams:
 
     def __post_init__(self):
         if isinstance(self.stop, str):
-            self.stop = [self.stop]
+            object.__setattr__(self, "stop", [self.stop])
         elif self.stop is None or isinstance(self.stop, tuple):
-            self.stop = list(self.stop or ())
+            object.__setattr__(self, "stop", list(self.stop or ()))
         if not isinstance(self.stop, list):
             raise ConfigError(f"stop must be a string or a list of strings, got {type(self.stop).__name__}",
                               "stop")
         if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
             raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), "
-                              f"got {self.temperature}", "temperature")
+                              f"got {self.temperature!r}", "temperature")
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise ConfigError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
-                              f"got {self.temperature}", "temperature")
+                              f"got {self.temperature!r}", "temperature")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if self.top_p < MIN_TOP_P:
             raise ConfigError(f"top_p must be at least {MIN_TOP_P:g} (smaller keeps only the top token "
-                              f"anyway), got {self.top_p}", "top_p")
+                              f"anyway), got {self.top_p!r}", "top_p")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            raise ConfigError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}", "min_p")
+            raise ConfigError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}", "min_p")
         if not _is_number(self.typical_p) or not 0 < self.typical_p <= 1:
-            raise ConfigError(f"typical_p must be in (0, 1] (1 = off), got {self.typical_p}", "typical_p")
+            raise ConfigError(f"typical_p must be in (0, 1] (1 = off), got {self.typical_p!r}", "typical_p")
         if not _is_number(self.top_n_sigma) or not 0 <= self.top_n_sigma <= 100:
-            raise ConfigError(f"top_n_sigma must be from 0 to 100 (0 = off), got {self.top_n_sigma}",
+            raise ConfigError(f"top_n_sigma must be from 0 to 100 (0 = off), got {self.top_n_sigma!r}",
                               "top_n_sigma")
         for name, value in (("presence_penalty", self.presence_penalty),
                             ("frequency_penalty", self.frequency_penalty)):
             if not _is_number(value) or not -2 <= value <= 2:
-                raise ConfigError(f"{name} must be from -2 to 2, got {value}", name)
+                raise ConfigError(f"{name} must be from -2 to 2, got {value!r}", name)
         if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
             raise ConfigError(f"repetition_penalty must be a finite number above 0 (1 = off), "
-                              f"got {self.repetition_penalty}", "repetition_penalty")
+                              f"got {self.repetition_penalty!r}", "repetition_penalty")
         bias = self.logit_bias
         if not isinstance(bias, dict) or not all(_is_int(t) and t >= 0 and _is_number(b) and -100 <= b <= 100
                                                  for t, b in bias.items()):
@@ -300,6 +304,19 @@ def check_text(text: str, what: str, field: str | None = None) -> None:
 ROLES = ("system", "user", "assistant", "tool")  # a chat message's roles
 
 
+def check_callbacks(on_text=None, stop=None) -> None:
+    """``on_text``: None or a callable taking each piece of text; ``stop``: None or a
+    ``threading.Event``."""
+    import threading
+
+    if on_text is not None and not callable(on_text):
+        raise ConfigError(f"on_text must be a callable that takes each piece of text, got "
+                          f"{type(on_text).__name__}", "on_text")
+    if stop is not None and not isinstance(stop, threading.Event):
+        raise ConfigError(f"stop must be a threading.Event (set it to end the generation), got "
+                          f"{type(stop).__name__}", "stop")
+
+
 def check_prompt(prompt: str | list[dict]) -> None:
     """A non-empty text, or a non-empty list of ``{"role", "content"}`` messages, all valid UTF-8; the
     last may be an assistant's with ``"prefix": True``, which the answer continues."""
@@ -308,7 +325,11 @@ def check_prompt(prompt: str | list[dict]) -> None:
             raise ConfigError("the prompt is empty; pass some text")
         check_text(prompt, "the prompt")
         return
-    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
+    if not isinstance(prompt, list):
+        raise ConfigError(f"the prompt must be a string, or chat messages as a list of {{'role': ..., "
+                          f"'content': ...}}, got {type(prompt).__name__} (token ids are the server's, "
+                          "not the library's)")
+    if not prompt or not all(isinstance(m, dict) for m in prompt):
         raise ConfigError("chat messages must be a non-empty list of {'role': ..., 'content': ...}")
     for i, m in enumerate(prompt):
         if m.get("role") not in ROLES:

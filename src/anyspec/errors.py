@@ -12,3 +12,8 @@ class ConfigError(AnyspecError, ValueError):
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
         self.field = field
+
+
+class EngineBusy(AnyspecError, RuntimeError):
+    """An ``Engine`` asked for a generation on its own KV caches (``generate``, ``stream``) while
+    another one is under way: retry once it ends, or run several with ``generate_batch``."""

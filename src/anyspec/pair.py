@@ -14,7 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from anyspec.config import SamplingParams, SpeculativeConfig, check_alone, check_prompt, given
+from anyspec.config import (
+    SamplingParams,
+    SpeculativeConfig,
+    check_alone,
+    check_callbacks,
+    check_prompt,
+    given,
+)
 from anyspec.errors import ConfigError
 from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -156,6 +163,7 @@ def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGE
     """One call: load the models (built-in names, folders or GGUF files) and generate."""
     params = given(params, SamplingParams, "params")
     check_prompt(prompt)
+    check_callbacks(on_text)
     config, plan = _checked(target, draft, config, dtype, draft_dtype, threads)
     check_new_tokens(plan, params.max_new_tokens, "max_new_tokens")
     return _engine(config, plan).generate(prompt, params, on_text=on_text)

@@ -11,6 +11,7 @@ seconds it reports, and those its k schedule and branch rule weigh, are its pass
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from anyspec.algorithms import tli, tree
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
-from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig, given
+from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig, check_callbacks, given
 from anyspec.engine import lookup as prompt_lookup
 from anyspec.engine.batch import PREFILL_CHUNK, Batch, Driver, Forward, Meter, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
@@ -43,7 +44,7 @@ from anyspec.engine.proposers import (
 )
 from anyspec.engine.sampler import Sampler, request_seed
 from anyspec.engine.stats import Stats, count, count_commit, count_end
-from anyspec.errors import ConfigError
+from anyspec.errors import ConfigError, EngineBusy
 
 
 @dataclass
@@ -98,6 +99,7 @@ class Engine:
                  ) -> GenerationResult:
         """Generate; ``on_text`` receives text as it is committed (never half a character); ``stop``
         as ``stream``'s."""
+        check_callbacks(on_text)
         stream = self.stream(prompt, params, stop)
         while True:
             try:
@@ -111,17 +113,22 @@ class Engine:
                stop: threading.Event | None = None) -> Iterator[str]:
         """Yield committed text; the generator's return value is the ``GenerationResult``. It runs on
         the engine's own KV caches, so one at a time: a second stream that starts while another is
-        under way (begun, not finished or closed) raises ``ConfigError``. ``stop``, once set (from
+        under way (begun, not finished or closed) raises ``EngineBusy``. ``stop``, once set (from
         any thread), ends the generation after its current round: its result has the text and
         statistics so far and ``finish_reason`` ``"abort"``."""
         params = given(params, SamplingParams, "params")
+        check_callbacks(stop=stop)
         return self._one_at_a_time(alone(lambda batch: self.steps(prompt, params, self.target, self.draft,
                                                                   batch, 0, stop=stop)))
 
     def _one_at_a_time(self, generation: Iterator[str]):
         if self.streaming:
-            raise ConfigError("this Engine is running another generation (a stream begun and not finished "
-                              "or closed); finish or close() it first, or use generate_batch for several")
+            # a stream dropped unfinished and held only by a reference cycle (a web framework's, when
+            # its client left) is closed by the collector, which frees the engine
+            gc.collect()
+        if self.streaming:
+            raise EngineBusy("this Engine is running another generation (a stream begun and not finished "
+                             "or closed); finish or close() it first, or use generate_batch for several")
         self.streaming = True
         try:
             return (yield from generation)
