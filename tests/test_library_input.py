@@ -39,7 +39,9 @@ def test_bad_chat_messages_are_refused_before_loading(no_loading, messages, says
     ({"draft": ["smollm2-135m"]}, "draft must be a built-in model name, a folder or a .gguf file, got list"),
     ({"on_text": "x"}, "on_text must be a callable that takes each piece of text, got str"),
     ({"prompt": [9707, 11]}, "chat messages must be a non-empty list"),
-    ({"prompt": 123}, "the prompt must be a string, or chat messages as a list .* got int .*token ids")])
+    ({"prompt": 123}, "the prompt must be a string, or chat messages as a list .* got int .*token ids"),
+    ({"kv_cache_dtype": "fp8"}, "fp8"),
+    ({"chat_template": "no template here"}, "--chat-template: no template here is neither a file nor")])
 def test_bad_arguments_are_refused_before_loading(no_loading, kwargs, says):
     with pytest.raises(ConfigError, match=says):
         anyspec.generate(**{"prompt": "hi"} | kwargs)
@@ -107,3 +109,9 @@ def test_the_target_alone_refuses_the_drafts_settings_before_loading(no_loading,
         anyspec.load(**kwargs)
     with pytest.raises(AssertionError, match="a model was loaded"):  # so is k where prompt lookup proposes
         anyspec.load(draft=None, config=SpeculativeConfig(ngram=2, num_speculative_tokens=9))
+
+
+def test_the_package_lists_what_it_exports_and_each_is_there():
+    assert sorted(anyspec.__all__) == sorted([*anyspec._EXPORTS, "__version__"])
+    assert set(anyspec.__all__) <= set(dir(anyspec))
+    assert all(getattr(anyspec, name) is not None for name in anyspec.__all__)

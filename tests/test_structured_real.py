@@ -12,6 +12,7 @@ import pytest
 from live_server import live_server
 
 from anyspec.engine import Engine, SpeculativeConfig
+from anyspec.errors import ConfigError
 
 jsonschema = pytest.importorskip("jsonschema")
 openai = pytest.importorskip("openai")
@@ -356,24 +357,27 @@ def test_anthropic_tool_use_round_trip_and_its_token_count(client):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
-    """The engine without the server: TLI, a chain of 3 (the server's tests run SLEM with branches)."""
+    """The engine without the server (its grammars from ``Engine.guide``, as a library user makes
+    them): TLI, a chain of 3 (the server's tests run SLEM with branches)."""
     from anyspec.engine import SamplingParams
-    from anyspec.engine.grammar import Grammars
 
     target, draft = pair
     alone, tli = Engine(target, None), Engine(target, draft, SpeculativeConfig(
         algorithm="tli", num_speculative_tokens=3, tree=0))
-    grammars = Grammars(target.tokenizer, target.vocab_size, alone.eos_ids)
     forced = 0
     for schema, ask in CASES[1::5]:
         params = SamplingParams(temperature=temperature, max_new_tokens=40, seed=3,
-                                grammar=grammars.json(schema, "schema"))
+                                grammar=tli.guide("json", schema))
         messages = [{"role": "user", "content": ask}]
         spec = tli.generate(messages, params)
         assert spec.token_ids == alone.generate(messages, params).token_ids
         jsonschema.validate(json.loads(spec.text), schema)
         forced += spec.stats.forced
     assert forced > 0  # the property names the schema fixes were proposed without the draft
+    choice = SamplingParams(temperature=temperature, seed=3, grammar=alone.guide("choice", ["yes", "no"]))
+    assert alone.generate("Is water wet? Answer:", choice).text in ("yes", "no")
+    with pytest.raises(ConfigError, match="a guide's kind is one of json, regex, choice, grammar"):
+        alone.guide("xml", "<a/>")
 
 
 AUTO_WEATHER = {"name": "get_weather", "parameters": {

@@ -12,7 +12,7 @@ import gc
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from anyspec.config import (
     SamplingParams,
@@ -24,6 +24,9 @@ from anyspec.config import (
 )
 from anyspec.errors import ConfigError
 from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    from anyspec.engine import Engine, GenerationResult
 
 
 class PairPlan(NamedTuple):
@@ -115,10 +118,12 @@ def read_template(source: str) -> str:
 def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> Pair:
     """The pair, loaded with Python's cyclic garbage collector paused: loading creates millions of
     long-lived objects (vocabularies, their byte tables), and each full collection on the way would
-    walk all of them again."""
+    walk all of them again. The GGUF readers the checks and the loading shared are dropped after
+    it: each keeps its whole file's memory map, which would outlive the models."""
     import torch
 
     from anyspec.backends import load as backend
+    from anyspec.backends.gguf_file import forget_readers
 
     if plan.threads is not None:
         torch.set_num_threads(plan.threads)
@@ -134,6 +139,7 @@ def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> P
         if plan.draft:
             draft = backend.load_model(plan.draft, dtype=plan.draft_dtype, name=names[1], **options)
     finally:
+        forget_readers()
         if collecting:
             gc.enable()
     return Pair(target, draft, plan)
@@ -149,35 +155,44 @@ def _spec(value, what: str) -> str:
 
 def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | None = DEFAULT_DRAFT,
          config: SpeculativeConfig | None = None, dtype: str | None = None, draft_dtype: str | None = None,
-         threads: int | None = None):
+         threads: int | None = None, chat_template: str | None = None,
+         kv_cache_dtype: str = "fp32") -> Engine:
     """An ``Engine`` over the two models (built-in names, folders or GGUF files; ``draft=None``: the
-    target alone), every option checked before anything loads."""
-    return _engine(*_checked(target, draft, config, dtype, draft_dtype, threads))
+    target alone), every option checked before anything loads. ``dtype``/``draft_dtype``: each
+    model's weights (None: its file's, or the kernels' default); ``threads``: torch's thread count,
+    for the whole process; ``chat_template``: a Jinja file or text in place of the target's own;
+    ``kv_cache_dtype``: ``"fp32"`` or ``"fp16"`` (half the cache's memory)."""
+    return _engine(*_checked(target, draft, config, dtype, draft_dtype, threads, chat_template,
+                             kv_cache_dtype))
 
 
 def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGET,
              draft: str | os.PathLike | None = DEFAULT_DRAFT, config: SpeculativeConfig | None = None,
              params: SamplingParams | None = None, dtype: str | None = None,
              on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None,
-             threads: int | None = None):
-    """One call: load the models (built-in names, folders or GGUF files) and generate."""
+             threads: int | None = None, chat_template: str | None = None,
+             kv_cache_dtype: str = "fp32") -> GenerationResult:
+    """One call: load the models (as ``load`` does) and generate; ``on_text`` receives the text as
+    it is committed."""
     params = given(params, SamplingParams, "params")
     check_prompt(prompt)
     check_callbacks(on_text)
-    config, plan = _checked(target, draft, config, dtype, draft_dtype, threads)
+    config, plan = _checked(target, draft, config, dtype, draft_dtype, threads, chat_template, kv_cache_dtype)
     check_new_tokens(plan, params.max_new_tokens, "max_new_tokens")
     return _engine(config, plan).generate(prompt, params, on_text=on_text)
 
 
-def _checked(target, draft, config, dtype, draft_dtype, threads) -> tuple[SpeculativeConfig, PairPlan]:
+def _checked(target, draft, config, dtype, draft_dtype, threads, chat_template,
+             kv_cache_dtype) -> tuple[SpeculativeConfig, PairPlan]:
     """``load``'s options checked, the config first: the config and the pair to load."""
     config = given(config, SpeculativeConfig, "config")
     if draft is None:
         check_alone(config)
-    return config, check_pair(target, draft, dtype, draft_dtype, threads)
+    return config, check_pair(target, draft, dtype, draft_dtype, threads, chat_template=chat_template,
+                              kv_cache_dtype=kv_cache_dtype)
 
 
-def _engine(config: SpeculativeConfig, plan: PairPlan):
+def _engine(config: SpeculativeConfig, plan: PairPlan) -> Engine:
     from anyspec.engine import Engine
 
     pair = load_pair(plan)

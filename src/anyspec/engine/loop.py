@@ -15,8 +15,8 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import replace
 
 from anyspec.algorithms import tli, tree
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
@@ -25,9 +25,9 @@ from anyspec.engine import lookup as prompt_lookup
 from anyspec.engine.batch import PREFILL_CHUNK, Batch, Driver, Forward, Meter, Steps, alone, chunked
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader
-from anyspec.engine.grammar import Free, masked
+from anyspec.engine.grammar import GUIDES, Free, Grammar, Grammars, masked
 from anyspec.engine.model import MultiSequence
-from anyspec.engine.output import Output
+from anyspec.engine.output import GenerationResult, Output
 from anyspec.engine.penalties import Penalties
 from anyspec.engine.prefix import common_prefix, reusable, reuse_prefix
 from anyspec.engine.prompt import check_room, encode_prompt, end_ids
@@ -47,19 +47,13 @@ from anyspec.engine.stats import Stats, count, count_commit, count_end
 from anyspec.errors import ConfigError, EngineBusy
 
 
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]  # target ids of the generated tokens (an EOS that ended it not included)
-    finish_reason: str  # "stop" (EOS or a stop string), "length", or "abort" (``stop`` set)
-    stats: Stats
-    logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
-    # with SamplingParams.prompt_logprobs: one per prompt token, the first None (nothing before it)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
-
-
 class Engine:
+    """Speculative decoding over a loaded target and draft (``draft=None``: the target alone, on
+    the same loop), made by ``anyspec.load``. ``generate`` and ``stream`` run one request at a time
+    on the engine's own KV caches (the prefix cache keeps what the next prompt shares);
+    ``generate_batch`` runs several together; ``guide`` compiles a grammar for
+    ``SamplingParams(grammar=...)``."""
+
     def __init__(self, target, draft=None, config: SpeculativeConfig | None = None):
         if isinstance(target, str | os.PathLike) or isinstance(draft, str | os.PathLike):
             raise ConfigError("Engine takes loaded models; anyspec.load(target, draft, config) loads them "
@@ -90,6 +84,18 @@ class Engine:
         self.target_bytes = known
         self.eos_ids = end_ids(target)
         self.streaming = False  # a generation on the engine's own caches is under way (stream)
+        self._grammars: Grammars | None = None  # compiled against the target's tokenizer (guide)
+
+    def guide(self, kind: str, value) -> Grammar:
+        """A grammar to hold answers to, as ``SamplingParams(grammar=engine.guide(kind, value))``:
+        ``"json"`` (a JSON Schema as a dict or its text; None: any JSON object), ``"regex"`` (the
+        whole answer matches it), ``"choice"`` (one of these strings) or ``"grammar"`` (GBNF, as
+        llama.cpp's, or llguidance's Lark). Needs llguidance (``pip install 'anyspec[server]'``)."""
+        if kind not in GUIDES:
+            raise ConfigError(f"a guide's kind is one of {', '.join(GUIDES)}, got {kind!r}")
+        if self._grammars is None:
+            self._grammars = Grammars(self.target.tokenizer, self.target.vocab_size, self.eos_ids)
+        return self._grammars.guide(kind, value, kind)
 
     def proposer_for(self, params: SamplingParams) -> Proposer | None:
         return self.proposers[algorithm_for(self.config, params)] if self.draft is not None else None
@@ -110,7 +116,7 @@ class Engine:
                 on_text(piece)
 
     def stream(self, prompt: str | list[dict], params: SamplingParams | None = None,
-               stop: threading.Event | None = None) -> Iterator[str]:
+               stop: threading.Event | None = None) -> Generator[str, None, GenerationResult]:
         """Yield committed text; the generator's return value is the ``GenerationResult``. It runs on
         the engine's own KV caches, so one at a time: a second stream that starts while another is
         under way (begun, not finished or closed) raises ``EngineBusy``. ``stop``, once set (from

@@ -13,11 +13,13 @@ piece; what no piece carried is in ``logprobs`` at the end).
 from __future__ import annotations
 
 import codecs
+from dataclasses import dataclass
 
 import torch
 
 from anyspec.algorithms.sampling import TokenLogprob, token_logprobs
 from anyspec.config import SamplingParams
+from anyspec.engine.stats import Stats
 
 
 class Piece(str):
@@ -109,3 +111,18 @@ def find_stop(text: str, stops: list[str], before: int) -> tuple[int, str] | Non
         if i >= 0 and (best is None or i < best[0]):
             best = (i, s)
     return best
+
+
+@dataclass
+class GenerationResult:
+    """One answer: its text and target token ids, why it ended, and its statistics (``Stats``:
+    rounds, proposed and accepted tokens, seconds, the seed a sampled answer used)."""
+
+    text: str
+    token_ids: list[int]  # target ids of the generated tokens (an EOS that ended it not included)
+    finish_reason: str  # "stop" (EOS or a stop string), "length", or "abort" (``stop`` set)
+    stats: Stats
+    logprobs: list[TokenLogprob] | None = None  # one per token id, with SamplingParams.logprobs
+    # with SamplingParams.prompt_logprobs: one per prompt token, the first None (nothing before it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
