@@ -274,10 +274,23 @@ def test_a_grammar_with_a_held_end_is_one_line_before_loading(no_loading, capsys
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--min-tokens", "-1"], "min_tokens must be an integer from 0"),
+    (["--min-tokens", "-1"], "error: --min-tokens must be an integer from 0"),
     (["--min-tokens", "50", "--max-new-tokens", "20"], "to the most new tokens (20), got 50")])
 def test_a_bad_min_tokens_is_one_line_before_loading(no_loading, capsys, argv, says):
     one_line_error(capsys, ["generate", "--prompt", "hi", *argv], says)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["generate", "--prompt", "hi", "--top-p", "1.5"], "generate: error: --top-p must be in (0, 1], got 1.5"),
+    (["generate", "--prompt", "hi", "--draft-confidence", "2"], "error: --draft-confidence must be a probab"),
+    (["chat", "--tree", "-1"], "chat: error: --tree must be an integer from 0"),
+    (["generate", "--prompt", "hi", "-k", "0"], "error: --num-speculative-tokens (k) must be an integer"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "-5"], "error: --max-new-tokens must be at least 1, "
+                                                                 "got -5"),
+    (["demo", "--max-new-tokens", "0"], "demo: error: --max-new-tokens must be at least 1, got 0"),
+    (["bench", "--max-new-tokens", "0"], "bench: error: --max-new-tokens must be at least 1, got 0")])
+def test_a_settings_error_names_the_commands_option(no_loading, capsys, argv, says):
+    one_line_error(capsys, argv, says)
 
 
 @pytest.mark.parametrize(("argv", "says"), [

@@ -110,7 +110,8 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not _is_int(k) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"num_speculative_tokens (k) must be an integer from 1 to "
-                              f"{MAX_SPECULATIVE_TOKENS}, got {k!r}; use --no-draft for target-only decoding")
+                              f"{MAX_SPECULATIVE_TOKENS}, got {k!r}; use --no-draft for target-only decoding",
+                              "num_speculative_tokens")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(ALGORITHMS)}")
         if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
@@ -122,15 +123,16 @@ class SpeculativeConfig:
         if self.draft_confidence is not None and (not _is_number(self.draft_confidence)
                                                   or not 0 <= self.draft_confidence < 1):
             raise ConfigError(f"draft_confidence must be a probability in [0, 1) (0 = off), got "
-                              f"{self.draft_confidence!r}")
+                              f"{self.draft_confidence!r}", "draft_confidence")
         if not _is_int(self.draft_window) or self.draft_window < 0:
             raise ConfigError(f"draft_window must be an integer >= 0 (0 = the whole prompt), "
-                              f"got {self.draft_window!r}")
+                              f"got {self.draft_window!r}", "draft_window")
         if self.ngram is not None and (not _is_int(self.ngram) or not 0 <= self.ngram <= MAX_NGRAM):
-            raise ConfigError(f"ngram must be an integer from 0 (off) to {MAX_NGRAM}, got {self.ngram!r}")
+            raise ConfigError(f"ngram must be an integer from 0 (off) to {MAX_NGRAM}, got {self.ngram!r}",
+                              "ngram")
         if self.tree is not None and (not _is_int(self.tree) or not 0 <= self.tree <= MAX_TREE_BRANCHES):
             raise ConfigError(f"tree must be an integer from 0 (the chain alone) to {MAX_TREE_BRANCHES} "
-                              f"branches, got {self.tree!r}")
+                              f"branches, got {self.tree!r}", "tree")
         for name in ("use_heterogeneous_vocab", "adaptive_k", "prefix_cache", "batch_k"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from anyspec.cli.options import (
     add_engine_options,
     add_model_options,
+    check_max_new_tokens,
     check_output,
     speculative_config,
     write_atomically,
@@ -66,6 +67,7 @@ def run(args) -> int:
     from anyspec.bench.report import markdown, plot, pyplot
     from anyspec.bench.run import run_bench
 
+    check_max_new_tokens(args.max_new_tokens)
     for path, option in ((args.json, "--json"), (args.markdown, "--markdown"), (args.plot, "--plot")):
         check_output(path, option)
     if args.plot:

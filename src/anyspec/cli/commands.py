@@ -10,8 +10,8 @@ import warnings
 
 from anyspec import __version__
 from anyspec.cli import analyze, bench, chat, demo, generate, models, serve
-from anyspec.cli.options import check_cache_dir, check_switches
-from anyspec.errors import AnyspecError
+from anyspec.cli.options import check_cache_dir, check_switches, in_flags
+from anyspec.errors import AnyspecError, ConfigError
 
 
 class Parser(argparse.ArgumentParser):
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{after_text}anyspec {args.command}: interrupted", file=sys.stderr)
         return 130
     except AnyspecError as exc:
-        print(f"anyspec {args.command}: error: {exc}", file=sys.stderr)
+        said = in_flags(exc, parser.commands[args.command]) if isinstance(exc, ConfigError) else exc
+        print(f"anyspec {args.command}: error: {said}", file=sys.stderr)
         if isinstance(exc, OutputError):
             _drop_stdout(stdout)
         return 2

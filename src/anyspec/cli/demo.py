@@ -13,6 +13,7 @@ import time
 from anyspec.cli.options import (
     add_engine_options,
     add_model_options,
+    check_max_new_tokens,
     check_prompt_text,
     pair_plan,
     speculative_config,
@@ -45,6 +46,7 @@ def run(args) -> int:
 
     config = speculative_config(args, draft_sample_method="greedy",
                                 prefix_cache=False)  # both sides prefill each prompt in full: a fair race
+    check_max_new_tokens(args.max_new_tokens)
     params = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     prompts = args.prompt or PROMPTS
     for text in prompts:

@@ -60,10 +60,15 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) 
                    help="never choose an end-of-sequence token (--max-new-tokens or a stop string ends)")
 
 
+def check_max_new_tokens(value: int) -> None:
+    """A command's answers have at least one token (the library's 0 only reads the prompt)."""
+    if value < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {value}")
+
+
 def sampling_params(args, **more) -> SamplingParams:
     """The checked ``SamplingParams`` of ``add_sampling_options``' flags, and ``more`` fields."""
-    if args.max_new_tokens == 0:  # an answer of nothing: the library's prompt-only reading
-        raise ConfigError("--max-new-tokens must be at least 1, got 0")
+    check_max_new_tokens(args.max_new_tokens)
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           min_p=args.min_p, typical_p=args.typical_p, top_n_sigma=args.top_n_sigma,
                           presence_penalty=args.presence_penalty,
@@ -71,6 +76,18 @@ def sampling_params(args, **more) -> SamplingParams:
                           repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
                           min_tokens=args.min_tokens, ignore_eos=args.ignore_eos, seed=args.seed,
                           stop=args.stop, **more)
+
+
+def in_flags(exc: ConfigError, parser: argparse.ArgumentParser) -> str:
+    """A setting's error as the command line gives it: a message that opens with its field
+    (``top_p must be ...``) opens with the command's option for it (``--top-p must be ...``)."""
+    message, field = str(exc), exc.field
+    if not field or not message.startswith(field + " "):
+        return message
+    spelled = {f.name: f.metadata.get("flags") for f in dataclasses.fields(SpeculativeConfig)}.get(field)
+    options = [o for o in (spelled or ()) if o.startswith("--")] or [f"--{field.replace('_', '-')}"]
+    known = [o for o in options if o in parser._option_string_actions]
+    return known[0] + message[len(field):] if known else message
 
 
 def add_flags(p: argparse.ArgumentParser, settings: type, fixed: tuple[str, ...] = ()) -> None:
