@@ -25,10 +25,10 @@ DATA = Path(__file__).parent / "data"
 
 @pytest.fixture
 def nowhere(tmp_path, monkeypatch):
-    """No llama.cpp anywhere: an empty $ANYSPEC_LLAMA_CPP, an empty cache, an empty PATH."""
+    """No llama.cpp anywhere: no $ANYSPEC_LLAMA_CPP, an empty cache, an empty PATH."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    monkeypatch.setenv("ANYSPEC_LLAMA_CPP", str(empty))
+    monkeypatch.delenv("ANYSPEC_LLAMA_CPP", raising=False)
     monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PATH", str(empty))
     return tmp_path
@@ -60,6 +60,15 @@ def test_programs_are_found_in_env_folder_then_cache(nowhere, monkeypatch):
     mine = _program(nowhere / "mine", "llama-bench")
     monkeypatch.setenv("ANYSPEC_LLAMA_CPP", str(nowhere / "mine"))
     assert bl.llama_cpp_bin("llama-bench") == mine
+    # a folder set there that lacks a program is said, never replaced by the cache's build
+    assert bl.llama_cpp_bin("llama-server") is None
+    note = bl.llama_cpp_problem()
+    assert note.startswith(f"ANYSPEC_LLAMA_CPP={nowhere / 'mine'} holds no llama-server;")
+    assert "\n" not in note
+    monkeypatch.setenv("ANYSPEC_LLAMA_CPP", str(nowhere / "no-such-folder"))
+    assert "holds no llama-server or llama-bench" in bl.llama_cpp_problem()
+    monkeypatch.setenv("ANYSPEC_LLAMA_CPP", str(nowhere / "mine"))
+    _program(nowhere / "mine", "llama-server")
     # a target that is not a GGUF file is a note too
     note = bl.llama_cpp_problem(nowhere / "some-hf-folder")
     assert note and "is not a GGUF file" in note and "\n" not in note

@@ -43,21 +43,26 @@ class LlamaCppUnavailable(Exception):
 
 
 def llama_cpp_bin(name: str) -> Path | None:
-    """The llama.cpp program ``name``: in ``$ANYSPEC_LLAMA_CPP``, ``<cache>/llama.cpp/bin``, or on PATH."""
+    """The llama.cpp program ``name``: in ``$ANYSPEC_LLAMA_CPP`` where it is set (there only: a build
+    chosen so, an AVX2 one say, is never replaced by another), else ``<cache>/llama.cpp/bin`` or on
+    PATH."""
     from anyspec.paths import cache_dir
 
-    folders = [os.environ.get("ANYSPEC_LLAMA_CPP"), cache_dir() / "llama.cpp" / "bin"]
-    for folder in filter(None, folders):
+    chosen = os.environ.get("ANYSPEC_LLAMA_CPP")
+    for folder in [chosen] if chosen else [cache_dir() / "llama.cpp" / "bin"]:
         path = Path(folder).expanduser() / name
         if path.is_file() and os.access(path, os.X_OK):
             return path
-    found = shutil.which(name)
+    found = None if chosen else shutil.which(name)
     return Path(found) if found else None
 
 
 def llama_cpp_problem(gguf: str | Path | None = None) -> str | None:
     """One line saying why llama.cpp cannot run here (and what to do), or None when it can."""
     missing = [p for p in PROGRAMS if llama_cpp_bin(p) is None]
+    if missing and (chosen := os.environ.get("ANYSPEC_LLAMA_CPP")):
+        return (f"ANYSPEC_LLAMA_CPP={chosen} holds no {' or '.join(missing)}; set it to the bin folder of a "
+                "llama.cpp build, or unset it for anyspec's own (make llama-cpp); skipped")
     if missing:
         return f"llama.cpp is not built ({', '.join(missing)} not found); {FIX}; skipped"
     if gguf is not None and not (Path(gguf).is_file() and Path(gguf).suffix == ".gguf"):

@@ -174,6 +174,8 @@ def markdown(result: dict) -> str:
     lines += [f"- {r['set']}/{r['method']} (`{c.get('llama_spec')}`): the same answer as llama.cpp alone "
               f"on {r['identical_llama_cpp']} prompts"
               for r in result["summary"] if r.get("identical_llama_cpp") and r["set"] != "all"]
+    if c.get("llama_cpp"):
+        lines.append(f"- llama.cpp: `{c['llama_cpp']}`")
     lines += [f"- {m}: {note}" for m, note in result["notes"].items()]
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ from anyspec.bench.hf import run_hf
 from anyspec.bench.llama import (
     LlamaCppUnavailable,
     close_llama_cpp,
+    llama_cpp_bin,
     llama_cpp_problem,
     run_llama_cpp,
     target_gguf,
@@ -226,6 +227,8 @@ def run_bench(settings: BenchSettings, log=print) -> dict:
                        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
                        "torch": torch.__version__, "python": sys.version.split()[0],
                        **({"llama_spec": s.llama_spec} if "llama.cpp-ngram" in methods else {}),
+                       **({"llama_cpp": str(llama_cpp_bin("llama-server"))}
+                          if any(m in LLAMA_CPP_METHODS and m not in notes for m in methods) else {}),
                        "hf_uag": "transformers generate() defaults (adaptive number of assistant tokens)"
                        if s.hf_assistant == "default" else f"fixed {k} assistant tokens",
                        **({"vllm": ctx.vllm_info} if ctx.vllm_info else {})},
