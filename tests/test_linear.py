@@ -213,6 +213,21 @@ def test_rowwise_kernel_says_why_it_is_off(monkeypatch):
         module.rowwise_kernel()
 
 
+def test_a_gguf_model_without_the_kernels_says_it_runs_de_quantized(monkeypatch, capsys, tmp_path):
+    from anyspec.backends import load as backend
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("ANYSPEC_KERNELS", "0")
+    assert backend.resolve_dtype("auto", spec=str(gguf)) in ("bf16", "fp32")
+    err = capsys.readouterr().err
+    assert err == ("anyspec: m.gguf is a GGUF model and anyspec's kernels are off here (ANYSPEC_KERNELS=0); "
+                   "loading it de-quantized through transformers instead\n")
+    monkeypatch.setenv("ANYSPEC_KERNELS", "1")
+    backend.resolve_dtype("auto", spec=str(tmp_path / "folder"))
+    assert capsys.readouterr().err == ""
+
+
 def test_bf16_without_the_kernel_warns_with_the_reason(monkeypatch, capsys, tok_llama2, tmp_path):
     from tiny_models import save_tiny_model
 

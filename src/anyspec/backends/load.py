@@ -9,6 +9,7 @@ linear layers and, for the Llama family, the lean forward (``backends/lean.py``)
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -103,6 +104,10 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
                 raise ConfigError(f"{source.name} cannot run on anyspec's GGUF kernels ({problem}), nor "
                                   f"de-quantized ({other}); convert it to a supported architecture or type")
             print(f"anyspec: {source.name if source else spec} cannot run on the GGUF kernels ({problem}); "
+                  "loading it de-quantized through transformers instead", file=sys.stderr)
+        elif spec is not None and is_gguf(spec) and not torch.cuda.is_available():
+            why = "ANYSPEC_KERNELS=0" if os.environ.get("ANYSPEC_KERNELS") == "0" else "this CPU has no AVX2"
+            print(f"anyspec: {Path(spec).name} is a GGUF model and anyspec's kernels are off here ({why}); "
                   "loading it de-quantized through transformers instead", file=sys.stderr)
         if draft and not torch.cuda.is_available():
             return "int8"
