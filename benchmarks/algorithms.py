@@ -1,6 +1,6 @@
 """Acceptance of TLI vs SLEM on the real pair (greedy), against the target alone.
 
-    .venv/bin/python benchmarks/algorithms.py [--k 4] [--max-new-tokens 64] [--prompts 2] \
+    .venv/bin/python benchmarks/algorithms.py [--k 4] [--max-new-tokens 64] [--prompts 2] \\
         [--threads 1] [--out benchmarks/results/algorithms_cpu1.json]
 
 For the first ``--prompts`` prompts of code.jsonl and prose.jsonl (chat messages): the target alone,
@@ -54,16 +54,26 @@ def run(engine: Engine, messages, params) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft", default="smollm2-135m")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--prompts", type=int, default=2, help="prompts per kind")
-    parser.add_argument("--kinds", default="code,prose")
-    parser.add_argument("--algorithms", default="tli,slem")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None, help="write the whole result as JSON here")
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b",
+                        help="target: a built-in model name, a folder or a .gguf file (default %(default)s)")
+    parser.add_argument("--draft", default="smollm2-135m",
+                        help="draft: a built-in model name, a folder or a .gguf file (default %(default)s)")
+    parser.add_argument("--dtype", default="auto",
+                        help="both models' dtype: auto, gguf, bf16, fp16, fp32, int8 (default %(default)s)")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per round (default %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                        help="the most tokens each answer may have (default %(default)s)")
+    parser.add_argument("--prompts", type=int, default=2, metavar="N",
+                        help="the first N prompts of each kind (default %(default)s)")
+    parser.add_argument("--kinds", default="code,prose",
+                        help="the prompt sets, comma-separated: sets shipped with anyspec or .jsonl files "
+                             "(default %(default)s)")
+    parser.add_argument("--algorithms", default="tli,slem",
+                        help="the algorithms compared, comma-separated (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=1, metavar="N",
+                        help="torch CPU threads (default %(default)s)")
+    parser.add_argument("--out", default=None, metavar="FILE",
+                        help="write the whole result as JSON here (default: none)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*has no unk token.*")

@@ -26,12 +26,18 @@ def prompts(limit: int) -> list[list[dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--limit", type=int, default=2, help="prompts of each set (code, prose)")
-    ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="the requests' temperature (default %(default)s)")
+    ap.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                    help="the requests' nucleus sampling mass (1 = off; default %(default)s)")
+    ap.add_argument("--limit", type=int, default=2, metavar="N",
+                    help="prompts of each set (code, prose; default %(default)s)")
+    ap.add_argument("--seeds", type=int, default=2, metavar="N",
+                    help="each prompt with seeds 0 to N-1 (default %(default)s)")
+    ap.add_argument("--max-new-tokens", type=int, default=96, metavar="N",
+                    help="the most tokens each answer may have (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=2, metavar="N",
+                    help="torch CPU threads (default %(default)s)")
     args = ap.parse_args()
 
     pair = load_pair(check_pair("qwen2.5-coder-1.5b", "smollm2-135m", "auto", "auto", args.threads))

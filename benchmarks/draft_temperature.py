@@ -45,12 +45,19 @@ def with_draft_factor(factor: float):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
-    ap.add_argument("--factors", type=float, nargs="+", default=[0.5, 0.75, 1.0, 1.25])
-    ap.add_argument("--tree", type=int, nargs="+", default=[0, 2])
-    ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--limit", type=int, default=6, help="prompts per set (code, prose)")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0], metavar="T",
+                    help="the requests' temperatures (default: 0.7 1.0)")
+    ap.add_argument("--factors", type=float, nargs="+", default=[0.5, 0.75, 1.0, 1.25], metavar="F",
+                    help="the draft's temperature as the request's times F (1 = the request's own, the "
+                         "engine's rule; default: 0.5 0.75 1.0 1.25)")
+    ap.add_argument("--tree", type=int, nargs="+", default=[0, 2], metavar="N",
+                    help="branches beside the draft's chain (0 = the chain alone; default: 0 2)")
+    ap.add_argument("--seeds", type=int, default=2, metavar="N",
+                    help="each prompt with seeds 0 to N-1 (default %(default)s)")
+    ap.add_argument("--limit", type=int, default=6, metavar="N",
+                    help="prompts per set (code, prose; default %(default)s)")
+    ap.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                    help="the most tokens each answer may have (default %(default)s)")
     args = ap.parse_args()
     target = load_model(str(gguf_path(DEFAULT_TARGET)), dtype="gguf", name="target")
     draft = load_model(str(gguf_path(DEFAULT_DRAFT)), dtype="gguf", name="draft")

@@ -193,18 +193,28 @@ def median_of(rounds: list[dict], key: str) -> float | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a built-in model name or a .gguf file")
-    ap.add_argument("--rows", nargs="+", type=int, default=list(range(1, 9)))
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=3, help="measurements per row count in each round")
-    ap.add_argument("--depth", type=int, default=0, help="both engines' cache length before each forward "
-                                                         "and before the decoded tokens")
-    ap.add_argument("--n-gen", type=int, default=64, help="tokens decoded for ms/token (0: skip)")
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b",
+                    help="a built-in model name or a .gguf file (default %(default)s)")
+    ap.add_argument("--rows", nargs="+", type=int, default=list(range(1, 9)), metavar="N",
+                    help="the row counts of the forwards timed (default: 1 to 8)")
+    ap.add_argument("--threads", type=int, default=2, metavar="N",
+                    help="CPU threads of both engines (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, metavar="N",
+                    help="rounds, the engines alternating which one starts; each figure is the median "
+                         "over them (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=3, metavar="N",
+                    help="measurements per row count in each round (default %(default)s)")
+    ap.add_argument("--depth", type=int, default=0, metavar="N",
+                    help="both engines' cache length before each forward and before the decoded tokens "
+                         "(default %(default)s)")
+    ap.add_argument("--n-gen", type=int, default=64, metavar="N",
+                    help="tokens decoded one at a time for ms/token (0: skip; default %(default)s)")
     ap.add_argument("--prefill", type=int, default=0, metavar="P",
-                    help="also time a P-token prompt on an empty cache (0: skip)")
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--markdown", type=Path, default=None)
+                    help="also time a P-token prompt on an empty cache (0: skip; default %(default)s)")
+    ap.add_argument("--json", type=Path, default=None, metavar="FILE",
+                    help="write the whole result as JSON here (default: none)")
+    ap.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                    help="write the table here (it is printed anyway; default: none)")
     args = ap.parse_args(argv)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if min(args.rows) < 1 or args.depth < 0 or args.n_gen < 0 or args.prefill < 0:

@@ -119,12 +119,19 @@ def projection(costs: dict, accept: dict[str, float], k_max: int = 8) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--assets", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--accept", default="code=0.25,prose=0.55", help="per-token acceptance from CPU runs")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--skip-costs", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--assets", type=Path, required=True, metavar="FOLDER",
+                    help="a folder with qwen2.5-coder-1.5b/ and smollm2-135m/: each model's config and "
+                         "tokenizer files, without the weights")
+    ap.add_argument("--out", type=Path, required=True, metavar="FILE",
+                    help="write the whole result as JSON here (not with --skip-costs, which only prints "
+                         "the correctness)")
+    ap.add_argument("--accept", default="code=0.25,prose=0.55", metavar="LABEL=RATE,...",
+                    help="per-token acceptance measured with the real weights on the CPU, for the "
+                         "projected speedup by k (default %(default)s)")
+    ap.add_argument("--device", default="cuda", help="the torch device (default %(default)s)")
+    ap.add_argument("--skip-costs", action="store_true",
+                    help="check correctness only: no forward costs, no projection")
     args = ap.parse_args()
     device = args.device
     name = torch.cuda.get_device_name(0) if device == "cuda" else device

@@ -42,10 +42,16 @@ def holes(limit: int) -> list[tuple[str, str, str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--limit", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=4, metavar="N",
+                    help="N method bodies to fill in, cut from the edit set's files in turn "
+                         "(default %(default)s)")
+    ap.add_argument("--max-new-tokens", type=int, default=96, metavar="N",
+                    help="the most tokens each answer may have (default %(default)s)")
+    ap.add_argument("--repeat", type=int, default=2, metavar="N",
+                    help="every case this many times, the order of the two runs alternating "
+                         "(default %(default)s)")
+    ap.add_argument("--threads", type=int, default=2, metavar="N",
+                    help="torch CPU threads (default %(default)s)")
     args = ap.parse_args()
 
     pair = load_pair(check_pair("qwen2.5-coder-1.5b", "smollm2-135m", "auto", "auto", args.threads))

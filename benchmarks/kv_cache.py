@@ -45,13 +45,22 @@ def one_repeat(model, ids: list[int], args, out: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--depth", type=int, nargs="+", default=[1024, 4096])
-    ap.add_argument("--prefill", type=int, default=2048)
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--rows", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b",
+                    help="a built-in model name or a .gguf file, on anyspec's GGUF kernels "
+                         "(default %(default)s)")
+    ap.add_argument("--depth", type=int, nargs="+", default=[1024, 4096], metavar="N",
+                    help="the cache lengths the decode and the pass of --rows rows are timed at "
+                         "(default: 1024 4096)")
+    ap.add_argument("--prefill", type=int, default=2048, metavar="N",
+                    help="the prompt prefilled on an empty cache (default %(default)s)")
+    ap.add_argument("--tokens", type=int, default=16, metavar="N",
+                    help="tokens decoded one at a time at each depth (default %(default)s)")
+    ap.add_argument("--rows", type=int, default=6, metavar="N",
+                    help="the rows of the one pass timed at each depth (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=4, metavar="N",
+                    help="repeats, each running both caches (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=2, metavar="N",
+                    help="torch CPU threads (default %(default)s)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(args.model, dtype="gguf", name="target")

@@ -246,28 +246,40 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=DEFAULT_TARGET, help="built-in name or path (default %(default)s)")
     ap.add_argument("--draft", default=DEFAULT_DRAFT, help="built-in name or path (default %(default)s)")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads of each server (default 2)")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8], help="concurrency levels")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prompts", nargs="+", default=["code", "prose"],
+    ap.add_argument("--threads", type=int, default=2, metavar="N",
+                    help="CPU threads of each server (default %(default)s)")
+    ap.add_argument("--max-tokens", type=int, default=64, metavar="N",
+                    help="each request's max_tokens (default %(default)s)")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8], metavar="N",
+                    help="concurrency levels: N clients streaming at once (default: 1 2 4 8)")
+    ap.add_argument("--rounds", type=int, default=3, metavar="N",
+                    help="rounds at each client count, the order of the methods rotating "
+                         "(default %(default)s)")
+    ap.add_argument("--prompts", nargs="+", default=["code", "prose"], metavar="SET_OR_FILE",
                     help=f"prompt sets ({', '.join(s for s in SETS if s != 'chat')}) or JSONL files of "
-                         "single prompts (default code prose)")
-    ap.add_argument("--prompts-limit", type=int, default=None, help="prompts per set")
-    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+                         "single prompts (default: code prose)")
+    ap.add_argument("--prompts-limit", type=int, default=None, metavar="N",
+                    help="at most N prompts per set (default: all)")
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), metavar="METHOD",
+                    help="batched (anyspec serve --max-batch N), one-at-a-time (--max-batch 1), llama.cpp "
+                         "(llama-server -np N on the target's GGUF alone) (default: all three)")
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out")
-    ap.add_argument("--ctx", type=int, default=4096, help="llama-server context per slot (default 4096)")
+    ap.add_argument("--ctx", type=int, default=4096, metavar="N",
+                    help="llama-server context per slot (default %(default)s)")
     ap.add_argument("--anyspec-args", default="--no-prefix-cache",
                     help='more `anyspec serve` arguments, one string: --anyspec-args="-k 4" '
                          '(default %(default)s)')
     ap.add_argument("--llama-args", default="--no-cache-prompt --cache-ram 0",
                     help="more llama-server arguments, one string (default %(default)s)")
-    ap.add_argument("--load-timeout", type=float, default=900.0, help="seconds a server may take to start")
-    ap.add_argument("--markdown", type=Path, default=RESULTS / "serve_load.md")
-    ap.add_argument("--json", type=Path, default=RESULTS / "serve_load.json")
+    ap.add_argument("--load-timeout", type=float, default=900.0, metavar="SECONDS",
+                    help="seconds a server may take to start (default %(default)s)")
+    ap.add_argument("--markdown", type=Path, default=RESULTS / "serve_load.md", metavar="FILE",
+                    help="write the report here (default: benchmarks/results/serve_load.md)")
+    ap.add_argument("--json", type=Path, default=RESULTS / "serve_load.json", metavar="FILE",
+                    help="write the whole result as JSON here (default: benchmarks/results/serve_load.json)")
     args = ap.parse_args(argv)
     if min(args.clients + [args.rounds, args.max_tokens, args.threads, args.prompts_limit or 1]) < 1:
         ap.error("--clients, --rounds, --max-tokens, --threads and --prompts-limit must be >= 1")

@@ -5,7 +5,7 @@ Loads the pair once, then for each prompt runs the target alone and every config
 order that rotates from prompt to prompt (drift on a shared machine falls on all alike), greedy.
 Prints a Markdown table of speedups over the target alone per prompt set, and writes JSON.
 
-    .venv/bin/python benchmarks/tune.py --ks 4 5 6 --algorithms slem --confidences 0 0.5 0.7 \
+    .venv/bin/python benchmarks/tune.py --ks 4 5 6 --algorithms slem --confidences 0 0.5 0.7 \\
         --limit 3 --threads 2 --json benchmarks/results/tune_confidence.json
 """
 
@@ -25,29 +25,43 @@ from anyspec.engine import Engine, SamplingParams, SpeculativeConfig
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--draft", default="smollm2-135m")
-    ap.add_argument("--dtype", default=None)
-    ap.add_argument("--draft-dtype", default=None)
-    ap.add_argument("--ks", nargs="+", type=int, default=[2, 3, 4, 6])
-    ap.add_argument("--algorithms", nargs="+", default=["slem", "tli"])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b",
+                    help="target: a built-in model name, a folder or a .gguf file (default %(default)s)")
+    ap.add_argument("--draft", default="smollm2-135m",
+                    help="draft: a built-in model name, a folder or a .gguf file (default %(default)s)")
+    ap.add_argument("--dtype", default=None,
+                    help="the target's dtype, as anyspec's --dtype: gguf, bf16, fp16, fp32, int8 "
+                         "(default: auto)")
+    ap.add_argument("--draft-dtype", default=None,
+                    help="the draft's dtype, as anyspec's --draft-dtype (default: auto)")
+    ap.add_argument("--ks", nargs="+", type=int, default=[2, 3, 4, 6], metavar="K",
+                    help="draft tokens per round to try (default: 2 3 4 6)")
+    ap.add_argument("--algorithms", nargs="+", default=["slem", "tli"], metavar="ALGORITHM",
+                    help="algorithms to try: slem, tli, auto (default: slem tli)")
     ap.add_argument("--adaptive", action="store_true", help="also each configuration with adaptive k")
-    ap.add_argument("--confidences", nargs="+", type=float, default=[0.0],
-                    help="draft_confidence thresholds to try (0 = off)")
-    ap.add_argument("--trees", nargs="+", type=int, default=[None],
-                    help="branches beside the chain to try (0 = the chain alone; default: the target's own)")
-    ap.add_argument("--ngrams", nargs="+", type=int, default=[0],
-                    help="prompt lookup lengths to try (0 = off)")
-    ap.add_argument("--limit", type=int, default=2, help="prompts per set")
-    ap.add_argument("--skip", type=int, default=0,
-                    help="prompts per set left out before --limit ones (held-out prompts to confirm on)")
-    ap.add_argument("--sets", nargs="+", default=["code", "prose"],
-                    help="prompt sets: the shipped ones (code, prose), or .jsonl files (named by stem)")
-    ap.add_argument("--repeat", type=int, default=1, help="every prompt this many times, rotating on")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--confidences", nargs="+", type=float, default=[0.0], metavar="P",
+                    help="draft_confidence thresholds to try (0 = off; default: 0)")
+    ap.add_argument("--trees", nargs="+", type=int, default=[None], metavar="N",
+                    help="branches beside the chain to try (0 = the chain alone; default: the engine's own "
+                         "choice for the target)")
+    ap.add_argument("--ngrams", nargs="+", type=int, default=[0], metavar="N",
+                    help="prompt lookup lengths to try (0 = off; default: 0)")
+    ap.add_argument("--limit", type=int, default=2, metavar="N", help="prompts per set (default %(default)s)")
+    ap.add_argument("--skip", type=int, default=0, metavar="N",
+                    help="prompts per set left out before the --limit ones (held-out prompts to confirm on; "
+                         "default %(default)s)")
+    ap.add_argument("--sets", nargs="+", default=["code", "prose"], metavar="SET",
+                    help="prompt sets: the shipped ones (code, prose), or .jsonl files (named by stem; "
+                         "default: code prose)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="every prompt this many times, rotating on (default %(default)s)")
+    ap.add_argument("--max-new-tokens", type=int, default=96, metavar="N",
+                    help="the most tokens each answer may have (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=2, metavar="N",
+                    help="torch CPU threads (default %(default)s)")
+    ap.add_argument("--json", type=Path, default=None, metavar="FILE",
+                    help="write the arguments, the table and every run as JSON here (default: none)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)

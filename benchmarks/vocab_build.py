@@ -34,7 +34,9 @@ def timed(fn, repeat: int) -> tuple[tuple[float, float], object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5, metavar="N",
+                        help="each way of building is timed N times; the medians are shown "
+                             "(default %(default)s)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
