@@ -409,3 +409,101 @@ def test_library_threads_of_another_type_say_so():
         anyspec.load(threads="2")
     with pytest.raises(ConfigError, match="threads must be an integer .*got '2'"):
         anyspec.generate("hi", threads="2")
+
+
+# ---- --help: every option explained, its default shown --------------------------------------------
+
+def parsers(parser, name: str = "anyspec"):
+    """``(name, parser)`` for each parser under ``parser`` (``anyspec models fetch``), itself first."""
+    import argparse
+
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, sub in action.choices.items():
+                yield from parsers(sub, f"{name} {command}")
+
+
+def test_models_without_a_subcommand_names_the_choices(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["models"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "{list,fetch,path}" in err and "models_command" not in err, err
+
+
+def test_every_option_of_every_command_has_a_help():
+    import argparse
+
+    from anyspec.cli.commands import build_parser
+
+    missing = []
+    for name, parser in parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [f"{name} {a.dest}" for a in action._choices_actions if not (a.help or "").strip()]
+            elif not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS:
+                if not (action.help or "").strip():
+                    missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+    assert not missing, f"options without a help: {', '.join(missing)}"
+
+
+def test_the_seed_help_names_only_options_its_command_has():
+    import re
+
+    from anyspec.cli.commands import build_parser
+
+    seen = 0
+    for name, parser in parsers(build_parser()):
+        seed = parser._option_string_actions.get("--seed")
+        if seed is None:
+            continue
+        seen += 1
+        assert "default" in seed.help, name
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", seed.help):
+            assert flag in parser._option_string_actions, f"{name} --seed names {flag}, which it lacks"
+    assert seen >= 3  # generate, chat, bench
+
+
+def test_bench_options_show_their_defaults_and_explain_every_method():
+    import re
+
+    from anyspec.bench.methods import METHODS
+    from anyspec.cli.commands import build_parser
+
+    bench = build_parser().commands["bench"]
+    options = bench._option_string_actions
+    for flag in ("--seed", "--temperature", "--top-p", "--presence-penalty", "--frequency-penalty", "--limit",
+                 "--repeat"):
+        assert "default" in options[flag].help, flag
+    assert options["--limit"].metavar == options["--repeat"].metavar == "N"
+    methods = options["--methods"].help
+    assert all(re.search(rf"(: |; ){re.escape(m)}( \(opt-in\))?: ", methods) for m in METHODS), methods
+    assert "the draft model proposes" in options["--method"].help
+
+
+def test_the_benchmark_scripts_explain_every_option():
+    """Read, not run (they import torch): each parser has a description, each option a help, and
+    an option with a value a default its help shows."""
+    import ast
+
+    scripts = ("forward_rows", "tune", "gpu_check", "algorithms", "draft_temperature", "kv_cache",
+               "vocab_build", "infill", "choose_ab", "serve_load")
+    folder = Path(__file__).parents[1] / "benchmarks"
+    problems = []
+    for script in scripts:
+        for call in ast.walk(ast.parse((folder / f"{script}.py").read_text())):
+            if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+                continue
+            keywords = {k.arg: k.value for k in call.keywords}
+            if call.func.attr == "ArgumentParser" and "description" not in keywords:
+                problems.append(f"{script}: no description")
+            if call.func.attr != "add_argument":
+                continue
+            flag = ast.literal_eval(call.args[0])
+            text = ast.unparse(keywords["help"]) if "help" in keywords else ""
+            if not text:
+                problems.append(f"{script} {flag}: no help")
+            elif ("default" in keywords and "action" not in keywords
+                  and ast.unparse(keywords["default"]) != "None" and "default" not in text):
+                problems.append(f"{script} {flag}: its default is not shown")
+    assert not problems, problems

@@ -61,7 +61,9 @@ class SpeculativeConfig:
     """The pair's settings, checked as they are made; ``dataclasses.replace`` makes a changed copy
     (checked again). Each field's metadata is its command-line flag (``cli/options.py``)."""
 
-    method: str = flag("draft_model", "speculative method", metavar="{" + ",".join(METHODS) + "}")
+    method: str = flag(
+        "draft_model", "speculative method: draft_model (the only one, and the default): the draft model "
+        "proposes tokens, the target verifies them", metavar="{" + ",".join(METHODS) + "}")
     num_speculative_tokens: int = flag(
         NUM_SPECULATIVE_TOKENS, f"draft tokens per round, at most (1 to {MAX_SPECULATIVE_TOKENS}; "
         "default %(default)s)", "-k", "--num-speculative-tokens", metavar="K", alias="--k")

@@ -23,6 +23,7 @@ FIXED = ("algorithm", "draft_sample_method", "draft_context", "prefix_cache")  #
 def add_parser(sub) -> None:
     from anyspec.bench.llama_spec import DEFAULT_LLAMA_SPEC
     from anyspec.bench.methods import DEFAULT_METHODS, METHODS
+    from anyspec.config import AUTO_NGRAM
 
     p = sub.add_parser("bench", help="tokens/s, speedup, acceptance and exactness against baselines",
                        description=__doc__)
@@ -30,24 +31,59 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", nargs="+", default=None, metavar="SET_OR_FILE",
                    help="JSONL prompt files, or sets shipped with anyspec by name: code, prose, edit, doc, "
                         "long, chat, json (default: code prose)")
-    p.add_argument("--limit", type=int, default=None, help="at most N prompts from each file")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="run the whole rotation N times (tok/s then pools every run; a noisy machine)")
-    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS,
-                   help=f"default: {' '.join(DEFAULT_METHODS)}")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="at most N prompts from each file (default: all)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run the whole rotation N times (tok/s then pools every run; a noisy machine; "
+                        "default %(default)s)")
+    explained = {
+        "target": "the target alone on anyspec's loop, greedy (the reference each greedy output is "
+                  "compared with, token by token)",
+        "target-sampled": "the target alone, sampled (--temperature, --top-p, --seed)",
+        "target-ngram": f"the target alone with prompt lookup on every prompt (--ngram, else {AUTO_NGRAM})",
+        "anyspec-greedy": "anyspec with the draft, TLI, greedy",
+        "anyspec-slem": "anyspec with the draft, SLEM, greedy",
+        "anyspec-slem-ngram": f"anyspec-slem with prompt lookup on every prompt (--ngram, else {AUTO_NGRAM})",
+        "anyspec-slem-chain": "anyspec-slem without branches beside the draft's chain (--tree 0)",
+        "anyspec-sampled": "anyspec with the draft, sampled (algorithm auto: SLEM), against "
+                           "target-sampled with the same seed",
+        "llama.cpp": "llama.cpp's llama-server on the target's GGUF file alone, greedy",
+        "llama.cpp-ngram": "the same with llama.cpp's own lookup speculation (--llama-spec)",
+        "hf-target": "transformers' generate with the target alone, greedy",
+        "hf-uag": "transformers' assisted generation with the draft (Universal Assisted Generation, "
+                  "--hf-assistant), against hf-target",
+        "vllm-target": "vLLM with the target alone, greedy",
+        "vllm": "vLLM's own speculative decoding with the same pair (method draft_model), greedy",
+    }
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=METHODS, metavar="METHOD",
+                   help="what runs on the same prompts, in a rotating order: "
+                        + "; ".join(f"{m}{'' if m in DEFAULT_METHODS else ' (opt-in)'}: {explained[m]}"
+                                    for m in METHODS)
+                        + ". Each speedup is over target, but anyspec-sampled's (over target-sampled) and "
+                          f"hf-uag's (over hf-target) (default: {' '.join(DEFAULT_METHODS)})")
     p.add_argument("--also-draft-dtype", nargs="+", default=[], metavar="DTYPE",
                    help="run each anyspec method with a draft again with the draft in DTYPE (named "
                         "METHOD@DTYPE), in the same alternating rotation: e.g. gguf against bf16")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                    help="the most tokens each answer may have (default 64)")
     add_engine_options(p, fixed=FIXED)
-    p.add_argument("--temperature", type=float, default=0.7, help="for anyspec-sampled and target-sampled")
-    p.add_argument("--top-p", type=float, default=1.0, help="for anyspec-sampled and target-sampled")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="for anyspec's methods (OpenAI's)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="for anyspec's methods (OpenAI's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="for anyspec-sampled and target-sampled (default %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                   help="nucleus sampling for anyspec-sampled and target-sampled (1 = off; "
+                        "default %(default)s)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's, from -2 to 2, for the target and anyspec methods only (0 = off; "
+                        "default %(default)s)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="OpenAI's, from -2 to 2, for the target and anyspec methods only (0 = off; "
+                        "default %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the seed of anyspec-sampled and target-sampled, the same for both, so their "
+                        "answers must match; also vLLM's engine seed (default %(default)s)")
     p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
-                   help="HF assisted generation: its adaptive default, or the same fixed k as anyspec")
+                   help="HF assisted generation: its adaptive default, or the same fixed k as anyspec "
+                        "(default: %(default)s)")
     p.add_argument("--vllm-python", default=os.environ.get("ANYSPEC_VLLM_PYTHON") or None, metavar="PATH",
                    help="run the vllm methods in a subprocess of this python (a venv with vLLM, e.g. "
                         ".venv-vllm/bin/python; default: $ANYSPEC_VLLM_PYTHON, else vLLM in this process)")
@@ -55,9 +91,11 @@ def add_parser(sub) -> None:
                    help="llama-server's lookup speculation for the llama.cpp-ngram method: --spec-type "
                         "(ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) and its "
                         f"--spec-ngram-* sizes, as one string (default: {DEFAULT_LLAMA_SPEC!r})")
-    p.add_argument("--json", type=Path, default=None, help="write the full result here")
-    p.add_argument("--markdown", type=Path, default=None, help="write the table here (it is printed anyway)")
-    p.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here (needs matplotlib)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the full result here")
+    p.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                   help="write the table here (it is printed anyway)")
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE",
+                   help="write a PNG bar chart here (needs matplotlib)")
     p.set_defaults(func=run)
 
 

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     add_model_options(p)
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
-    add_sampling_options(p)
+    add_sampling_options(p, seed_shown="reported with --json")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="with --json: each token's logprob and its N likeliest alternatives (0-20)")
     p.add_argument("--json-schema", metavar="FILE", default=None,
@@ -47,7 +47,10 @@ def add_parser(sub) -> None:
                    help="constrain the answer to this grammar (GBNF, as llama.cpp's, or llguidance's Lark)")
     add_engine_options(p)
     p.add_argument("--allow-download", action="store_true", help="let transformers fetch hub ids")
-    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run the Python code a model folder or hub repository ships (a "
+                        "model of its own architecture) when it loads the target or the draft; only for "
+                        "models you trust (default: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     p.set_defaults(func=run)
 

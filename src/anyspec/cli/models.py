@@ -10,14 +10,16 @@ from anyspec.paths import cache_dir
 
 def add_parser(sub) -> None:
     p = sub.add_parser("models", help="list, fetch or locate the built-in models")
-    msub = p.add_subparsers(dest="models_command", required=True)
+    msub = p.add_subparsers(dest="models_command", required=True, metavar="{list,fetch,path}")
     msub.add_parser("list", help="the built-in models, their role, size and whether they are cached")
     f = msub.add_parser("fetch", help="download and verify a built-in model's GGUF file (or 'all')")
-    f.add_argument("name", choices=[*MODELS, "all"])
+    f.add_argument("name", choices=[*MODELS, "all"], metavar="NAME",
+                   help=f"a built-in model ({', '.join(MODELS)}), or all for every one")
     f.add_argument("--quiet", action="store_true", help="no progress bars")
     f.add_argument("--bf16", action="store_true", help="also convert it to the folder --dtype bf16 runs")
     pa = msub.add_parser("path", help="print a built-in model's GGUF file, fetching it if needed")
-    pa.add_argument("name", choices=list(MODELS))
+    pa.add_argument("name", choices=list(MODELS), metavar="NAME",
+                    help=f"a built-in model: {', '.join(MODELS)}")
     pa.add_argument("--bf16", action="store_true",
                     help="the bf16 folder instead (for vLLM, transformers), converted from the GGUF file on "
                          "first use: a minute or more, and its size in bf16 on disk")

@@ -30,11 +30,14 @@ def add_model_options(p: argparse.ArgumentParser, no_draft: bool = True, chat_te
                             help="decode with the target alone (the baseline)")
     if chat_template:
         p.add_argument("--chat-template", default=None, metavar="FILE",
-                       help="the target's chat template (a Jinja file, or its text) for the model's own")
+                       help="the target's chat template (a Jinja file, or its text) instead of the "
+                        "model's own (the default)")
 
 
-def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) -> None:
-    """How each answer is sampled: ``SamplingParams``' flags (``sampling_params``)."""
+def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128,
+                         seed_shown: str | None = None) -> None:
+    """How each answer is sampled: ``SamplingParams``' flags (``sampling_params``); ``seed_shown``:
+    where the command reports the seed a sampled answer chose (None: nowhere)."""
     p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
                    help=f"the most tokens an answer may have (default {max_new_tokens})")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -46,16 +49,20 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128) 
     p.add_argument("--typical-p", type=float, default=1.0, help="locally typical sampling (1 = off, default)")
     p.add_argument("--top-n-sigma", type=float, default=0.0,
                    help="keep the logits within N standard deviations of the largest (0 = off, default)")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, from -2 to 2 (0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's, from -2 to 2 (0 = off, default)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="OpenAI's, from -2 to 2 (0 = off, default)")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="vLLM's: a seen token's logit divided by it where positive, else times it (1 = off)")
+                   help="vLLM's: a seen token's logit divided by it where positive, else times it "
+                        "(1 = off, default)")
     p.add_argument("--seed", type=int, default=None,
                    help="a sampled answer's seed: the same seed, the same answer, with or without the draft "
-                        "(default: a random one, reported with --json)")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+                        "(default: a fresh random one for each answer, "
+                        + (seed_shown or "not shown") + ")")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable; default: none)")
     p.add_argument("--min-tokens", type=int, default=0,
-                   help="the end-of-sequence tokens and stop strings wait for this many tokens")
+                   help="the end-of-sequence tokens and stop strings wait for this many tokens (default 0)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="never choose an end-of-sequence token (--max-new-tokens or a stop string ends)")
 
