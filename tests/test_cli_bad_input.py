@@ -429,6 +429,10 @@ def test_models_without_a_subcommand_names_the_choices(capsys):
         main(["models"])
     err = capsys.readouterr().err
     assert done.value.code == 2 and "{list,fetch,path}" in err and "models_command" not in err, err
+    with pytest.raises(SystemExit) as done:
+        main([])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "required: {analyze,generate,chat,models,bench,demo,serve}" in err, err
 
 
 def test_every_option_of_every_command_has_a_help():

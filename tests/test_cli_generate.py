@@ -19,18 +19,18 @@ def tiny_dirs(folders):
 
 BAD = [
     (["--method", "ngram"], "unknown speculative method"),
-    (["--num-speculative-tokens", "0"], "num_speculative_tokens"),
+    (["--num-speculative-tokens", "0"], "error: --num-speculative-tokens (k) must be an integer from 1"),
     (["--algorithm", "slem", "--draft-context", "token-map"], "needs draft_context='retokenize'"),
     (["--draft-context", "guess"], "draft_context"),
     (["--draft-sample-method", "beam"], "draft_sample_method"),
-    (["--temperature", "-0.5"], "temperature"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-p", "1.5"], "top_p"),
-    (["--top-k", "-1"], "top_k"),
-    (["--typical-p", "0"], "typical_p must be in (0, 1]"),
-    (["--top-n-sigma", "-1"], "top_n_sigma must be from 0 to 100"),
+    (["--temperature", "-0.5"], "error: --temperature must be a finite number >= 0"),
+    (["--top-p", "0"], "error: --top-p must be in (0, 1], got 0.0"),
+    (["--top-p", "1.5"], "error: --top-p must be in (0, 1], got 1.5"),
+    (["--top-k", "-1"], "error: --top-k must be an integer >= 0"),
+    (["--typical-p", "0"], "error: --typical-p must be in (0, 1]"),
+    (["--top-n-sigma", "-1"], "error: --top-n-sigma must be from 0 to 100"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
-    (["--max-new-tokens", "-2"], "max_new_tokens must be an integer >= 0"),
+    (["--max-new-tokens", "-2"], "error: --max-new-tokens must be at least 1, got -2"),
     (["--target", "/no/such/model"], "/no/such/model"),
     (["--draft", "./missing.gguf"], "missing.gguf"),
     (["--draft", "not-a-builtin-name"], "not-a-builtin-name"),
@@ -43,8 +43,8 @@ BAD = [
     (["--seed", "1180591620717411303424"], "seed must be an integer that fits in 64 bits"),
     # float32 would make these inf/nan probabilities after the models load
     (["--temperature", "1e-300"], "temperature must be 0 (greedy) or at least 0.0001, got 1e-300"),
-    (["--top-p", "1e-300"], "top_p must be at least 1e-06"),
-    (["--k", "1000000000000"], "num_speculative_tokens (k) must be an integer from 1 to 64"),
+    (["--top-p", "1e-300"], "error: --top-p must be at least 1e-06"),
+    (["--k", "1000000000000"], "--num-speculative-tokens (k) must be an integer from 1 to 64"),
     (["--threads", "100000"], "--threads must be at most this machine's"),
 ]
 

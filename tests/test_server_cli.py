@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--k", "0"], "num_speculative_tokens (k) must be an integer from 1 to 64"),
+    (["--k", "0"], "--num-speculative-tokens (k) must be an integer from 1 to 64"),
     (["--target", "/no/such/model"], "/no/such/model not found"),
     (["--draft", "smollm-135"], "smollm-135 not found"),
     (["--dtype", "int3"], "unknown dtype 'int3'"),
@@ -36,7 +36,7 @@ def free_port() -> int:
     (["--max-body-bytes", "0"], "--max-body-bytes must be >= 1"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--algorithm", "slem", "--draft-context", "token-map"], "needs draft_context='retokenize'"),
-    (["--k", "1000000000000"], "num_speculative_tokens (k) must be an integer from 1 to 64"),
+    (["--k", "1000000000000"], "--num-speculative-tokens (k) must be an integer from 1 to 64"),
     (["--threads", "100000"], "--threads must be at most this machine's"),
     (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
     (["--api-key", ""], "--api-key must be printable ASCII without spaces"),
@@ -205,6 +205,25 @@ def test_serve_no_prefix_cache_reaches_the_config():
     parse = build_parser().parse_args
     assert check_args(parse(["serve"]))[1].prefix_cache is True
     assert check_args(parse(["serve", "--no-prefix-cache"]))[1].prefix_cache is False
+
+
+def test_max_prompt_tokens_beyond_the_context_fails_before_loading(no_loading, capsys, folders):
+    import json
+
+    context = json.loads((folders[0] / "config.json").read_text())["max_position_embeddings"]
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    models = ["--target", str(folders[0]), "--draft", str(folders[1]), "--port", str(port)]
+    assert cli.main(["serve", *models, "--max-prompt-tokens", str(context)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"anyspec serve: error: --max-prompt-tokens {context} leaves no room for an answer in the "
+                   f"target's context of {context} tokens; give at most {context - 1}, or leave it out\n")
+    from anyspec.cli.commands import build_parser
+    from anyspec.cli.serve import check_args
+
+    fits = build_parser().parse_args(["serve", *models, "--max-prompt-tokens", str(context - 1)])
+    assert check_args(fits)[0].max_prompt_tokens == context - 1
 
 
 def test_serve_max_prompt_tokens_reaches_the_settings():

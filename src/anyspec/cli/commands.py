@@ -25,8 +25,10 @@ class Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="anyspec", description=__doc__)
     parser.add_argument("--version", action="version", version=f"anyspec {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for command in (analyze, generate, chat, models, bench, demo, serve):
+    commands = (analyze, generate, chat, models, bench, demo, serve)
+    named = "{" + ",".join(c.__name__.rsplit(".", 1)[1] for c in commands) + "}"
+    sub = parser.add_subparsers(dest="command", required=True, metavar=named)  # named: not "command"
+    for command in commands:
         command.add_parser(sub)  # each sets func=run(args)
     parser.commands = sub.choices
     return parser

@@ -94,7 +94,9 @@ def in_flags(exc: ConfigError, parser: argparse.ArgumentParser) -> str:
     spelled = {f.name: f.metadata.get("flags") for f in dataclasses.fields(SpeculativeConfig)}.get(field)
     options = [o for o in (spelled or ()) if o.startswith("--")] or [f"--{field.replace('_', '-')}"]
     known = [o for o in options if o in parser._option_string_actions]
-    return known[0] + message[len(field):] if known else message
+    if not known or known[0] in message:  # a message that names the option already says it
+        return message
+    return known[0] + message[len(field):]
 
 
 def add_flags(p: argparse.ArgumentParser, settings: type, fixed: tuple[str, ...] = ()) -> None:

@@ -40,6 +40,7 @@ def add_parser(sub) -> None:
 def check_args(args):
     """Everything that can be wrong with the command line, found before any model loads:
     ``(settings, config, plan)``."""
+    from anyspec.backends.load import known_context
     from anyspec.models import MODELS
 
     config = speculative_config(args)
@@ -60,6 +61,10 @@ def check_args(args):
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
     settings = Settings(model_name=name, **{f.name: getattr(args, f.name)  # checks them
                                             for f in dataclasses.fields(Settings) if hasattr(args, f.name)})
+    context, most = known_context(plan.target), settings.max_prompt_tokens
+    if context is not None and most is not None and most >= context:
+        raise ConfigError(f"--max-prompt-tokens {most} leaves no room for an answer in the target's context "
+                          f"of {context} tokens; give at most {context - 1}, or leave it out")
     with socket.socket() as probe:
         try:
             probe.bind((args.host, args.port))
