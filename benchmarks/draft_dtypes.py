@@ -112,6 +112,8 @@ def main() -> None:
     ap.add_argument("--split", action="store_true", help="where a GGUF draft token's time goes")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.split and args.rounds < 2:
+        ap.error("--split needs --rounds 2 or more (the first round warms up and is not split)")
     torch.set_num_threads(args.threads)
     models = {d: load_model(args.model, dtype=d, name="draft") for d in args.dtypes}
     heads = {d: None for d in args.dtypes}

@@ -125,11 +125,12 @@ def add_engine_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) 
     add_flags(p, SpeculativeConfig, fixed)
     p.add_argument("--dtype", default="auto",
                    help="target: auto (a GGUF model: gguf where anyspec's kernels run its blocks, else "
-                        "de-quantized; a folder: bf16, or fp32 on a CPU without AVX2) | gguf (the file's "
-                        "own blocks) | bf16 | fp16 | fp32 | int8 (weight-only int8 linears)")
+                        "de-quantized; a folder: bf16, or fp32 on a CPU without AVX2; the default) | gguf "
+                        "(the file's own blocks) | bf16 | fp16 | fp32 | int8 (weight-only int8 linears)")
     p.add_argument("--draft-dtype", default="auto",
                    help="draft: auto (as --dtype for a GGUF model; a folder: int8 on the CPU, since the "
-                        "draft's numbers never change the output) | gguf | bf16 | fp16 | fp32 | int8")
+                        "draft's numbers never change the output; the default) | gguf | bf16 | fp16 | fp32 "
+                        "| int8")
     p.add_argument("--kv-cache-dtype", default="fp32", choices=("fp32", "fp16"),
                    help="both models' KV caches: fp32 (default) or fp16 (half the memory, and half the "
                         "bytes a token reads on a long context; each key and value rounded once); "
