@@ -313,7 +313,7 @@ def test_a_bad_guide_is_one_line_before_loading(no_loading, capsys, tmp_path, ar
     (["generate"], "the following arguments are required: --prompt"),
     (["serve", "--port", "x"], "anyspec serve: error: argument --port"),
     (["generate", "--prompt", "x", "--bogus"], "anyspec generate: error: unrecognized arguments: --bogus"),
-    ([], "required: command"),
+    ([], "required: {analyze,generate,chat,models,bench,demo,serve}"),
     (["generate", "--prompt", "x", "--no-draft", "--draft", "gemma3-270m"], "not allowed with argument"),
 ])
 def test_a_command_line_argparse_refuses_is_one_line(capsys, argv, says):
