@@ -123,7 +123,7 @@ def main() -> None:
     keys = list(rows[0])
     print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for row in rows:
-        print("| " + " | ".join(str(row[k]) for k in keys) + " |")
+        print("| " + " | ".join("-" if row[k] is None else str(row[k]) for k in keys) + " |")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "table": rows,
                                          "runs": runs}, indent=1) + "\n")
