@@ -133,8 +133,9 @@ class Engine:
             # its client left) is closed by the collector, which frees the engine
             gc.collect()
         if self.streaming:
-            raise EngineBusy("this Engine is running another generation (a stream begun and not finished "
-                             "or closed); finish or close() it first, or use generate_batch for several")
+            raise EngineBusy("this Engine is running another generation (a generate call in another thread, "
+                             "or a stream begun and not finished or closed); wait for it, finish or close() "
+                             "the stream, or use generate_batch for several")
         self.streaming = True
         try:
             return (yield from generation)
