@@ -155,6 +155,33 @@ def test_generation_timeout_cuts_the_answer(engine, reference, stream):
     assert text and full.startswith(text) and len(text) < len(full)
 
 
+def test_the_generation_timeout_counts_from_the_end_of_the_prefill():
+    """As llama-server's t_max_predict_ms counts from the first generated token: a long prompt's
+    prefill is not cut, so its answer is not an empty one."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from anyspec.server.metrics import Metrics
+    from anyspec.server.scheduler import Job, Running, Scheduler
+
+    scheduler = Scheduler(SimpleNamespace(batchable=True, draft=None), max_queue=2, generation_timeout=0.05,
+                          metrics=Metrics(), max_batch=4)
+    loop = asyncio.new_event_loop()
+    job = Job("hi", SamplingParams(), True, 1, loop)
+    sequence = SimpleNamespace(cached_ids=[7, 8, 1])  # an earlier job's tokens, in a reused slot
+    run = scheduler.running[job] = Running(False, sequence, [1, 2, 3, 4])
+    run.started -= 10  # its prefill has taken ten seconds so far
+    scheduler._retire_cancelled()
+    assert run.generating is None and not run.timed_out.is_set()
+    sequence.cached_ids = [1, 2, 3]  # the prompt read, but for the last token the first verify reads
+    scheduler._retire_cancelled()
+    assert run.generating is not None and not run.timed_out.is_set()
+    run.generating -= 1  # a second of generating, beyond the 0.05 s
+    scheduler._retire_cancelled()
+    assert run.timed_out.is_set()
+    loop.close()
+
+
 def test_queue_wait_timeout_answers_503(engine):
     with live_server(engine, queue_size=2, queue_timeout=0.5) as (url, _):
         stream, _ = start_long_stream(url)

@@ -14,9 +14,9 @@ alone (the kernels compute every row by itself). More requests wait in a bounded
 (``--queue-size``; a full queue answers 429 with Retry-After, a request that waited longer than
 ``--queue-timeout`` answers 503). A client that disconnects cancels its generation: a waiting
 request leaves the queue at once, a running one before the worker's next pass.
-``--generation-timeout`` cuts a generation short (``finish_reason: "length"``,
-``anyspec.timed_out: true``). Models that hold one KV cache (transformers models) run one request
-at a time.
+``--generation-timeout`` cuts a generation short, counted from the end of its prompt's prefill
+(``finish_reason: "length"``, ``anyspec.timed_out: true``). Models that hold one KV cache
+(transformers models) run one request at a time.
 
 A completion's ``suffix`` makes its prompt the target's fill-in-the-middle prompt
 (``prompt.fill_in_the_middle``). Each prompt of a completion (a string or token ids; an array of

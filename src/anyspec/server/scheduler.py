@@ -89,7 +89,12 @@ class Job:
 @dataclass
 class Running:
     speculative: bool  # with the draft
+    target: object  # the job's sequence of the target: its cache shows when the prompt is read
+    prompt: list[int]  # the prompt's target ids
     started: float = field(default_factory=time.monotonic)
+    # when the prefill was over (the prompt's tokens but the last cached): --generation-timeout counts
+    # from here, as llama-server's t_max_predict_ms counts from the first generated token
+    generating: float | None = None
     timed_out: threading.Event = field(default_factory=threading.Event)  # ends it after its round
 
 
@@ -220,19 +225,23 @@ class Scheduler:
         self.pending.clear()
 
     def _start(self, job: Job, slot: tuple) -> Steps:
-        run = self.running[job] = Running(job.speculative and self.engine.draft is not None)
+        speculative = job.speculative and self.engine.draft is not None
+        run = self.running[job] = Running(speculative, slot[0], job.ids)
         return announced(self.engine.steps(job.prompt, job.params, *slot, self.driver.batch, job,
                                            encoded=(job.ids, job.text), speculative=job.speculative,
                                            stop=run.timed_out), job, slot[0])
 
     def _retire_cancelled(self) -> None:
+        now = time.monotonic()
         for job, run in list(self.running.items()):
-            elapsed = time.monotonic() - run.started
             if job.cancelled.is_set():
                 self.driver.remove(job)
                 del self.running[job]
-                self.metrics.add_generation("cancelled", 0, elapsed, None)
-            elif elapsed > self.generation_timeout:
+                self.metrics.add_generation("cancelled", 0, now - run.started, None)
+                continue
+            if run.generating is None and read(run.target.cached_ids, run.prompt):
+                run.generating = now
+            if run.generating is not None and now - run.generating > self.generation_timeout:
                 run.timed_out.set()  # it ends after its current round, as one cut by its length
 
     def _on_text(self, job: Job, piece: str) -> None:
@@ -266,6 +275,13 @@ class Scheduler:
             log.error("a generation failed", exc_info=exc)
         self.metrics.add_generation("error", 0, 0.0, None)
         job.emit("error", exc)
+
+
+def read(cached: list[int], prompt: list[int]) -> bool:
+    """Whether a cache holds all of a prompt but its last token (which the first verify reads): its
+    prefill is over. A slot's cache may still hold an earlier job's tokens when the job starts."""
+    n = len(prompt) - 1
+    return len(cached) >= n and cached[:n] == prompt[:n]
 
 
 def announced(steps: Steps, job: Job, target) -> Steps:

@@ -20,8 +20,8 @@ class Settings:
     queue_timeout: float = flag(60.0, "seconds a request may wait; then 503 (default %(default)s)",
                                  metavar="S")
     generation_timeout: float = flag(
-        300.0, "seconds a generation may run; then it ends with what it wrote, finish_reason 'length' "
-        "(default %(default)s)", metavar="S")
+        300.0, "seconds a generation may run once its prompt is read; then it ends with what it wrote, "
+        "finish_reason 'length' (default %(default)s)", metavar="S")
     max_body_bytes: int = flag(1_000_000, "a request body larger than this is a 400 (default %(default)s)",
                                 metavar="N")
     default_max_tokens: int = flag(256, "max_tokens where a request sets none (default %(default)s)",
