@@ -163,8 +163,14 @@ def check_alone(config: SpeculativeConfig) -> None:
 
 
 def _spelling(name: str) -> str:
-    f = next(f for f in fields(SpeculativeConfig) if f.name == name)
-    return "/".join(f.metadata["flags"]) or f"--{name.replace('_', '-')}"
+    return "/".join(flags_of(name))
+
+
+def flags_of(name: str, settings: type | None = None) -> tuple[str, ...]:
+    """The command-line spellings of a settings field (``SpeculativeConfig``'s by default): those its
+    metadata gives, else ``--field-name`` (a field of no settings class: ``--field-name`` too)."""
+    spelled = {f.name: f.metadata.get("flags") for f in fields(settings or SpeculativeConfig)}.get(name)
+    return tuple(spelled or ()) or (f"--{name.replace('_', '-')}",)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from anyspec.config import SamplingParams, SpeculativeConfig, check_alone, check_text
+from anyspec.config import SamplingParams, SpeculativeConfig, check_alone, check_text, flags_of
 from anyspec.errors import ConfigError
 from anyspec.pair import PairPlan, check_pair
 
@@ -91,9 +91,7 @@ def in_flags(exc: ConfigError, parser: argparse.ArgumentParser) -> str:
     message, field = str(exc), exc.field
     if not field or not message.startswith(field + " "):
         return message
-    spelled = {f.name: f.metadata.get("flags") for f in dataclasses.fields(SpeculativeConfig)}.get(field)
-    options = [o for o in (spelled or ()) if o.startswith("--")] or [f"--{field.replace('_', '-')}"]
-    known = [o for o in options if o in parser._option_string_actions]
+    known = [o for o in flags_of(field) if o.startswith("--") and o in parser._option_string_actions]
     if not known or known[0] in message:  # a message that names the option already says it
         return message
     return known[0] + message[len(field):]
@@ -108,7 +106,8 @@ def add_flags(p: argparse.ArgumentParser, settings: type, fixed: tuple[str, ...]
         if f.name in fixed or "help" not in f.metadata:
             continue
         options = dict(f.metadata)
-        flags = options.pop("flags", ()) or (f"--{f.name.replace('_', '-')}",)
+        options.pop("flags", None)
+        flags = flags_of(f.name, settings)
         alias = options.pop("alias", None)
         if isinstance(f.default, bool):
             options["action"] = "store_false" if f.default else "store_true"
