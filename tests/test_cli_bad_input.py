@@ -132,10 +132,10 @@ def test_analyze_text_beyond_the_limit_is_refused_without_reading_it_all(capsys,
     with open(big, "wb") as fh:
         fh.truncate((64 << 20) + 1)  # sparse: no disk used
     pair = ["--target", str(tmp_path / "no-target"), "--draft", str(tmp_path / "no-draft")]
-    one_line_error(capsys, ["analyze", *pair, "--text", str(big)], f"--text {big} is larger than 64 MiB")
+    one_line_error(capsys, ["analyze", *pair, "--text", str(big)], f"--text: {big} is larger than 64 MiB")
     if os.path.exists("/dev/zero"):  # endless: read as far as the limit only
         one_line_error(capsys, ["analyze", *pair, "--text", "/dev/zero"],
-                       "--text /dev/zero is larger than 64 MiB")
+                       "--text: /dev/zero is larger than 64 MiB")
 
 
 # ---- the environment, empty names, Ctrl-C and warnings ------------------------------------------------
@@ -310,7 +310,8 @@ def test_a_bad_guide_is_one_line_before_loading(no_loading, capsys, tmp_path, ar
 
 @pytest.mark.parametrize(("argv", "says"), [
     (["generate", "--k", "abc", "--prompt", "x"], "anyspec generate: error: argument --k: invalid int value"),
-    (["generate"], "the following arguments are required: --prompt"),
+    (["generate"], "one of the arguments --prompt --prompt-file is required"),
+    (["generate", "--prompt", "x", "--prompt-file", "f"], "not allowed with argument --prompt"),
     (["serve", "--port", "x"], "anyspec serve: error: argument --port"),
     (["generate", "--prompt", "x", "--bogus"], "anyspec generate: error: unrecognized arguments: --bogus"),
     ([], "required: {analyze,generate,chat,models,bench,demo,serve}"),

@@ -330,3 +330,40 @@ def test_no_draft_refuses_the_drafts_settings_before_loading(no_loading, capsys,
 def test_no_draft_takes_k_for_prompt_lookup(no_loading):
     with pytest.raises(AssertionError, match="a model was loaded"):  # past every check, to the loading
         main(["generate", "--prompt", "hi", "--no-draft", "--ngram", "2", "-k", "8"])
+
+
+def test_a_prompt_file_or_standard_input_gives_the_same_answer_as_the_prompt(tiny_dirs, capsys, tmp_path,
+                                                                              monkeypatch):
+    import io
+
+    text = "def add(a, b):\n    # añadir, 加える\n"
+    path = tmp_path / "prompt.txt"
+    path.write_text(text, encoding="utf-8")
+    common = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"],
+              "--max-new-tokens", "8", "--dtype", "fp32", "--json"]
+    answers = []
+    for given in (["--prompt", text], ["--prompt-file", str(path)], ["--prompt-file", "-"]):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+        assert main([*common, *given]) == 0
+        answers.append(json.loads(capsys.readouterr().out)["token_ids"])
+    other = tmp_path / "other.txt"
+    other.write_text("Once upon a time")
+    assert main([*common, "--prompt-file", str(other)]) == 0
+    assert answers[0] == answers[1] == answers[2] != json.loads(capsys.readouterr().out)["token_ids"]
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "--prompt-file: cannot read PATH: No such file or directory"),
+    (b"caf\xe9!", "--prompt-file: PATH is not valid UTF-8 text (invalid continuation byte at byte 3)"),
+    (b" \n\t", "--prompt-file: PATH holds no text"),
+    ("FOLDER", "--prompt-file: cannot read PATH: Is a directory")])
+def test_a_bad_prompt_file_is_one_line_before_loading(no_loading, capsys, tmp_path, content, says):
+    path = tmp_path / "prompt.txt"
+    if content == "FOLDER":
+        path = tmp_path
+    elif content is not None:
+        path.write_bytes(content)
+    one_line_error(capsys, ["generate", "--prompt-file", str(path)], says.replace("PATH", str(path)))
+    if content is None and os.path.exists("/dev/zero"):  # endless: read as far as the limit only
+        one_line_error(capsys, ["generate", "--prompt-file", "/dev/zero"],
+                       "--prompt-file: /dev/zero is larger than 64 MiB")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
+from anyspec.cli.options import read_text
 from anyspec.errors import ConfigError
 
 
@@ -20,40 +20,6 @@ def add_parser(sub) -> None:
     parser.add_argument("--text", help="UTF-8 text file for the coverage (default: a code+prose sample)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
-
-
-MAX_TEXT = 64 << 20  # bytes of --text: a sample's coverage needs far less
-
-
-def read_sample(path: Path) -> str:
-    """``--text``: at most ``MAX_TEXT`` bytes of UTF-8, read without trusting the file's size.
-
-    The read runs on a thread of its own while the main thread waits in short steps: a FIFO or a
-    terminal can block it for ever, and a Ctrl-C that lands on another thread (OpenBLAS starts
-    some) then still reaches the main thread's handler."""
-    done: dict = {}
-
-    def read():
-        try:
-            with open(path, "rb") as fh:
-                done["data"] = fh.read(MAX_TEXT + 1)
-        except OSError as exc:
-            done["error"] = exc
-
-    reader = threading.Thread(target=read, name="read --text", daemon=True)
-    reader.start()
-    while reader.is_alive():
-        reader.join(0.1)
-    try:
-        if "error" in done:
-            raise done["error"]
-        data = done["data"]
-        if len(data) > MAX_TEXT:
-            raise ConfigError(f"--text {path} is larger than {MAX_TEXT >> 20} MiB; give a shorter sample")
-        return data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read --text {path} ({type(exc).__name__}); "
-                          "give a UTF-8 text file") from None
 
 
 def resolve_tokenizer(spec: str):
@@ -80,7 +46,7 @@ def run(args) -> int:
             raise ConfigError(f"{option} is empty; give a tokenizer folder or file, or a built-in model name")
     if args.text:
         path = Path(args.text).expanduser()
-        text, name = read_sample(path), str(path)
+        text, name = read_text(path, "--text"), str(path)
     else:
         text, name = default_sample(), "the built-in sample (code + prose)"
     report = analyze_pair(resolve_tokenizer(args.target), resolve_tokenizer(args.draft), text, name,

@@ -17,6 +17,7 @@ from anyspec.cli.options import (
     add_sampling_options,
     check_prompt_text,
     pair_plan,
+    read_text,
     sampling_params,
     speculative_config,
 )
@@ -33,7 +34,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text with a draft and a target model",
                        description=__doc__)
     add_model_options(p)
-    p.add_argument("--prompt", required=True, help="the prompt text")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--prompt", help="the prompt text")
+    given.add_argument("--prompt-file", metavar="FILE",
+                       help="read the prompt from this UTF-8 text file (- for standard input)")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
     add_sampling_options(p, seed_shown="reported with --json")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
@@ -56,15 +60,25 @@ def add_parser(sub) -> None:
 
 
 def read_file(path: str, flag: str, schema: bool):
-    """The JSON Schema (``schema``) or the text in ``path``."""
+    """The JSON Schema (``schema``) or the text in ``path`` (``-``: standard input)."""
+    text = read_text(path, flag)
+    if not schema:
+        return text
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f) if schema else f.read()
-    except OSError as exc:
-        raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+        return json.loads(text)
     except ValueError as exc:
-        what = "JSON" if schema else "UTF-8 text"
-        raise ConfigError(f"{flag}: {path} is not valid {what}: {exc}") from None
+        raise ConfigError(f"{flag}: {path} is not valid JSON: {exc}") from None
+
+
+def prompt_text(args) -> str:
+    """The prompt, from ``--prompt`` or the file ``--prompt-file`` names, checked."""
+    if args.prompt is not None:
+        check_prompt_text(args.prompt)
+        return args.prompt
+    text = read_file(args.prompt_file, "--prompt-file", schema=False)
+    if not text.strip():
+        raise ConfigError(f"--prompt-file: {args.prompt_file} holds no text")
+    return text
 
 
 def read_guide(args) -> tuple[str, object, str] | None:
@@ -95,13 +109,13 @@ def run(args) -> int:
     params = sampling_params(args, logprobs=args.logprobs)
     if args.logprobs is not None and not args.json:
         raise ConfigError("--logprobs needs --json, which prints them")
-    check_prompt_text(args.prompt)
+    text = prompt_text(args)
     if args.chat_template is not None and not args.chat:
         raise ConfigError("--chat-template needs --chat (without it the prompt is plain text)")
     guide = read_guide(args)
     if guide is not None:
         check_grammar_end(params)
-    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    prompt = [{"role": "user", "content": text}] if args.chat else text
     plan = pair_plan(args)
     check_new_tokens(plan, params.max_new_tokens)
     pair = load_pair(plan)

@@ -9,7 +9,9 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from anyspec.config import SamplingParams, SpeculativeConfig, check_alone, check_text, flags_of
@@ -165,6 +167,44 @@ def check_prompt_text(text: str, option: str = "--prompt") -> None:
         raise ConfigError(f"the prompt is empty; pass some text with {option}" if option == "--prompt"
                           else f"{option} is empty; pass some text or leave it out")
     check_text(text, "the prompt" if option == "--prompt" else option)
+
+
+MAX_TEXT = 64 << 20  # bytes of a text file an option names: prompts, samples, schemas, grammars
+
+
+def read_text(path: str | Path, option: str) -> str:
+    """The UTF-8 text of the file ``option`` names (``-``: standard input), at most ``MAX_TEXT``
+    bytes, read without trusting the file's size (``/dev/zero`` is refused at the limit).
+
+    The read runs on a thread of its own while the main thread waits in short steps: a FIFO or a
+    terminal can block it for ever, and a Ctrl-C that lands on another thread (OpenBLAS starts
+    some) then still reaches the main thread's handler."""
+    done: dict = {}
+
+    def read():
+        try:
+            if str(path) == "-":
+                done["data"] = sys.stdin.buffer.read(MAX_TEXT + 1)
+            else:
+                with open(path, "rb") as fh:
+                    done["data"] = fh.read(MAX_TEXT + 1)
+        except OSError as exc:
+            done["error"] = exc
+
+    reader = threading.Thread(target=read, name=f"read {option}", daemon=True)
+    reader.start()
+    while reader.is_alive():
+        reader.join(0.1)
+    name = "standard input" if str(path) == "-" else path
+    if "error" in done:
+        raise ConfigError(f"{option}: cannot read {name}: {done['error'].strerror or done['error']}")
+    if len(done["data"]) > MAX_TEXT:
+        raise ConfigError(f"{option}: {name} is larger than {MAX_TEXT >> 20} MiB")
+    try:
+        return done["data"].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{option}: {name} is not valid UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start})") from None
 
 
 def output_path(path: Path, option: str) -> Path:
