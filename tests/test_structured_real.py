@@ -448,3 +448,27 @@ def test_required_calls_end_where_the_model_ends_them(client):
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     calls = [(c.function.name, json.loads(c.function.arguments)["city"]) for c in choice.message.tool_calls]
     assert calls == [("get_weather", "Paris")]
+
+
+def test_tool_parameters_that_refer_to_their_own_parts_are_held_to_them(client):
+    """Pydantic writes nested models as ``$defs`` and ``$ref``; a recursive schema refers to its
+    root (``#``). Each function's parameters are their own schema: the pointers resolve in them,
+    not in the call object around them."""
+    query = {"type": "function", "function": {"name": "query", "parameters": {
+        "type": "object", "properties": {"location": {"$ref": "#/$defs/Loc"}}, "required": ["location"],
+        "$defs": {"Loc": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                          "required": ["city"], "additionalProperties": False}}}}}
+    tree = {"type": "function", "function": {"name": "make_tree", "parameters": {
+        "type": "object", "properties": {"label": {"type": "string", "maxLength": 8}, "children": {
+            "type": "array", "items": {"$ref": "#"}, "maxItems": 3}},
+        "required": ["label", "children"], "additionalProperties": False}}}
+    for tool, ask in ((query, "What is the weather in Oslo?"),
+                      (tree, "Make a tree: root 'a' with children 'b' and 'c'.")):
+        choice = client.chat.completions.create(
+            model="tiny-qwen2", messages=[{"role": "user", "content": ask}], tools=[tool, TIME],
+            tool_choice={"type": "function", "function": {"name": tool["function"]["name"]}},
+            max_tokens=80, temperature=0).choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message.content
+        arguments = json.loads(choice.message.tool_calls[0].function.arguments)
+        jsonschema.validate(arguments, tool["function"]["parameters"])
+        assert "name" not in json.dumps(arguments) or tool is query

@@ -74,20 +74,23 @@ class Grammars:
         one of ``functions`` (OpenAI's ``{"name", "parameters"}``), as Qwen2.5's template asks.
         ``text``: any text first, the calls optional (``tool_choice: "auto"``): free until the
         model opens a call, which is then held to the functions' schemas."""
-        calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
-                                                   "arguments": f.get("parameters") or {"type": "object"}},
-                  "required": ["name", "arguments"], "additionalProperties": False} for f in functions]
-        body = json.dumps(({"anyOf": calls} if len(calls) > 1 else calls[0]) | {"x-guidance": STYLE})
-        if len(body) > MAX_SCHEMA_BYTES:
-            raise GrammarError(f"The function parameters in '{field}' are {len(body)} bytes as JSON; at "
-                               f"most {MAX_SCHEMA_BYTES} are compiled.", field)
+        # each function's parameters are a schema of their own (its "$ref"s point into it), inside
+        # the call's object as json.dumps writes it (STYLE)
+        heads = [json.dumps({"name": f["name"], "arguments": 0})[:-2] for f in functions]  # to "arguments":
+        calls = [f'{json.dumps(head)} args{i} "}}"' for i, head in enumerate(heads)]
+        params = [json.dumps((f.get("parameters") or {"type": "object"}) | {"x-guidance": STYLE})
+                  for f in functions]
+        if sum(map(len, params)) > MAX_SCHEMA_BYTES:
+            raise GrammarError(f"The function parameters in '{field}' are {sum(map(len, params))} bytes as "
+                               f"JSON; at most {MAX_SCHEMA_BYTES} are compiled.", field)
+        body = "body: " + " | ".join(calls) + "\n" + "".join(f"args{i}: %json {schema}\n"
+                                                              for i, schema in enumerate(params))
         marks = [self.tokenizer.convert_tokens_to_ids(t) for t in (TOOL_OPEN, TOOL_CLOSE)]
         # Qwen2.5 ends its last call with a newline before the end of its turn: without the "\n"?
         # that newline could only open another call
         rule = ("call" if one else 'call ("\\n" call)*') + ' "\\n"?'
         start = f"start: TEXT ({rule})?\nTEXT: /(?s:.*)/\n" if text else f"start: {rule}\n"
-        lark = (start + f'call: <[{marks[0]}]> "\\n" body "\\n" <[{marks[1]}]>\n'
-                f"body: %json {body}\n")
+        lark = start + f'call: <[{marks[0]}]> "\\n" body "\\n" <[{marks[1]}]>\n' + body
         return self._compile(_llguidance().LLMatcher.grammar_from_lark(lark), field)
 
     def _compile(self, text: str, field: str, what: str = GUIDES["json"]) -> Grammar:
