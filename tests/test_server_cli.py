@@ -61,6 +61,27 @@ def test_port_in_use_fails_before_loading(no_loading, capsys, folders):
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
+def test_a_port_whose_last_connection_waits_out_time_wait_is_free(no_loading, monkeypatch, folders):
+    """A server stopped with clients leaves its side of their connections in TIME_WAIT for a minute;
+    uvicorn binds the port again (SO_REUSEADDR), so the check before loading does too."""
+    from anyspec.cli import serve
+    from anyspec.cli.commands import build_parser
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server's side closes first: its port's connection waits out TIME_WAIT
+            client.recv(1)
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
+    argv = ["serve", "--target", str(folders[0]), "--draft", str(folders[1]), "--port", str(port)]
+    serve.check_args(build_parser().parse_args(argv))  # no "Address already in use"
+
+
 @contextlib.contextmanager
 def serve_process(argv, log_path, ready_timeout):
     """Run ``anyspec serve ARGV`` in a subprocess; yield its base URL and the process once /health

@@ -65,11 +65,13 @@ def check_args(args):
     if context is not None and most is not None and most >= context:
         raise ConfigError(f"--max-prompt-tokens {most} leaves no room for an answer in the target's context "
                           f"of {context} tokens; give at most {context - 1}, or leave it out")
-    with socket.socket() as probe:
-        try:
+    try:  # bound as uvicorn binds it: a port whose last connections wait out TIME_WAIT is free
+        family = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((args.host, args.port))
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return settings, config, plan
 
 
