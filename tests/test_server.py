@@ -427,3 +427,22 @@ def test_tokenize_gives_the_ids_a_request_holds_and_detokenize_their_text(server
     going_on = httpx.post(server + "/tokenize", json={"messages": partial, "continue_final_message": True,
                                                       "add_generation_prompt": False}).json()
     assert going_on["tokens"] == encode_prompt(tokenizer, [*CHAT, partial[-1] | {"prefix": True}])[0]
+
+
+def test_a_control_token_among_the_likeliest_is_shown_by_its_name(reference):
+    """A special token has no text; among ``top_logprobs`` it reads as its name (as vLLM shows it),
+    so that two of them do not collapse into one completions key ``""``."""
+    from anyspec.algorithms.sampling import TokenLogprob
+    from anyspec.server.answers import logprobs_json
+    from anyspec.server.metrics import Metrics
+    from anyspec.server.scheduler import Scheduler
+
+    tok = reference.target.tokenizer
+    ends = [tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    word = tok.encode(" yes", add_special_tokens=False)[0]
+    entry = TokenLogprob(word, -0.1, [(word, -0.1), (ends[0], -2.5), (ends[1], -3.0)])
+    spelled = Scheduler(reference, 4, 300.0, Metrics())._spelled([entry])
+    assert spelled == [(b" yes", -0.1, [(b" yes", -0.1), (b"<|im_end|>", -2.5), (b"<|endoftext|>", -3.0)])]
+    completions = logprobs_json(False, spelled)[0]
+    assert completions["top_logprobs"] == [{" yes": -0.1, "<|im_end|>": -2.5, "<|endoftext|>": -3.0}]
+    assert completions["text_offset"] == [0]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import threading
 import time
@@ -96,6 +97,13 @@ class Running:
     # from here, as llama-server's t_max_predict_ms counts from the first generated token
     generating: float | None = None
     timed_out: threading.Event = field(default_factory=threading.Event)  # ends it after its round
+
+
+def control_names(tokenizer, spelled: list[bytes]) -> dict[int, bytes]:
+    """The names, as UTF-8, of the ids whose text is nothing but that the tokenizer names (special
+    and added tokens)."""
+    ids = [i for i, b in enumerate(spelled) if not b]
+    return {i: n.encode() for i, n in zip(ids, tokenizer.convert_ids_to_tokens(ids), strict=True) if n}
 
 
 class Scheduler:
@@ -261,12 +269,19 @@ class Scheduler:
                                  prompt_logprobs=self._spelled(result.prompt_logprobs, job.ids),
                                  stop_reason=result.stop_reason))
 
+    @functools.cached_property
+    def alternatives(self) -> list[bytes]:
+        """The bytes a likeliest alternative is shown by: a control token (b"" in the text's bytes)
+        by its name, as vLLM shows it, else several read "" and collapse into one completions key."""
+        named = control_names(self.engine.target.tokenizer, self.engine.target_bytes)
+        return [named.get(i, b) for i, b in enumerate(self.engine.target_bytes)]
+
     def _spelled(self, entries: list | None, ids: list[int] | None = None) -> list | None:
         """Logprob entries with their tokens as bytes; ``ids``: the prompt's, whose first has none."""
         if entries is None:
             return None
-        spell = self.engine.target_bytes
-        return [(spell[e.token], e.logprob, [(spell[t], lp) for t, lp in e.top]) if e is not None
+        spell, alternative = self.engine.target_bytes, self.alternatives
+        return [(spell[e.token], e.logprob, [(alternative[t], lp) for t, lp in e.top]) if e is not None
                 else (spell[ids[i]], None, None) for i, e in enumerate(entries)]
 
     def _on_error(self, job: Job, exc: Exception) -> None:
