@@ -469,3 +469,32 @@ def test_the_ngram_methods_always_look_up_and_the_others_run_as_configured():
     assert bench_run.lookup_setting(None, draft=True, forced=False) is None  # the engine's default
     assert bench_run.lookup_setting(3, draft=True, forced=False) == 3  # --ngram as in generate
     assert bench_run.lookup_setting(3, draft=False, forced=False) == 0  # the target alone
+
+
+def test_the_predicted_methods_give_each_prompt_its_prediction(tmp_path, tok_qwen2, tok_smollm2):
+    """``target-predicted`` and ``anyspec-slem-predicted``: the prompt's ``prediction`` reaches the
+    engine (its tokens counted, some taken), the answers stay the target alone's; prompts without
+    one are refused before loading."""
+    target, draft, prompts = tiny_pair(tmp_path, tok_qwen2, tok_smollm2, ["Write code."])
+    alone = bench_run.run_bench(BenchSettings(str(target), str(draft), [prompts], ["target"],
+                                              max_new_tokens=16, dtype="fp32"), log=lambda s: None)
+    answer = alone["runs"][0]["text"]
+    row = json.loads(prompts.read_text()) | {"prediction": answer}
+    prompts.write_text(json.dumps(row) + "\n")
+    methods = ["target", "target-predicted", "anyspec-slem", "anyspec-slem-predicted"]
+    result = bench_run.run_bench(BenchSettings(str(target), str(draft), [prompts], methods, max_new_tokens=16,
+                                               dtype="fp32"), log=lambda s: None)
+    runs = {r["method"]: r for r in result["runs"]}
+    assert all(r["identical"] for m, r in runs.items() if m != "target")
+    for m in ("target-predicted", "anyspec-slem-predicted"):
+        assert runs[m]["prediction_tokens"] > 8 and runs[m]["prediction_accepted"] > 4, runs[m]
+    assert runs["target"]["prediction_tokens"] == runs["anyspec-slem"]["prediction_tokens"] == 0
+    assert runs["target-predicted"]["rounds"] < runs["target"]["rounds"]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"id": "x", "prompt": "hi"}) + "\n")
+    with pytest.raises(ConfigError, match="target-predicted need prompts that carry a 'prediction'"):
+        bench_run.run_bench(BenchSettings(str(target), str(draft), [plain], ["target", "target-predicted"]),
+                            log=lambda s: None)
+    plain.write_text(json.dumps({"id": "x", "prompt": "hi", "prediction": 3}) + "\n")
+    with pytest.raises(ConfigError, match="'prediction' must be a non-empty text"):
+        bench_prompts.load_prompts(plain)

@@ -36,6 +36,7 @@ def test_edit_prompts_paste_a_file_of_60_to_200_lines():
     for r in rows:
         blocks = re.findall(r"```\w+\n(.*?)```", r["prompt"][-1]["content"], re.S)
         assert len(blocks) == 1 and 60 <= blocks[0].count("\n") <= 200, r["id"]
+        assert blocks[0] in r["prediction"] and len(r["prediction"]) < len(blocks[0]) + 20  # the file, fenced
 
 
 def test_doc_and_long_prompts_are_long_and_chat_has_4_to_6_turns():

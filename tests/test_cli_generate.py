@@ -367,3 +367,22 @@ def test_a_bad_prompt_file_is_one_line_before_loading(no_loading, capsys, tmp_pa
     if content is None and os.path.exists("/dev/zero"):  # endless: read as far as the limit only
         one_line_error(capsys, ["generate", "--prompt-file", "/dev/zero"],
                        "--prompt-file: /dev/zero is larger than 64 MiB")
+
+
+def test_a_prediction_file_is_taken_where_the_answer_repeats_it(tiny_dirs, capsys, tmp_path):
+    common = ["generate", "--target", tiny_dirs["target"], "--no-draft", "--prompt", "def add(a, b):",
+              "--max-new-tokens", "24", "--dtype", "fp32", "--json"]
+    assert main(common) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert "prediction_accepted" not in alone["stats"] and alone["stats"]["algorithm"] == "none"
+    predicted = tmp_path / "answer.txt"
+    predicted.write_text(alone["text"], encoding="utf-8")
+    assert main([*common, "--prediction-file", str(predicted)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["token_ids"] == alone["token_ids"] and got["stats"]["algorithm"] == "ngram"
+    assert got["stats"]["prediction_accepted"] > 12 and got["stats"]["rounds"] < alone["stats"]["rounds"] / 2
+    assert got["stats"]["prediction_tokens"] > 12
+    one_line_error(capsys, [*common, "--prediction-file", str(tmp_path / "none.txt")],
+                   "--prediction-file: cannot read")
+    one_line_error(capsys, ["generate", "--prompt-file", "-", "--prediction-file", "-"],
+                   "--prompt-file and --prediction-file cannot both read standard input")

@@ -64,3 +64,17 @@ def test_the_continuation_goes_alone_where_it_beats_a_draft_round_with_its_catch
     no_draft = Lookup(2, PROMPT, target, k=5)
     no_draft.drafted(3, 0.080, behind=1)
     assert not no_draft.alone_pays(found, behind=60)  # without a draft nothing is measured
+
+
+def test_a_prediction_is_proposed_where_it_matches_as_long_a_suffix_and_counted():
+    prediction = [1, 2, 3, 4, 50, 51, 52, 53, 54]  # the prompt's "1 2 3 4" goes on otherwise here
+    lookup = Lookup(2, PROMPT, costs(1.0, 0.0), k=5, predicted=prediction)
+    assert lookup.find(3) == [1, 2, 3] and lookup.from_prediction  # the answer starts where it does
+    lookup.commit([1, 2, 3, 4])
+    assert lookup.find(3) == [50, 51, 52] and lookup.from_prediction  # "1 2 3 4": a match as long
+    lookup.commit([50, 51, 7])
+    assert lookup.prediction_accepted == 3 + 2 and not lookup.find(3)  # "51 7" occurs nowhere
+    longer = Lookup(2, PROMPT, costs(1.0, 0.0), k=5, predicted=[5, 6, 60, 61])
+    assert longer.find(2) == [5, 6]
+    longer.commit([3, 4, 5, 6])
+    assert longer.find(2) == [7, 8] and not longer.from_prediction  # "3 4 5 6" against "5 6"

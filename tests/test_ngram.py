@@ -103,7 +103,8 @@ def test_while_the_text_copies_the_continuation_is_proposed_alone(qwen_target, l
     prompt = PROMPTS[1]
     want = Engine(qwen_target, None).generate(prompt, greedy(40)).token_ids
     n_prompt = len(encode_prompt(qwen_target.tokenizer, prompt)[0])
-    monkeypatch.setattr(ngram.Index, "find", lambda index, limit: want[len(index.ids) - n_prompt:][:limit])
+    monkeypatch.setattr(ngram.Index, "match",
+                        lambda index, limit, context=None: (2, want[len(index.ids) - n_prompt:][:limit]))
     # passes cost the same whatever their rows, as the tiny models' nearly do: a slow pass measured
     # by chance then cannot make a long continuation look dear and cut it
     monkeypatch.setattr(PassCosts, "__call__", lambda costs, rows: min(costs.mean.values()))
@@ -156,7 +157,9 @@ def test_sampled_engine_rounds_with_context_proposals_draw_from_the_target(qwen_
         for b in torch.nonzero(second).flatten().tolist():
             joint[(a, b)] = first[a].item() * second[b].item()
     qwen_target.reset()
-    monkeypatch.setattr(ngram.Index, "find", lambda index, limit: guess[:limit] if index.ids == ids else [])
+    monkeypatch.setattr(ngram.Index, "match",
+                        lambda index, limit, context=None: (2, guess[:limit]) if index.ids == ids
+                        else (0, []))
     engine = Engine(qwen_target, None, SpeculativeConfig(ngram=2))
     cells = list(joint)
     counts, accepted = torch.zeros(len(cells)), 0
@@ -183,8 +186,8 @@ def test_by_default_lookup_runs_beside_a_draft_on_long_prompts_only(qwen_target,
     for prompt, looks_up in ((long_prompt, True), (PROMPTS[0], False)):
         want = baseline.generate(prompt, greedy(24))
         n_prompt = len(encode_prompt(qwen_target.tokenizer, prompt)[0])
-        monkeypatch.setattr(ngram.Index, "find",
-                            lambda index, limit, w=want.token_ids, n=n_prompt: w[len(index.ids) - n:][:limit])
+        monkeypatch.setattr(ngram.Index, "match", lambda index, limit, context=None, w=want.token_ids,
+                            n=n_prompt: (2, w[len(index.ids) - n:][:limit]))
         got = default.generate(prompt, greedy(24))
         assert got.token_ids == want.token_ids
         assert (got.stats.ngram_proposed > 0) == looks_up, prompt[:40]
@@ -195,3 +198,63 @@ def test_by_default_lookup_runs_beside_a_draft_on_long_prompts_only(qwen_target,
     assert lookup.start(None, [1] * AUTO_NGRAM_PROMPT, costs, 5, None) is None
     assert lookup.start(0, [1] * AUTO_NGRAM_PROMPT, costs, 5, costs) is None
     assert lookup.start(3, [1], costs, 5, None).index.min_n == 3  # asked for: on, draft or not
+
+
+def test_a_prediction_is_matched_against_the_context_as_a_scan_finds():
+    """``Index.match`` with another context: the longest suffix of that context found in the
+    prediction's text, and what followed its latest occurrence there, never repeated past its end."""
+    def scan(text, context, limit, min_n):
+        for n in range(min(MAX_N, len(context)), min_n - 1, -1):
+            ends = [e for e in range(n, len(text)) if text[e - n:e] == context[len(context) - n:]]
+            if ends:
+                return n, text[ends[-1]:ends[-1] + limit]
+        return 0, []
+
+    rng = random.Random(1)
+    for trial in range(300):
+        min_n = rng.randint(1, 3)
+        text = [rng.randint(0, 4) for _ in range(rng.randint(1, 30))]
+        index = ngram.Index(min_n)
+        index.extend(text)
+        context = [rng.randint(0, 4) for _ in range(rng.randint(1, 10))]
+        assert index.match(6, context) == scan(text, context, 6, min_n), (trial, text, context)
+        assert index.ids == text  # matching another context leaves the text as it was
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_a_prediction_speeds_the_answer_and_never_changes_it(qwen_target, llama_draft, draft):  # noqa: F811
+    """A prediction that is the target's own answer is copied at a run of tokens a round, with the
+    draft or without (the tiny model's text encodes back to other tokens in places, where the copy
+    breaks off for a round or two); a wrong one changes nothing either. Greedy and seeded sampled
+    answers are the target alone's; without a prediction, and with lookup turned off, nothing is
+    proposed from it."""
+    prompt = PROMPTS[1]
+    alone = Engine(qwen_target, None)
+    want = alone.generate(prompt, greedy(40))
+    engine = Engine(qwen_target, llama_draft if draft else None)
+    got = engine.generate(prompt, greedy(40, prediction=want.text))
+    s = got.stats
+    assert got.token_ids == want.token_ids
+    assert s.prediction_tokens > 30 and s.prediction_accepted > 20 and s.ngram_accepted > 20
+    assert s.rounds < 40 / 2 and s.algorithm == ("slem" if draft else "ngram")
+    wrong = engine.generate(prompt, greedy(40, prediction="Lorem ipsum dolor sit amet, " * 5))
+    assert wrong.token_ids == want.token_ids and wrong.stats.prediction_accepted < 5
+    plain = engine.generate(prompt, greedy(40))
+    assert plain.stats.prediction_tokens == plain.stats.prediction_accepted == 0
+    assert plain.stats.ngram_proposed == 0 or draft  # a short prompt: no lookup (beside a draft, by chance)
+    off = Engine(qwen_target, llama_draft if draft else None, SpeculativeConfig(ngram=0))
+    unused = off.generate(prompt, greedy(40, prediction=want.text))
+    assert unused.token_ids == want.token_ids and unused.stats.ngram_proposed == 0
+    for seed in (3, 4):
+        sampled = SamplingParams(temperature=1.0, max_new_tokens=24, seed=seed)
+        own = alone.generate(prompt, sampled)
+        again = engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=24, seed=seed,
+                                                       prediction=own.text))
+        assert again.token_ids == own.token_ids and again.stats.prediction_accepted > 10
+
+
+def test_a_prediction_must_be_text():
+    with pytest.raises(ConfigError, match="prediction must be a string"):
+        SamplingParams(prediction=["a"])
+    with pytest.raises(ConfigError, match="the prediction is not valid UTF-8"):
+        SamplingParams(prediction="caf\udce9")

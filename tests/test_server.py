@@ -429,6 +429,48 @@ def test_tokenize_gives_the_ids_a_request_holds_and_detokenize_their_text(server
     assert going_on["tokens"] == encode_prompt(tokenizer, [*CHAT, partial[-1] | {"prefix": True}])[0]
 
 
+def test_a_prediction_is_taken_where_the_answer_repeats_it_and_changes_nothing(client, reference):
+    """OpenAI's Predicted Outputs (``prediction``): the answer is the engine's alone, streamed or
+    not, on chat and completions; ``usage.completion_tokens_details`` counts the prediction's tokens
+    the answer took (``accepted_prediction_tokens``) and the rest."""
+    alone = reference.generate(CHAT, greedy(24))
+    right = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=24, temperature=0,
+                                           prediction={"type": "content", "content": alone.text})
+    details = right.usage.completion_tokens_details
+    assert right.choices[0].message.content == alone.text
+    assert details.accepted_prediction_tokens > 8  # how many: as long as the measured costs cut them
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == len(
+        reference.target.tokenizer.encode(alone.text, add_special_tokens=False))
+    parts = [{"type": "text", "text": "Lorem ipsum "}, {"type": "text", "text": "dolor sit amet."}]
+    chunks = list(client.chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True}, prediction={"type": "content", "content": parts}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == alone.text
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens < 3
+    prompt = "def fibonacci(n):"
+    want = reference.generate(prompt, greedy(16)).text
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0,
+                                    extra_body={"prediction": {"type": "content", "content": want}})
+    assert out.choices[0].text == want and out.usage.completion_tokens_details.accepted_prediction_tokens > 4
+    plain = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=4, temperature=0)
+    assert plain.usage.completion_tokens_details is None  # no prediction: no count of one
+
+
+@pytest.mark.parametrize(("prediction", "param"), [
+    ("text", "prediction"), ({"type": "text", "content": "x"}, "prediction.type"),
+    ({"type": "content", "content": 5}, "prediction.content"),
+    ({"type": "content", "content": [{"type": "image_url"}]}, "prediction.content"),
+    ({"type": "content", "content": "caf\udce9"}, "prediction")])
+def test_a_bad_prediction_is_a_400_naming_it(server, prediction, param):
+    import json
+
+    body = json.dumps({"model": MODEL_NAME, "messages": CHAT, "max_tokens": 2, "prediction": prediction},
+                      ensure_ascii=True)
+    answer = httpx.post(server + "/v1/chat/completions", content=body,
+                        headers={"content-type": "application/json"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+
+
 def test_a_control_token_among_the_likeliest_is_shown_by_its_name(reference):
     """A special token has no text; among ``top_logprobs`` it reads as its name (as vLLM shows it),
     so that two of them do not collapse into one completions key ``""``."""

@@ -199,6 +199,8 @@ class SamplingParams:
     logprobs: int | None = None  # report each token's logprob and this many likeliest (None: off)
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (its KV then computed anew)
     grammar: object = None  # a compiled grammar the answer follows (engine/grammar.py; None: free text)
+    prediction: str | None = None  # text the answer likely repeats (OpenAI's Predicted Outputs): prompt
+    # lookup proposes from it too (engine/lookup.py); the answer is the same with it or without
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -267,6 +269,11 @@ class SamplingParams:
             raise ConfigError("stop strings must be non-empty strings", "stop")
         for s in self.stop:
             check_text(s, "a stop string", "stop")
+        if self.prediction is not None:
+            if not isinstance(self.prediction, str):
+                raise ConfigError(f"prediction must be a string (the text the answer likely repeats), got "
+                                  f"{type(self.prediction).__name__}", "prediction")
+            check_text(self.prediction, "the prediction", "prediction")
 
 
 def given(value, kind: type, what: str):

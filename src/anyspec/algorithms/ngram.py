@@ -7,6 +7,9 @@ earlier occurrence of the longest such suffix, n from ``max_n`` down to ``min_n`
 to ``limit`` of the tokens after it; where those run past the context's end, the copy goes on
 repeating itself (a context that repeats with some period is guessed to go on repeating).
 
+A prediction (a text the answer is expected to repeat, given with the request) is an index of its
+own, static, matched against the generation's context the same way (``Index.match``).
+
 The index maps each n-gram of the context to the end of its latest occurrence and grows with the
 tokens appended, so a round's lookup costs ``max_n`` dictionary reads however long the context
 is; each appended token adds ``max_n - min_n + 1`` entries.
@@ -36,21 +39,30 @@ class Index:
     def find(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the latest earlier occurrence of the longest suffix
         of the context; [] when none occurred."""
+        return self.match(limit)[1]
+
+    def match(self, limit: int, context: list[int] | None = None) -> tuple[int, list[int]]:
+        """``(n, continuation)``: the longest suffix of ``context``, n tokens, that occurs in this
+        index's text, and up to ``limit`` tokens that followed its latest occurrence; ``(0, [])``
+        where none does. ``context`` None is the index's own text, whose suffix is matched against
+        its earlier occurrences and whose copy repeats itself past the end; another context (what a
+        generation has so far, against a prediction's text) gets the tokens up to the text's end."""
         ids, size = self.ids, len(self.ids)
         if limit <= 0 or self.min_n < 1:
-            return []
+            return 0, []
         for end in range(self.indexed, size):  # an occurrence ends before the suffix does
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 self.ends[tuple(ids[end - n:end])] = end
         self.indexed = max(self.indexed, size)
-        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
-            end = self.ends.get(tuple(ids[size - n:]))
+        query = ids if context is None else context
+        for n in range(min(self.max_n, len(query) - (context is None)), self.min_n - 1, -1):
+            end = self.ends.get(tuple(query[len(query) - n:]))
             if end is not None:
                 out = ids[end:end + limit]
-                while len(out) < limit:  # past the context's end the copy repeats itself
+                while context is None and len(out) < limit:  # past the context's end it repeats itself
                     out.append(out[len(out) - (size - end)])
-                return out
-        return []
+                return n, out
+        return 0, []
 
 
 def lookup(history, limit: int, min_n: int = 2, max_n: int = MAX_N) -> list[int]:

@@ -83,6 +83,7 @@ class BenchContext:
     drafts: dict = field(default_factory=dict)  # dtype -> the draft again in that dtype (METHOD@DTYPE)
     prefix_cache: bool = False  # a conversation's later turn: keep the prefix the earlier turns cached
     schema: dict | None = None  # the request's JSON Schema (the json set), for anyspec's methods
+    prediction: str | None = None  # the request's prediction (the edit set's), for the *-predicted methods
     grammars: object = None  # engine.grammar.Grammars over the target's tokenizer, made on first use
     # started on first use, kept for the run
     engines: dict = field(default_factory=dict)  # (draft, sampled, algorithm) -> Engine

@@ -5,7 +5,8 @@ A line is one prompt, ``{"id": ..., "messages": [...]}`` (or ``"prompt": text``)
 conversation, ``{"id": ..., "system": text (optional), "turns": [user text, ...]}``: its turns run
 as successive requests on the same engine or server, each after the method's own earlier answers
 (``conversation``). A prompt may carry ``"schema"``: a JSON Schema its answer is constrained to
-(the json set; anyspec's own methods honour it)."""
+(the json set; anyspec's own methods honour it), and ``"prediction"``: text its answer likely repeats
+(the edit set's: the file it pastes), which the ``*-predicted`` methods give the engine."""
 
 from __future__ import annotations
 
@@ -82,7 +83,10 @@ def prompt_row(row, path: Path, n: int) -> dict:
     check_prompt(prompt)
     if not isinstance(row.get("schema", {}), dict):
         raise ConfigError("'schema' must be a JSON Schema object")
-    return {"id": row_id(row, path, n), "set": path.stem, "prompt": prompt, "schema": row.get("schema")}
+    if not isinstance(row.get("prediction", "-"), str) or not row.get("prediction", "-"):
+        raise ConfigError("'prediction' must be a non-empty text")
+    return {"id": row_id(row, path, n), "set": path.stem, "prompt": prompt, "schema": row.get("schema"),
+            "prediction": row.get("prediction")}
 
 
 def row_id(row: dict, path: Path, n: int) -> str:

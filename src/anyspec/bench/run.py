@@ -20,7 +20,7 @@ from anyspec.bench.llama import (
     target_gguf,
 )
 from anyspec.bench.llama_spec import llama_spec_args
-from anyspec.bench.methods import DRAFT_METHODS, LLAMA_CPP_METHODS, VLLM_METHODS, base
+from anyspec.bench.methods import DRAFT_METHODS, LLAMA_CPP_METHODS, PREDICTED, VLLM_METHODS, base
 from anyspec.bench.prompts import conversation, load_prompts, longest_request, prompt_ids
 from anyspec.bench.report import summarize
 from anyspec.bench.timing import engine_timings
@@ -35,27 +35,29 @@ UNAVAILABLE = (VllmUnavailable, LlamaCppUnavailable)
 # ---- methods: each returns {"ids", "text", "seconds", "drafted", "accepted"} -------------------------
 
 def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, algorithm: str = "tli",
-                draft_dtype: str | None = None, ngram: bool = False, chain: bool = False) -> dict:
+                draft_dtype: str | None = None, ngram: bool = False, chain: bool = False,
+                predicted: bool = False) -> dict:
     """``draft_dtype``: one of ``ctx.drafts``, the draft loaded again in that dtype (else the pair's);
     ``ngram``: with prompt lookup always (``lookup_setting``); ``chain``: no branches beside the
-    chain (tree=0). The prefix cache is on only where ``ctx.prefix_cache`` says (a conversation's
-    later turns)."""
+    chain (tree=0); ``predicted``: with the prompt's prediction (``ctx.prediction``). The prefix
+    cache is on only where ``ctx.prefix_cache`` says (a conversation's later turns)."""
     from anyspec.engine import Engine, SamplingParams
 
-    key = (draft, sampled, algorithm, draft_dtype, ngram, chain, ctx.prefix_cache)
+    key = (draft, sampled, algorithm, draft_dtype, ngram, chain, ctx.prefix_cache, predicted)
     if key not in ctx.engines:
         chained = {"tree": 0} if chain else {}
         config = replace(ctx.speculative, algorithm=algorithm,
                          draft_sample_method="sample" if sampled else "greedy",
                          prefix_cache=ctx.prefix_cache,  # else the whole prompt, as HF's
-                         ngram=lookup_setting(ctx.speculative.ngram, draft, ngram), **chained)
+                         ngram=lookup_setting(ctx.speculative.ngram, draft or predicted, ngram), **chained)
         model = ctx.drafts[draft_dtype] if draft_dtype else ctx.draft
         ctx.engines[key] = Engine(ctx.target, model if draft else None, config)
     params = SamplingParams(temperature=ctx.temperature if sampled else 0.0,
                             top_p=ctx.top_p if sampled else 1.0, max_new_tokens=ctx.max_new_tokens,
                             presence_penalty=ctx.penalties[0], frequency_penalty=ctx.penalties[1],
                             seed=ctx.seed if sampled else None,
-                            grammar=schema_grammar(ctx) if ctx.schema is not None else None)
+                            grammar=schema_grammar(ctx) if ctx.schema is not None else None,
+                            prediction=ctx.prediction if predicted else None)
     t = time.perf_counter()
     res = ctx.engines[key].generate(prompt, params)
     dt = time.perf_counter() - t
@@ -68,15 +70,15 @@ def run_anyspec(ctx: BenchContext, prompt, sampled: bool, draft: bool = True, al
 
 def lookup_setting(configured: int | None, draft: bool, forced: bool) -> int | None:
     """A method's ``ngram``: the *-ngram methods' lookup on every prompt (``--ngram``, else
-    ``AUTO_NGRAM``), the other draft methods' as configured (None: the engine's default, on long
-    prompts), and none for the target alone."""
+    ``AUTO_NGRAM``), the other draft methods' and the predicted ones' as configured (None: the
+    engine's default, on long prompts and on a prediction), and none for the target alone."""
     if forced:
         return configured or AUTO_NGRAM
     return configured if draft else 0
 
 
 ROUND_STATS = ("rounds", "ended_by", "rejected_at", "ngram_proposed", "ngram_accepted", "branch_rows",
-               "branch_rounds", "forced", "grammar_seconds")
+               "branch_rounds", "forced", "grammar_seconds", "prediction_tokens", "prediction_accepted")
 
 
 def schema_grammar(ctx: BenchContext):
@@ -91,6 +93,10 @@ RUNNERS = {
     "target-ngram": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False, ngram=True),
     "anyspec-slem-ngram": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
                                                              draft_dtype=d, ngram=True),
+    "target-predicted": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft=False,
+                                                           predicted=True),
+    "anyspec-slem-predicted": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
+                                                                 draft_dtype=d, predicted=True),
     "anyspec-slem-chain": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, algorithm="slem",
                                                              draft_dtype=d, chain=True),
     "anyspec-greedy": lambda ctx, p, d=None: run_anyspec(ctx, p, sampled=False, draft_dtype=d),
@@ -125,11 +131,15 @@ def guided(method: str) -> bool:
 
 
 def check_guided(methods: list[str], prompts: list[dict]) -> None:
-    """Prompts that carry a JSON schema (the ``json`` set) only with methods that follow it."""
+    """Prompts that carry a JSON schema (the ``json`` set) only with methods that follow it; the
+    predicted methods only on prompts that carry a prediction."""
     others = [m for m in methods if not guided(m)]
     if others and any(p.get("schema") is not None for p in prompts):
         raise ConfigError(f"{', '.join(others)} cannot follow the JSON schemas these prompts carry; for "
                           "them choose anyspec's methods (--methods target anyspec-slem)")
+    predicted = [m for m in methods if base(m) in PREDICTED]
+    if predicted and any(p.get("prediction") is None for p in prompts):
+        raise ConfigError(f"{', '.join(predicted)} need prompts that carry a 'prediction' (the edit set's)")
 
 
 def available(methods: list[str], vllm_python: str | Path | None = None,
@@ -318,13 +328,13 @@ def run_turn(ctx: BenchContext, method: str, prompt, p: dict) -> dict:
     """One request of the bench row ``p``: a conversation's first turn starts on an empty cache,
     its later ones keep the prefix the earlier turns left (``ctx.prefix_cache``)."""
     ctx.prefix_cache = "turns" in p and len(prompt) > len(p["prompt"])
-    ctx.schema = p.get("schema")
+    ctx.schema, ctx.prediction = p.get("schema"), p.get("prediction")
     if ctx.schema is not None and not guided(method):  # check_guided refused it before the load
         raise ConfigError(f"{method} cannot follow a prompt's JSON schema; only anyspec's methods do")
     try:
         return run_method(ctx, method, prompt)
     finally:
-        ctx.schema = None
+        ctx.schema = ctx.prediction = None
 
 
 def compare(ctx: BenchContext, runs: list[dict], asked: dict) -> None:

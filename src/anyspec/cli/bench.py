@@ -44,6 +44,9 @@ def add_parser(sub) -> None:
         "anyspec-greedy": "anyspec with the draft, TLI, greedy",
         "anyspec-slem": "anyspec with the draft, SLEM, greedy",
         "anyspec-slem-ngram": f"anyspec-slem with prompt lookup on every prompt (--ngram, else {AUTO_NGRAM})",
+        "target-predicted": "the target alone given each prompt's prediction (the edit set's: the file it "
+                            "pastes) as OpenAI's Predicted Outputs: prompt lookup proposes from it",
+        "anyspec-slem-predicted": "anyspec-slem given each prompt's prediction, as target-predicted",
         "anyspec-slem-chain": "anyspec-slem without branches beside the draft's chain (--tree 0)",
         "anyspec-sampled": "anyspec with the draft, sampled (algorithm auto: SLEM), against "
                            "target-sampled with the same seed",

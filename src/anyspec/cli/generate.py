@@ -28,6 +28,7 @@ STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "m
              "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at",
              "ngram_proposed", "ngram_accepted")
 GRAMMAR_STAT_KEYS = ("forced", "grammar_seconds")  # with --json-schema, --regex or --choice
+PREDICTION_STAT_KEYS = ("prediction_tokens", "prediction_accepted")  # with --prediction-file
 
 
 def add_parser(sub) -> None:
@@ -39,6 +40,10 @@ def add_parser(sub) -> None:
     given.add_argument("--prompt-file", metavar="FILE",
                        help="read the prompt from this UTF-8 text file (- for standard input)")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message (chat template)")
+    p.add_argument("--prediction-file", metavar="FILE",
+                   help="text the answer likely repeats, as the file an edit rewrites (OpenAI's Predicted "
+                        "Outputs): prompt lookup proposes from it too; the answer is the same without it "
+                        "(- for standard input)")
     add_sampling_options(p, seed_shown="reported with --json")
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="with --json: each token's logprob and its N likeliest alternatives (0-20)")
@@ -109,7 +114,11 @@ def run(args) -> int:
     params = sampling_params(args, logprobs=args.logprobs)
     if args.logprobs is not None and not args.json:
         raise ConfigError("--logprobs needs --json, which prints them")
+    if args.prediction_file == "-" == args.prompt_file:
+        raise ConfigError("--prompt-file and --prediction-file cannot both read standard input")
     text = prompt_text(args)
+    if args.prediction_file is not None:
+        params = replace(params, prediction=read_text(args.prediction_file, "--prediction-file"))
     if args.chat_template is not None and not args.chat:
         raise ConfigError("--chat-template needs --chat (without it the prompt is plain text)")
     guide = read_guide(args)
@@ -133,7 +142,8 @@ def run(args) -> int:
     result = engine.generate(prompt, params, on_text=None if args.json else write)
     stats = result.stats.to_dict()
     if args.json:
-        keys = STAT_KEYS + (GRAMMAR_STAT_KEYS if guide is not None else ())
+        keys = STAT_KEYS + (GRAMMAR_STAT_KEYS if guide is not None else ()) + (
+            PREDICTION_STAT_KEYS if params.prediction is not None else ())
         extra = {"seed": stats["seed"]} if stats["seed"] is not None else {}  # reproduces a sampled answer
         if result.logprobs is not None:
             extra["logprobs"] = [{"token": e.token, "logprob": e.logprob, "top": e.top}
@@ -147,6 +157,8 @@ def run(args) -> int:
     hist = " ".join(f"{n}:{c}" for n, c in enumerate(s.accepted_hist))
     ended = " ".join(f"{cause}:{n}" for cause, n in sorted(s.ended_by.items()))
     lookup = f", prompt lookup accepted {s.ngram_accepted}/{s.ngram_proposed}" if s.ngram_proposed else ""
+    if params.prediction is not None:
+        lookup += f", {s.prediction_accepted} of the prediction's {s.prediction_tokens} tokens taken"
     how = "target only" if s.algorithm == "none" else f"{s.algorithm} k={config.num_speculative_tokens}"
     print(f"[{how}] "
           f"{s.generated} tokens in {s.total_seconds:.2f}s ({s.tokens_per_second:.2f} tok/s); "

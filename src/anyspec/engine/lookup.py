@@ -35,23 +35,32 @@ SPAN = 32  # the most tokens a continuation proposes in one round
 
 
 def start(configured: int | None, prompt_ids: list[int], costs: PassCosts, k: int,
-          draft_costs: PassCosts | None) -> Lookup | None:
+          draft_costs: PassCosts | None, predicted: list[int] | None = None) -> Lookup | None:
     """A request's lookup (None: none), matching suffixes of ``configured`` tokens or more; where that
     is None (the default), of ``AUTO_NGRAM`` for a prompt of ``AUTO_NGRAM_PROMPT`` tokens or more
-    beside a draft (``draft_costs``), where answers copy their prompt. On short prompts chance
-    repeats cost more than they gain, and without a draft the target runs alone unless lookup is
-    asked for."""
+    beside a draft (``draft_costs``), where answers copy their prompt, or with a prediction
+    (``predicted``, its target ids), which says the answer copies it. On short prompts chance
+    repeats cost more than they gain, and without a draft the target runs alone unless lookup or a
+    prediction is asked for."""
     min_n = configured
     if min_n is None:
-        min_n = AUTO_NGRAM if draft_costs is not None and len(prompt_ids) >= AUTO_NGRAM_PROMPT else 0
-    return Lookup(min_n, prompt_ids, costs, k, draft_costs) if min_n else None
+        copies = predicted or (draft_costs is not None and len(prompt_ids) >= AUTO_NGRAM_PROMPT)
+        min_n = AUTO_NGRAM if copies else 0
+    return Lookup(min_n, prompt_ids, costs, k, draft_costs, predicted) if min_n else None
 
 
 class Lookup:
     def __init__(self, min_n: int, prompt_ids: list[int], costs: PassCosts, k: int,
-                 draft_costs: PassCosts | None = None):
+                 draft_costs: PassCosts | None = None, predicted: list[int] | None = None):
         self.index = ngram.Index(min_n)
         self.index.extend(prompt_ids)
+        self.prediction = None  # the prediction's own index, matched against the context's suffix
+        if predicted:
+            self.prediction = ngram.Index(min_n)
+            self.prediction.extend(predicted)
+        self.prompt_tokens = len(prompt_ids)
+        self.from_prediction = False  # the continuation found last came from the prediction
+        self.prediction_accepted = 0  # tokens of continuations from the prediction the target accepted
         self.costs = costs  # the target's passes, by their rows
         self.draft_costs = draft_costs  # the draft's, None without a draft
         self.draft_tokens: float | None = None  # a draft round's committed tokens, decayed mean
@@ -63,7 +72,14 @@ class Lookup:
 
     def find(self, limit: int) -> list[int]:
         """This round's continuation, at most ``limit`` tokens, cut to the length that pays."""
-        found = self.index.find(min(limit, SPAN))
+        n, found = self.index.match(min(limit, SPAN))
+        self.from_prediction = False
+        if self.prediction is not None:
+            m, predicted = self.prediction.match(min(limit, SPAN), self.index.ids)
+            if len(self.index.ids) == self.prompt_tokens:  # the answer starts where the prediction does
+                m, predicted = ngram.MAX_N, self.prediction.ids[:min(limit, SPAN)]
+            if predicted and m >= n:  # as long a match: the prediction's word is the better guess
+                found, self.from_prediction = predicted, True
         if not self.costs.known():
             found = found[:self.k]
         elif len(found) > 1:
@@ -94,6 +110,7 @@ class Lookup:
         if self.found:
             n, seen = common_prefix(committed, self.found), min(len(committed), len(self.found))
             self.acceptance.count(n, seen)
+            self.prediction_accepted += n if self.from_prediction else 0
             self.agreed = self.agreed + n if n == seen else 0
         else:
             self.agreed = 0

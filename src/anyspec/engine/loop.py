@@ -224,10 +224,11 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     target = target if target is not None else engine.target
     draft = (draft if draft is not None else engine.draft) if speculative else None
     proposer = engine.proposer_for(params) if draft is not None else None
-    k = engine.config.num_speculative_tokens if proposer is not None or engine.config.ngram else 0
+    looks = engine.config.ngram or (params.prediction and engine.config.ngram is None)  # lookup alone
+    k = engine.config.num_speculative_tokens if proposer is not None or looks else 0
     seed = request_seed(params)
     sampler = Sampler(params, seed, engine.bridge) if params.temperature else None
-    stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if engine.config.ngram else "none",
+    stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if looks else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
     penalties = Penalties.start(params, engine.target.vocab_size, engine.eos_ids)
@@ -237,8 +238,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     if penalties:
         penalties.prompted(prompt_ids)
     output = Output(engine.target_bytes, engine.eos_ids, params)
-    lookup = prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
-                                 meter.costs(draft) if proposer else None)
+    lookup = start_lookup(engine, params, prompt_ids, meter, target, draft if proposer else None, k, stats)
     worth = branch_worth(meter, target, output) if engine.config.tree and proposer else None
 
     while not output.ended(stop):
@@ -292,9 +292,21 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
     if piece := output.ready():  # what a stop string held back, where ``stop`` ended it
         yield piece
-    count_end(stats, meter, target, draft, ctx, t_start)
+    count_end(stats, meter, target, draft, ctx, t_start, lookup)
     return GenerationResult(output.text, output.ids, output.finish, stats, output.logprobs, scored,
                             output.stopped_by)
+
+
+def start_lookup(engine: Engine, params: SamplingParams, prompt_ids: list[int], meter: Meter, target, draft,
+                 k: int, stats: Stats) -> prompt_lookup.Lookup | None:
+    """The generation's prompt lookup (``engine/lookup.py``), with the request's prediction in the
+    target's tokens; ``draft``: None where no draft proposes."""
+    predicted = None
+    if params.prediction:
+        predicted = engine.target.tokenizer.encode(params.prediction, add_special_tokens=False)
+        stats.prediction_tokens = len(predicted)
+    return prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
+                               meter.costs(draft) if draft is not None else None, predicted)
 
 
 def follow(engine: Engine, meter: Meter, draft, ctx, ids: list[int]) -> None:

@@ -32,6 +32,8 @@ class Stats:
     rejected_at: list[int] = field(default_factory=list)  # rounds whose first rejection was at 0, 1, ..
     ngram_proposed: int = 0  # target tokens proposed from the context (prompt lookup), and accepted
     ngram_accepted: int = 0
+    prediction_tokens: int = 0  # the target tokens of the request's prediction (SamplingParams.prediction)
+    prediction_accepted: int = 0  # tokens of continuations found in it that the answer took
     branch_rows: int = 0  # target rows verified on branches beside the chain (algorithms/tree.py)
     branch_rounds: int = 0  # rounds whose accepted tokens left the chain for a branch
     seed: int | None = None  # what a sampled answer is reproduced with (its noise: algorithms/gumbel.py)
@@ -97,9 +99,11 @@ def count_commit(stats: Stats, generated: int, start: float) -> None:
     stats.generated = generated
 
 
-def count_end(stats: Stats, meter, target, draft, ctx, start: float) -> None:
-    """A finished generation's measured seconds (``meter``: its passes) and the draft context's
-    fallbacks."""
+def count_end(stats: Stats, meter, target, draft, ctx, start: float, lookup=None) -> None:
+    """A finished generation's measured seconds (``meter``: its passes), the draft context's
+    fallbacks and what it took from its prediction (``lookup``: its ``engine.lookup.Lookup``)."""
+    if lookup is not None:
+        stats.prediction_accepted = lookup.prediction_accepted
     if ctx is not None:
         stats.draft_fallbacks = ctx.fallbacks
     stats.draft_seconds = meter.seconds(draft) if draft is not None else 0.0

@@ -327,7 +327,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                                 max_new_tokens=max_tokens, min_tokens=min_tokens, ignore_eos=ignore_eos,
                                 seed=seed, stop=stop, stop_token_ids=stop_ids or [], logprobs=logprobs,
                                 allowed_token_ids=allowed, include_stop_str_in_output=include_stop,
-                                prompt_logprobs=logprobs if echo else None, grammar=wanted.grammar)
+                                prompt_logprobs=logprobs if echo else None, grammar=wanted.grammar,
+                                prediction=_prediction(body))
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
     return Parsed(prompts, params, stream, include_usage, speculative, wanted, n, echo, body.ignored())
@@ -355,6 +356,24 @@ def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None,
                                 "max_tokens.", "max_tokens", "context_length_exceeded")
         rooms.append(room or default_max_tokens)
     return max_tokens if max_tokens is not None else min(default_max_tokens, *rooms)
+
+
+def _prediction(body: dict) -> str | None:
+    """OpenAI's Predicted Outputs: ``{"type": "content", "content": text or [text parts]}``, the text
+    the answer likely repeats (prompt lookup proposes from it; the answer is the same without it)."""
+    given = body_field(body, "prediction", (dict,))
+    if given is None:
+        return None
+    if given.get("type") != "content":
+        raise ApiError(400, "'prediction.type' must be 'content'.", "prediction.type", "invalid_value")
+    content = given.get("content")
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
+                                         and isinstance(part.get("text"), str) for part in content):
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise ApiError(400, "'prediction.content' must be a string or an array of text parts "
+                            "({\"type\": \"text\", \"text\": ...}).", "prediction.content", "invalid_type")
+    return content or None
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
