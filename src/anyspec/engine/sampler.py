@@ -23,8 +23,10 @@ from anyspec.config import SamplingParams
 
 
 def request_seed(params: SamplingParams) -> int:
-    """The request's seed, or a fresh one: every answer reports the seed that reproduces it."""
-    return params.seed if params.seed is not None else secrets.randbits(63)
+    """The request's seed, or a fresh one: every answer reports the seed that reproduces it. A fresh
+    one is below 2**53, so that a client that reads JSON numbers as doubles (JavaScript) sends back
+    the seed it was shown."""
+    return params.seed if params.seed is not None else secrets.randbits(53)
 
 
 def chooser():

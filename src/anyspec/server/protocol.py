@@ -52,7 +52,7 @@ class Parsed:
     include_usage: bool
     speculative: bool
     structure: Structure  # response_format, tools and tool_choice
-    n: int = 1  # choices per prompt: choice i is sampled with seed + i (mod 2**64)
+    n: int = 1  # choices per prompt: choice i is sampled with seed + i (past 2**64 - 1, from 0)
     echo: bool = False  # completions: each choice's text (and logprobs) begins with its prompt's
     ignored: list[str] = dataclasses.field(default_factory=list)  # fields nothing here reads
 
@@ -62,7 +62,8 @@ class Parsed:
         seed = self.params.seed
         if seed is None or i == 0:
             return self.params
-        return dataclasses.replace(self.params, seed=(seed + i) % 2**64)
+        seed += i  # a negative seed counts up towards 0, as its noise does (seed mod 2**64)
+        return dataclasses.replace(self.params, seed=seed - 2**64 if seed >= 2**64 else seed)
 
 
 def _checked(check, *args):
