@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -472,3 +473,17 @@ def test_tool_parameters_that_refer_to_their_own_parts_are_held_to_them(client):
         arguments = json.loads(choice.message.tool_calls[0].function.arguments)
         jsonschema.validate(arguments, tool["function"]["parameters"])
         assert "name" not in json.dumps(arguments) or tool is query
+
+
+def test_a_tool_schema_error_names_no_place_in_the_grammar_made_from_it(pair):
+    """The calls' grammar is made from the schemas: llguidance's line and column in it mean nothing
+    to a client, so a compile error says what is wrong alone."""
+    from anyspec.engine.grammar import GrammarError, Grammars
+
+    tok = pair[0].tokenizer
+    grammars = Grammars(tok, pair[0].vocab_size, {tok.eos_token_id})
+    broken = {"name": "broken", "parameters": {"type": "object", "properties": {"x": {"$ref": "#/$defs/No"}}}}
+    with pytest.raises(GrammarError) as info:
+        grammars.tool_calls([broken], one=True, field="tools")
+    message = str(info.value)
+    assert "Pointer '/$defs/No' does not exist" in message and not re.search(r"\bat \d+\(\d+\)", message)

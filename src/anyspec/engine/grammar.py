@@ -13,6 +13,7 @@ they are proposed without the draft. The answer is the masked target's own, toke
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 from collections import OrderedDict
@@ -172,6 +173,8 @@ def check_grammar(text: str, field: str, what: str = GUIDES["json"]) -> None:
 def _reason(error: str, what: str) -> str:
     lines = [line.strip() for line in error.strip().splitlines()]  # one line: the first and the error's
     error = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
+    if what == GUIDES["json"]:  # a place in the grammar made from the schema: nothing a client wrote
+        error = re.sub(r"^at \d+\(\d+\): ", "", error)
     if "Unimplemented" in error or "Unknown format" in error:
         return f"an unsupported {what} feature ({error})"
     if "fuel" in error or "limit" in error.lower() or "too" in error:
