@@ -258,3 +258,17 @@ def test_a_prediction_must_be_text():
         SamplingParams(prediction=["a"])
     with pytest.raises(ConfigError, match="the prediction is not valid UTF-8"):
         SamplingParams(prediction="caf\udce9")
+
+
+def test_a_prediction_is_looked_up_as_far_as_the_context_holds(qwen_target, monkeypatch):  # noqa: F811
+    """No answer takes more tokens than the context holds, so no more of a prediction is indexed
+    (a megabyte of it would be millions of n-grams); all of it is counted."""
+    from anyspec.engine import lookup
+
+    given = []
+    start = lookup.start
+    monkeypatch.setattr(lookup, "start", lambda *a: given.append(a[-1]) or start(*a))
+    long = "alpha beta gamma delta " * 400
+    result = Engine(qwen_target, None).generate(PROMPTS[0], greedy(4, prediction=long))
+    assert len(given[0]) == qwen_target.context_length
+    assert result.stats.prediction_tokens == len(qwen_target.tokenizer.encode(long, add_special_tokens=False))

@@ -300,11 +300,13 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 def start_lookup(engine: Engine, params: SamplingParams, prompt_ids: list[int], meter: Meter, target, draft,
                  k: int, stats: Stats) -> prompt_lookup.Lookup | None:
     """The generation's prompt lookup (``engine/lookup.py``), with the request's prediction in the
-    target's tokens; ``draft``: None where no draft proposes."""
+    target's tokens (as many as the context holds: no answer takes more); ``draft``: None where no
+    draft proposes."""
     predicted = None
     if params.prediction:
         predicted = engine.target.tokenizer.encode(params.prediction, add_special_tokens=False)
         stats.prediction_tokens = len(predicted)
+        predicted = predicted[:engine.target.context_length]
     return prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
                                meter.costs(draft) if draft is not None else None, predicted)
 
