@@ -496,3 +496,26 @@ def test_a_control_token_among_the_likeliest_is_shown_by_its_name(reference):
     completions = logprobs_json(False, spelled)[0]
     assert completions["top_logprobs"] == [{" yes": -0.1, "<|im_end|>": -2.5, "<|endoftext|>": -3.0}]
     assert completions["text_offset"] == [0]
+
+
+def test_a_prediction_changes_no_sampled_choice_logprob_or_schema_held_answer(client, reference):
+    """Beside n > 1 with a seed, logprobs, a JSON schema and ``"speculative": false``, the answers
+    with a prediction are those without one, entry for entry; usage sums the choices' counts."""
+    kw = dict(model=MODEL_NAME, messages=CHAT, max_tokens=12, temperature=0.9, seed=5, n=2, logprobs=True,
+              top_logprobs=2)
+    plain = client.chat.completions.create(**kw)
+    text = plain.choices[0].message.content
+    for extra in ({}, {"speculative": False}):
+        predicted = client.chat.completions.create(**kw, extra_body={
+            "prediction": {"type": "content", "content": text}} | extra)
+        assert [c.model_dump() for c in predicted.choices] == [c.model_dump() for c in plain.choices]
+        details = predicted.usage.completion_tokens_details
+        assert details.accepted_prediction_tokens + details.rejected_prediction_tokens == 2 * len(
+            reference.target.tokenizer.encode(text, add_special_tokens=False))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    held = dict(model=MODEL_NAME, messages=CHAT, max_tokens=16, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    want = client.chat.completions.create(**held).choices[0].message.content
+    got = client.chat.completions.create(**held, extra_body={"prediction": {"type": "content",
+                                                                            "content": '{"a": 12345}'}})
+    assert got.choices[0].message.content == want
