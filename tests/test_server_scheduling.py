@@ -168,8 +168,9 @@ def test_the_generation_timeout_counts_from_the_end_of_the_prefill():
                           metrics=Metrics(), max_batch=4)
     loop = asyncio.new_event_loop()
     job = Job("hi", SamplingParams(), True, 1, loop)
+    job.ids = [1, 2, 3, 4]  # the prompt's target ids
     sequence = SimpleNamespace(cached_ids=[7, 8, 1])  # an earlier job's tokens, in a reused slot
-    run = scheduler.running[job] = Running(False, sequence, [1, 2, 3, 4])
+    run = scheduler.running[job] = Running(False, sequence)
     run.started -= 10  # its prefill has taken ten seconds so far
     scheduler._retire_cancelled()
     assert run.generating is None and not run.timed_out.is_set()

@@ -83,7 +83,7 @@ def prompt_row(row, path: Path, n: int) -> dict:
     check_prompt(prompt)
     if not isinstance(row.get("schema", {}), dict):
         raise ConfigError("'schema' must be a JSON Schema object")
-    if not isinstance(row.get("prediction", "-"), str) or not row.get("prediction", "-"):
+    if "prediction" in row and not (isinstance(row["prediction"], str) and row["prediction"]):
         raise ConfigError("'prediction' must be a non-empty text")
     return {"id": row_id(row, path, n), "set": path.stem, "prompt": prompt, "schema": row.get("schema"),
             "prediction": row.get("prediction")}

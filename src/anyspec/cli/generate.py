@@ -80,7 +80,7 @@ def prompt_text(args) -> str:
     if args.prompt is not None:
         check_prompt_text(args.prompt)
         return args.prompt
-    text = read_file(args.prompt_file, "--prompt-file", schema=False)
+    text = read_text(args.prompt_file, "--prompt-file")
     if not text.strip():
         raise ConfigError(f"--prompt-file: {args.prompt_file} holds no text")
     return text

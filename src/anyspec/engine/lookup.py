@@ -75,9 +75,10 @@ class Lookup:
         n, found = self.index.match(min(limit, SPAN))
         self.from_prediction = False
         if self.prediction is not None:
-            m, predicted = self.prediction.match(min(limit, SPAN), self.index.ids)
             if len(self.index.ids) == self.prompt_tokens:  # the answer starts where the prediction does
                 m, predicted = ngram.MAX_N, self.prediction.ids[:min(limit, SPAN)]
+            else:
+                m, predicted = self.prediction.match(min(limit, SPAN), self.index.ids)
             if predicted and m >= n:  # as long a match: the prediction's word is the better guess
                 found, self.from_prediction = predicted, True
         if not self.costs.known():

@@ -91,7 +91,6 @@ class Job:
 class Running:
     speculative: bool  # with the draft
     target: object  # the job's sequence of the target: its cache shows when the prompt is read
-    prompt: list[int]  # the prompt's target ids
     started: float = field(default_factory=time.monotonic)
     # when the prefill was over (the prompt's tokens but the last cached): --generation-timeout counts
     # from here, as llama-server's t_max_predict_ms counts from the first generated token
@@ -234,7 +233,7 @@ class Scheduler:
 
     def _start(self, job: Job, slot: tuple) -> Steps:
         speculative = job.speculative and self.engine.draft is not None
-        run = self.running[job] = Running(speculative, slot[0], job.ids)
+        run = self.running[job] = Running(speculative, slot[0])
         return announced(self.engine.steps(job.prompt, job.params, *slot, self.driver.batch, job,
                                            encoded=(job.ids, job.text), speculative=job.speculative,
                                            stop=run.timed_out), job, slot[0])
@@ -247,7 +246,7 @@ class Scheduler:
                 del self.running[job]
                 self.metrics.add_generation("cancelled", 0, now - run.started, None)
                 continue
-            if run.generating is None and read(run.target.cached_ids, run.prompt):
+            if run.generating is None and read(run.target.cached_ids, job.ids):
                 run.generating = now
             if run.generating is not None and now - run.generating > self.generation_timeout:
                 run.timed_out.set()  # it ends after its current round, as one cut by its length
