@@ -39,6 +39,7 @@ class PairPlan(NamedTuple):
     trust_remote_code: bool = False
     chat_template: str | None = None  # the target's chat template in place of its own (read_template)
     kv_cache_dtype: str = "fp32"  # both models' KV caches: fp32 or fp16 (backends.load.KV_CACHE_DTYPES)
+    max_model_len: int | None = None  # the target's context cut to this many tokens (None: its own)
 
 
 class Pair(NamedTuple):
@@ -50,8 +51,10 @@ class Pair(NamedTuple):
 def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_dtype: str | None = None,
                threads: int | None = None, allow_download: bool = False,
                trust_remote_code: bool = False, chat_template: str | None = None,
-               kv_cache_dtype: str = "fp32") -> PairPlan:
-    """The pair to load, every option checked; ``chat_template``: a file, or a template's text."""
+               kv_cache_dtype: str = "fp32", max_model_len: int | None = None) -> PairPlan:
+    """The pair to load, every option checked; ``chat_template``: a file, or a template's text;
+    ``max_model_len``: the most tokens a prompt and its answer may hold together, at most the
+    target's own context (checked against its file here where it is known, else once it loads)."""
     from anyspec.backends import load as backend
 
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
@@ -76,16 +79,27 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
     if draft_resolved is not None:
         backend.check_kv_cache_dtype(kv_cache_dtype, draft_resolved)
     template = read_template(chat_template) if chat_template is not None else None
+    if max_model_len is not None:
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2:
+            raise ConfigError(f"--max-model-len must be an integer >= 2 (a prompt token and an answer's), "
+                              f"got {max_model_len!r}")
+        backend.check_context_cap(max_model_len, backend.known_context(target))
     return PairPlan(target, draft, resolved, draft_resolved, threads, allow_download, trust_remote_code,
-                    template, kv_cache_dtype)
+                    template, kv_cache_dtype, max_model_len)
+
+
+def plan_context(plan: PairPlan) -> int | None:
+    """The target's context as the plan will load it: ``max_model_len``, else its file's (None where
+    that is not known before it loads)."""
+    from anyspec.backends.load import known_context
+
+    return plan.max_model_len or known_context(plan.target)
 
 
 def check_new_tokens(plan: PairPlan, max_new_tokens: int, option: str = "--max-new-tokens") -> None:
     """Refuse, before the models load, more new tokens than the target's context holds beside a
     prompt (known from its file; a built-in model not fetched yet is checked once it loads)."""
-    from anyspec.backends.load import known_context
-
-    context = known_context(plan.target)
+    context = plan_context(plan)
     if context is not None and max_new_tokens >= context:
         raise ConfigError(f"{option} {max_new_tokens} leaves no room for a prompt in the target's context "
                           f"of {context} tokens; ask for fewer")
@@ -133,6 +147,9 @@ def load_pair(plan: PairPlan, names: tuple[str, str] = ("target", "draft")) -> P
     gc.disable()
     try:
         target = backend.load_model(plan.target, dtype=plan.dtype, name=names[0], **options)
+        if plan.max_model_len is not None:
+            backend.check_context_cap(plan.max_model_len, target.context_length)
+            target.context_length = plan.max_model_len
         if plan.chat_template is not None:
             target.tokenizer.chat_template = plan.chat_template
         draft = None
@@ -156,14 +173,16 @@ def _spec(value, what: str) -> str:
 def load(target: str | os.PathLike = DEFAULT_TARGET, draft: str | os.PathLike | None = DEFAULT_DRAFT,
          config: SpeculativeConfig | None = None, dtype: str | None = None, draft_dtype: str | None = None,
          threads: int | None = None, chat_template: str | None = None,
-         kv_cache_dtype: str = "fp32") -> Engine:
+         kv_cache_dtype: str = "fp32", max_model_len: int | None = None) -> Engine:
     """An ``Engine`` over the two models (built-in names, folders or GGUF files; ``draft=None``: the
     target alone), every option checked before anything loads. ``dtype``/``draft_dtype``: each
     model's weights (None: its file's, or the kernels' default); ``threads``: torch's thread count,
     for the whole process; ``chat_template``: a Jinja file or text in place of the target's own;
-    ``kv_cache_dtype``: ``"fp32"`` or ``"fp16"`` (half the cache's memory)."""
+    ``kv_cache_dtype``: ``"fp32"`` or ``"fp16"`` (half the cache's memory); ``max_model_len``: the
+    most tokens a prompt and its answer hold together (None: the target's own context), which
+    bounds each KV cache."""
     return _engine(*_checked(target, draft, config, dtype, draft_dtype, threads, chat_template,
-                             kv_cache_dtype))
+                             kv_cache_dtype, max_model_len))
 
 
 def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGET,
@@ -171,25 +190,26 @@ def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGE
              params: SamplingParams | None = None, dtype: str | None = None,
              on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None,
              threads: int | None = None, chat_template: str | None = None,
-             kv_cache_dtype: str = "fp32") -> GenerationResult:
+             kv_cache_dtype: str = "fp32", max_model_len: int | None = None) -> GenerationResult:
     """One call: load the models (as ``load`` does) and generate; ``on_text`` receives the text as
     it is committed."""
     params = given(params, SamplingParams, "params")
     check_prompt(prompt)
     check_callbacks(on_text)
-    config, plan = _checked(target, draft, config, dtype, draft_dtype, threads, chat_template, kv_cache_dtype)
+    config, plan = _checked(target, draft, config, dtype, draft_dtype, threads, chat_template, kv_cache_dtype,
+                            max_model_len)
     check_new_tokens(plan, params.max_new_tokens, "max_new_tokens")
     return _engine(config, plan).generate(prompt, params, on_text=on_text)
 
 
 def _checked(target, draft, config, dtype, draft_dtype, threads, chat_template,
-             kv_cache_dtype) -> tuple[SpeculativeConfig, PairPlan]:
+             kv_cache_dtype, max_model_len) -> tuple[SpeculativeConfig, PairPlan]:
     """``load``'s options checked, the config first: the config and the pair to load."""
     config = given(config, SpeculativeConfig, "config")
     if draft is None:
         check_alone(config)
     return config, check_pair(target, draft, dtype, draft_dtype, threads, chat_template=chat_template,
-                              kv_cache_dtype=kv_cache_dtype)
+                              kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len)
 
 
 def _engine(config: SpeculativeConfig, plan: PairPlan) -> Engine:

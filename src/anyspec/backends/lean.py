@@ -196,7 +196,7 @@ class LeanModel(StackModel, Pretrained):
         """``ids`` through the Python steps, over ``seq``'s cache."""
         start, m = seq.num_cached, len(ids)
         end = start + m
-        seq.cache.reserve(start, end)
+        seq.cache.reserve(start, end, seq.context_length)
         cos, sin = self.description.rotary[0].angles(torch.arange(start, end))
         cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)  # transformers' halves
         mask = None

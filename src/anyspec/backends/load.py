@@ -209,6 +209,13 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
     return model
 
 
+def check_context_cap(max_model_len: int, context: int | None) -> None:
+    """``--max-model-len`` within the target's own ``context`` (None: not known, so any)."""
+    if context is not None and max_model_len > context:
+        raise ConfigError(f"--max-model-len {max_model_len} is more than the target's context of {context} "
+                          f"tokens; give at most {context}, or leave it out")
+
+
 def check_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> None:
     """A KV cache type the kernels keep, for a model ``dtype`` that runs on them."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -20,8 +20,8 @@ class KVCache:
     """One preallocated tensor per layer for keys and one for values, ``[kv_heads, capacity, head_dim]``,
     of fp32 or fp16 (``dtype``; the kernel rounds each key and value to it as it writes them).
 
-    It grows by doubling; positions past the sequence's ``num_cached`` are simply overwritten by the
-    next forward, so cropping costs nothing.
+    It grows by doubling, to at most the model's context (``limit``); positions past the sequence's
+    ``num_cached`` are simply overwritten by the next forward, so cropping costs nothing.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int = 256,
@@ -40,19 +40,20 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys[0].shape[1]
 
-    def reserve(self, start: int, end: int) -> None:
-        """Room for positions up to ``end``; the first ``start`` are kept."""
+    def reserve(self, start: int, end: int, limit: int | None = None) -> None:
+        """Room for positions up to ``end``; the first ``start`` are kept. ``limit``: the most it
+        grows to beyond ``end`` (the model's context)."""
         if end > self.capacity:
-            size = max(end, 2 * self.capacity)
+            size = max(end, min(2 * self.capacity, limit or 2 * self.capacity))
             for old in (self.keys, self.values):
                 new = self._allocate(size)
                 for tensor, before in zip(new, old, strict=True):
                     tensor[:, :start] = before[:, :start]
                 old[:] = new
 
-    def copy_prefix(self, donor: KVCache, n: int) -> None:
+    def copy_prefix(self, donor: KVCache, n: int, limit: int | None = None) -> None:
         """The keys and values of ``donor``'s first ``n`` positions in place of this cache's."""
-        self.reserve(0, n)
+        self.reserve(0, n, limit)
         for mine, theirs in zip(self.keys + self.values, donor.keys + donor.values, strict=True):
             mine[:, :n] = theirs[:, :n]
 
@@ -103,7 +104,7 @@ class Sequence:
     def adopt(self, donor: Sequence, n: int) -> None:
         """Start from a copy of ``donor``'s first ``n`` cached tokens. On a row-invariant model they
         are the bits this sequence would compute for the same ids, without the compute."""
-        self.cache.copy_prefix(donor.cache, n)
+        self.cache.copy_prefix(donor.cache, n, self.context_length)
         self.cached_ids = donor.cached_ids[:n]
 
     def crop(self, n: int) -> None:
@@ -149,7 +150,7 @@ def assemble(batch: list[tuple]) -> Rows:
     trees = any(len(entry) > 3 and entry[3] is not None for entry in batch)
     for i, (seq, new, last, *tree) in enumerate(batch):
         start, m = seq.num_cached, len(new)
-        seq.cache.reserve(start, start + m)
+        seq.cache.reserve(start, start + m, seq.context_length)
         tree = tree[0] if tree else None
         if tree is None:
             positions += range(start, start + m)
@@ -189,6 +190,11 @@ class StackModel:
         """KV caches of ``dtype`` (fp32 or fp16) from now on; the model's own sequence starts empty."""
         self.kv_dtype = dtype
         self.hold_sequences()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """The bytes a cached token's keys and values take in one sequence's cache."""
+        return 2 * self.n_layers * self.kv_heads * self.head_dim * self.kv_dtype.itemsize
 
     def new_sequence(self) -> Sequence:
         """Another sequence with its own (empty) KV cache."""

@@ -69,7 +69,7 @@ def add_parser(sub) -> None:
                         "METHOD@DTYPE), in the same alternating rotation: e.g. gguf against bf16")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                    help="the most tokens each answer may have (default 64)")
-    add_engine_options(p, fixed=FIXED)
+    add_engine_options(p, fixed=FIXED, context=False)
     p.add_argument("--temperature", type=float, default=0.7,
                    help="for anyspec-sampled and target-sampled (default %(default)s)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P",

@@ -121,8 +121,9 @@ def add_flags(p: argparse.ArgumentParser, settings: type, fixed: tuple[str, ...]
                            help=argparse.SUPPRESS)
 
 
-def add_engine_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) -> None:
-    """The ``SpeculativeConfig`` flags (``add_flags``), the dtypes and threads."""
+def add_engine_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = (), context: bool = True) -> None:
+    """The ``SpeculativeConfig`` flags (``add_flags``), the dtypes, ``--max-model-len`` (unless not
+    ``context``) and threads."""
     add_flags(p, SpeculativeConfig, fixed)
     p.add_argument("--dtype", default="auto",
                    help="target: auto (a GGUF model: gguf where anyspec's kernels run its blocks, else "
@@ -136,6 +137,11 @@ def add_engine_options(p: argparse.ArgumentParser, fixed: tuple[str, ...] = ()) 
                    help="both models' KV caches: fp32 (default) or fp16 (half the memory, and half the "
                         "bytes a token reads on a long context; each key and value rounded once); "
                         "anyspec's kernels only (dtype gguf, int8 or bf16)")
+    if context:
+        p.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                       help="the most tokens a prompt and its answer may hold together, at most the "
+                            "target's own context (default: that context); each KV cache grows to at most "
+                            "this")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads, at most the CPU count (default: torch's choice, one per "
                         "physical core)")
@@ -157,7 +163,7 @@ def pair_plan(args) -> PairPlan:
     return check_pair(args.target, None if alone else args.draft, args.dtype, args.draft_dtype,
                       args.threads, getattr(args, "allow_download", False),
                       getattr(args, "trust_remote_code", False), getattr(args, "chat_template", None),
-                      getattr(args, "kv_cache_dtype", "fp32"))
+                      getattr(args, "kv_cache_dtype", "fp32"), getattr(args, "max_model_len", None))
 
 
 def check_prompt_text(text: str, option: str = "--prompt") -> None:

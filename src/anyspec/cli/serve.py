@@ -40,8 +40,8 @@ def add_parser(sub) -> None:
 def check_args(args):
     """Everything that can be wrong with the command line, found before any model loads:
     ``(settings, config, plan)``."""
-    from anyspec.backends.load import known_context
     from anyspec.models import MODELS
+    from anyspec.pair import plan_context
 
     config = speculative_config(args)
     plan = pair_plan(args)
@@ -61,7 +61,7 @@ def check_args(args):
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
     settings = Settings(model_name=name, **{f.name: getattr(args, f.name)  # checks them
                                             for f in dataclasses.fields(Settings) if hasattr(args, f.name)})
-    context, most = known_context(plan.target), settings.max_prompt_tokens
+    context, most = plan_context(plan), settings.max_prompt_tokens
     if context is not None and most is not None and most >= context:
         raise ConfigError(f"--max-prompt-tokens {most} leaves no room for an answer in the target's context "
                           f"of {context} tokens; give at most {context - 1}, or leave it out")
@@ -73,6 +73,37 @@ def check_args(args):
     except OSError as exc:
         raise ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     return settings, config, plan
+
+
+def kv_memory(target, draft, generations: int) -> str:
+    """What the KV caches of ``generations`` slots may come to, each at the target's whole context
+    (the draft's at most its own), beside the memory the system has free; where that is more, how
+    to make it less."""
+    context = target.context_length
+    if context is None:
+        return f"the KV caches of {generations} generations grow with their contexts (the target's unknown)"
+    held = target.kv_bytes_per_token * context
+    if draft is not None:
+        held += draft.kv_bytes_per_token * min(context, draft.context_length or context)
+    line = (f"the KV caches of {generations} generations at {context:,} tokens may take up to "
+            f"{generations * held / 2**30:.1f} GiB")
+    free = available_memory()
+    if free is not None and generations * held > free:
+        line += (f", more than the {free / 2**30:.1f} GiB free now: --max-model-len, --max-batch or "
+                 "--kv-cache-dtype fp16 lowers it")
+    return line
+
+
+def available_memory() -> int | None:
+    """The bytes the system can give without swapping (Linux's MemAvailable; None elsewhere)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def run(args) -> int:
@@ -95,6 +126,8 @@ def run(args) -> int:
         print(f"anyspec serve: these models hold one KV cache each (not GGUF models on anyspec's kernels), "
               f"so requests run one at a time (--max-batch {settings.max_batch} does not apply)",
               file=sys.stderr)
+    else:
+        print(f"anyspec serve: {kv_memory(pair.target, pair.draft, settings.max_batch)}", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                            timeout_graceful_shutdown=settings.shutdown_timeout + 5))
     http = threading.Thread(target=server.run, name="anyspec-http", daemon=True)

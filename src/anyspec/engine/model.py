@@ -51,6 +51,7 @@ class RestrictedHead(Protocol):
 @runtime_checkable
 class MultiSequence(Protocol):
     sequences: object  # every live sequence
+    kv_bytes_per_token: int  # a cached token's keys and values, in one sequence's cache
 
     def new_sequence(self): ...
 
