@@ -42,11 +42,16 @@ def start(configured: int | None, prompt_ids: list[int], costs: PassCosts, k: in
     (``predicted``, its target ids), which says the answer copies it. On short prompts chance
     repeats cost more than they gain, and without a draft the target runs alone unless lookup or a
     prediction is asked for."""
-    min_n = configured
-    if min_n is None:
-        copies = predicted or (draft_costs is not None and len(prompt_ids) >= AUTO_NGRAM_PROMPT)
-        min_n = AUTO_NGRAM if copies else 0
-    return Lookup(min_n, prompt_ids, costs, k, draft_costs, predicted) if min_n else None
+    n = min_n(configured, len(prompt_ids), draft_costs is not None, bool(predicted))
+    return Lookup(n, prompt_ids, costs, k, draft_costs, predicted) if n else None
+
+
+def min_n(configured: int | None, prompt_tokens: int, drafting: bool, predicted: bool) -> int:
+    """The shortest suffix lookup matches (0: no lookup), as ``start`` says."""
+    if configured is not None:
+        return configured
+    copies = predicted or (drafting and prompt_tokens >= AUTO_NGRAM_PROMPT)
+    return AUTO_NGRAM if copies else 0
 
 
 class Lookup:

@@ -224,7 +224,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     target = target if target is not None else engine.target
     draft = (draft if draft is not None else engine.draft) if speculative else None
     proposer = engine.proposer_for(params) if draft is not None else None
-    looks = engine.config.ngram or (params.prediction and engine.config.ngram is None)  # lookup alone
+    looks = proposer is None and prompt_lookup.min_n(engine.config.ngram, 0, False, bool(params.prediction))
     k = engine.config.num_speculative_tokens if proposer is not None or looks else 0
     seed = request_seed(params)
     sampler = Sampler(params, seed, engine.bridge) if params.temperature else None
