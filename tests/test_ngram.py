@@ -253,11 +253,35 @@ def test_a_prediction_speeds_the_answer_and_never_changes_it(qwen_target, llama_
         assert again.token_ids == own.token_ids and again.stats.prediction_accepted > 10
 
 
-def test_a_prediction_must_be_text():
-    with pytest.raises(ConfigError, match="prediction must be a string"):
-        SamplingParams(prediction=["a"])
+def test_a_prediction_must_be_text_or_token_ids():
+    for bad in (["a"], [], [3, -1], [True], 7):
+        with pytest.raises(ConfigError, match="prediction must be a string"):
+            SamplingParams(prediction=bad)
     with pytest.raises(ConfigError, match="the prediction is not valid UTF-8"):
         SamplingParams(prediction="caf\udce9")
+
+
+def test_a_prediction_given_as_token_ids_is_the_same_as_its_text(qwen_target):  # noqa: F811
+    """Token ids (what the server encodes with the prompt, off the generations' thread) propose as
+    the text they encode does; an id beyond the vocabulary is refused before the prompt is read."""
+    prompt = PROMPTS[1]
+    engine = Engine(qwen_target, None)
+    want = engine.generate(prompt, greedy(40))
+    ids = qwen_target.tokenizer.encode(want.text, add_special_tokens=False)
+    by_text = engine.generate(prompt, greedy(40, prediction=want.text))
+    by_ids = engine.generate(prompt, greedy(40, prediction=ids))
+    assert by_ids.token_ids == by_text.token_ids == want.token_ids
+    assert by_ids.stats.prediction_tokens == by_text.stats.prediction_tokens == len(ids)
+    assert by_ids.stats.prediction_accepted == by_text.stats.prediction_accepted > 20
+    calls = []
+    extend = qwen_target.extend
+    qwen_target.extend = lambda *a, **kw: calls.append(a) or extend(*a, **kw)
+    try:
+        with pytest.raises(ConfigError, match=f"prediction names token {qwen_target.vocab_size}, beyond"):
+            engine.generate(prompt, greedy(8, prediction=[5, qwen_target.vocab_size]))
+    finally:
+        del qwen_target.extend
+    assert calls == []
 
 
 def test_a_prediction_is_looked_up_as_far_as_the_context_holds(qwen_target, monkeypatch):  # noqa: F811

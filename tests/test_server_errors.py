@@ -368,3 +368,19 @@ def test_a_suffix_needs_fill_in_the_middle_tokens_and_text_prompts(post):
 def test_bad_tokenize_and_detokenize_bodies_name_the_field(post, path, body, param, code):
     r = post(path, json=body)
     assert_error(r, 404 if code == "model_not_found" else 400, param, code)
+
+
+def test_a_prediction_is_encoded_with_the_prompt(tok_qwen2):
+    """The prediction's tokens are counted where the request is read, not on the generations'
+    thread, where a long one would hold up every generation of the batch."""
+    from anyspec.server.protocol import parse_request
+
+    text = "def add(a, b):\n    return a + b\n" * 50
+    parts = [{"type": "text", "text": text[:7]}, {"type": "text", "text": text[7:]}]
+    for content in (text, parts):
+        parsed = parse_request(OK | {"prompt": "one", "prediction": {"type": "content", "content": content}},
+                               False, MODEL_NAME, tok_qwen2, 2048, 16)
+        assert parsed.params.prediction == tok_qwen2.encode(text, add_special_tokens=False)
+    empty = parse_request(OK | {"prompt": "one", "prediction": {"type": "content", "content": ""}}, False,
+                          MODEL_NAME, tok_qwen2, 2048, 16)
+    assert empty.params.prediction is None

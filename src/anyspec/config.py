@@ -199,8 +199,9 @@ class SamplingParams:
     logprobs: int | None = None  # report each token's logprob and this many likeliest (None: off)
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (its KV then computed anew)
     grammar: object = None  # a compiled grammar the answer follows (engine/grammar.py; None: free text)
-    prediction: str | None = None  # text the answer likely repeats (OpenAI's Predicted Outputs): prompt
-    # lookup proposes from it too (engine/lookup.py); the answer is the same with it or without
+    prediction: str | list[int] | None = None  # text the answer likely repeats, or its target token
+    # ids (OpenAI's Predicted Outputs): prompt lookup proposes from it too (engine/lookup.py); the
+    # answer is the same with it or without
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -269,10 +270,14 @@ class SamplingParams:
             raise ConfigError("stop strings must be non-empty strings", "stop")
         for s in self.stop:
             check_text(s, "a stop string", "stop")
-        if self.prediction is not None:
+        if isinstance(self.prediction, list):
+            if not (self.prediction and _token_ids(self.prediction)):
+                raise ConfigError("prediction must be a string or a non-empty list of token ids (integers "
+                                  ">= 0)", "prediction")
+        elif self.prediction is not None:
             if not isinstance(self.prediction, str):
-                raise ConfigError(f"prediction must be a string (the text the answer likely repeats), got "
-                                  f"{type(self.prediction).__name__}", "prediction")
+                raise ConfigError(f"prediction must be a string (the text the answer likely repeats) or its "
+                                  f"token ids, got {type(self.prediction).__name__}", "prediction")
             check_text(self.prediction, "the prediction", "prediction")
 
 

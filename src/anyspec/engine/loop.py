@@ -232,13 +232,15 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
     penalties = Penalties.start(params, engine.target.vocab_size, engine.eos_ids)
+    predicted = prediction_ids(engine, params, stats)
     t_start = time.perf_counter()
     pending, ctx, prompt_ids, scored = yield from prefill(engine, target, draft, prompt, params, stats, meter,
                                                           encoded, stop)
     if penalties:
         penalties.prompted(prompt_ids)
     output = Output(engine.target_bytes, engine.eos_ids, params)
-    lookup = start_lookup(engine, params, prompt_ids, meter, target, draft if proposer else None, k, stats)
+    lookup = prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
+                                 meter.costs(draft) if proposer else None, predicted)
     worth = branch_worth(meter, target, output) if engine.config.tree and proposer else None
 
     while not output.ended(stop):
@@ -297,18 +299,19 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                             output.stopped_by)
 
 
-def start_lookup(engine: Engine, params: SamplingParams, prompt_ids: list[int], meter: Meter, target, draft,
-                 k: int, stats: Stats) -> prompt_lookup.Lookup | None:
-    """The generation's prompt lookup (``engine/lookup.py``), with the request's prediction in the
-    target's tokens (as many as the context holds: no answer takes more); ``draft``: None where no
-    draft proposes."""
-    predicted = None
-    if params.prediction:
-        predicted = engine.target.tokenizer.encode(params.prediction, add_special_tokens=False)
-        stats.prediction_tokens = len(predicted)
-        predicted = predicted[:engine.target.context_length]
-    return prompt_lookup.start(engine.config.ngram, prompt_ids, meter.costs(target), k,
-                               meter.costs(draft) if draft is not None else None, predicted)
+def prediction_ids(engine: Engine, params: SamplingParams, stats: Stats) -> list[int] | None:
+    """The request's prediction in the target's tokens (as many as the context holds: no answer
+    takes more), counted in ``stats``."""
+    if not params.prediction:
+        return None
+    ids = params.prediction
+    if isinstance(ids, str):
+        ids = engine.target.tokenizer.encode(ids, add_special_tokens=False)
+    elif too_large := [t for t in ids if t >= engine.target.vocab_size]:
+        raise ConfigError(f"prediction names token {too_large[0]}, beyond the target's "
+                          f"{engine.target.vocab_size} ids", "prediction")
+    stats.prediction_tokens = len(ids)
+    return ids[:engine.target.context_length]
 
 
 def follow(engine: Engine, meter: Meter, draft, ctx, ids: list[int]) -> None:

@@ -329,7 +329,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
                                 seed=seed, stop=stop, stop_token_ids=stop_ids or [], logprobs=logprobs,
                                 allowed_token_ids=allowed, include_stop_str_in_output=include_stop,
                                 prompt_logprobs=logprobs if echo else None, grammar=wanted.grammar,
-                                prediction=_prediction(body))
+                                prediction=_prediction(body, tokenizer))
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
     return Parsed(prompts, params, stream, include_usage, speculative, wanted, n, echo, body.ignored())
@@ -359,9 +359,10 @@ def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None,
     return max_tokens if max_tokens is not None else min(default_max_tokens, *rooms)
 
 
-def _prediction(body: dict) -> str | None:
+def _prediction(body: dict, tokenizer) -> list[int] | None:
     """OpenAI's Predicted Outputs: ``{"type": "content", "content": text or [text parts]}``, the text
-    the answer likely repeats (prompt lookup proposes from it; the answer is the same without it)."""
+    the answer likely repeats (prompt lookup proposes from it; the answer is the same without it), in
+    the target's tokens: encoded here, with the prompt, not where the generations run."""
     given = body_field(body, "prediction", (dict,))
     if given is None:
         return None
@@ -374,7 +375,9 @@ def _prediction(body: dict) -> str | None:
     if not isinstance(content, str):
         raise ApiError(400, "'prediction.content' must be a string or an array of text parts "
                             "({\"type\": \"text\", \"text\": ...}).", "prediction.content", "invalid_type")
-    return content or None
+    if not content:
+        return None
+    return tokenizer.encode(checked_text(content, "prediction"), add_special_tokens=False) or None
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
