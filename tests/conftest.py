@@ -194,24 +194,17 @@ def resident_gb() -> float | None:
 def release_memory() -> None:
     """Frees what finished tests left: the memory maps of GGUF files the header cache keeps, the engines
     of stopped test servers, models that reference cycles keep alive (transformers' modules), and the
-    heap pages glibc's malloc keeps after they are freed."""
-    import ctypes
-    import gc
+    heap pages glibc's malloc keeps after they are freed (``anyspec.backends.memory.release_memory``)."""
     import sys
 
-    from anyspec.backends.gguf_file import forget_readers
+    from anyspec.backends import memory
 
-    forget_readers()
     fastapi_models = sys.modules.get("fastapi.dependencies.models")
     for name in ("_is_gen_callable_cached", "_is_async_gen_callable_cached", "_is_coroutine_callable_cached"):
         cached = getattr(fastapi_models, name, None)
         if cached is not None:  # FastAPI's classification of route functions keeps them, and so each
             cached.cache_clear()  # test server's engine, alive after the server has stopped
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    memory.release_memory()
 
 
 @pytest.hookimpl(hookwrapper=True)

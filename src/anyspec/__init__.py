@@ -2,7 +2,8 @@
 
 ``anyspec.generate(prompt, target, draft)`` loads a pair and generates once; ``anyspec.load(target,
 draft)`` gives an ``Engine`` that keeps them loaded (``generate``, ``stream``, ``generate_batch``,
-``guide``). ``SpeculativeConfig`` holds the pair's settings, ``SamplingParams`` a request's; a
+``guide``) until its ``close`` (or the end of ``with anyspec.load(...) as engine:``).
+``SpeculativeConfig`` holds the pair's settings, ``SamplingParams`` a request's; a
 ``GenerationResult`` holds the answer and its ``Stats``. Errors a caller can act on are
 ``anyspec.errors.AnyspecError``s.
 """

@@ -191,15 +191,16 @@ def generate(prompt: str | list[dict], target: str | os.PathLike = DEFAULT_TARGE
              on_text: Callable[[str], None] | None = None, draft_dtype: str | None = None,
              threads: int | None = None, chat_template: str | None = None,
              kv_cache_dtype: str = "fp32", max_model_len: int | None = None) -> GenerationResult:
-    """One call: load the models (as ``load`` does) and generate; ``on_text`` receives the text as
-    it is committed."""
+    """One call: load the models (as ``load`` does), generate, and free the models again
+    (``Engine.close``); ``on_text`` receives the text as it is committed."""
     params = given(params, SamplingParams, "params")
     check_prompt(prompt)
     check_callbacks(on_text)
     config, plan = _checked(target, draft, config, dtype, draft_dtype, threads, chat_template, kv_cache_dtype,
                             max_model_len)
     check_new_tokens(plan, params.max_new_tokens, "max_new_tokens")
-    return _engine(config, plan).generate(prompt, params, on_text=on_text)
+    with _engine(config, plan) as engine:
+        return engine.generate(prompt, params, on_text=on_text)
 
 
 def _checked(target, draft, config, dtype, draft_dtype, threads, chat_template,

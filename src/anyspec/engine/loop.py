@@ -11,6 +11,7 @@ seconds it reports, and those its k schedule and branch rule weigh, are its pass
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -20,6 +21,7 @@ from dataclasses import replace
 
 from anyspec.algorithms import tli, tree
 from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
+from anyspec.backends.memory import release_memory
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig, check_callbacks, given
 from anyspec.engine import lookup as prompt_lookup
 from anyspec.engine.batch import PREFILL_CHUNK, Batch, Driver, Forward, Meter, Steps, alone, chunked
@@ -52,7 +54,9 @@ class Engine:
     the same loop), made by ``anyspec.load``. ``generate`` and ``stream`` run one request at a time
     on the engine's own KV caches (the prefix cache keeps what the next prompt shares);
     ``generate_batch`` runs several together; ``guide`` compiles a grammar for
-    ``SamplingParams(grammar=...)``."""
+    ``SamplingParams(grammar=...)``. ``close`` frees the models and gives their memory back to the
+    system (``with anyspec.load(...) as engine:`` closes it at the block's end); a closed engine
+    refuses every request with a ``ConfigError``."""
 
     def __init__(self, target, draft=None, config: SpeculativeConfig | None = None):
         if isinstance(target, str | os.PathLike) or isinstance(draft, str | os.PathLike):
@@ -85,12 +89,52 @@ class Engine:
         self.eos_ids = end_ids(target)
         self.streaming = False  # a generation on the engine's own caches is under way (stream)
         self._grammars: Grammars | None = None  # compiled against the target's tokenizer (guide)
+        self.closed = False  # its models are freed (close)
+
+    def close(self) -> None:
+        """Free the models: the engine drops them and all it built from them (proposers, the
+        vocabulary bridge, compiled grammars), then what no one else holds is collected and the
+        heap's free pages go back to the system (``backends.memory.release_memory``). Closing a
+        closed engine does nothing; closing one whose stream is under way raises ``EngineBusy``.
+        Afterwards every request raises a ``ConfigError``. A model the caller still holds stays
+        alive."""
+        if self.closed:
+            return
+        if self._busy():
+            raise EngineBusy("this Engine is running a generation (a generate call in another thread, or a "
+                             "stream begun and not finished or closed); wait for it, finish or close() the "
+                             "stream, then close the Engine")
+        self.closed = True
+        self.target = self.draft = self.bridge = self.reader = self.target_bytes = self.eos_ids = None
+        self.proposers = {}
+        self._grammars = None
+        release_memory()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        """Raise unless the engine still holds its models (``close``)."""
+        if self.closed:
+            raise ConfigError("this Engine is closed; load another with anyspec.load")
+
+    def _busy(self) -> bool:
+        """Whether a generation runs on the engine's own caches (``stream``)."""
+        if self.streaming:
+            # a stream dropped unfinished and held only by a reference cycle (a web framework's, when
+            # its client left) is closed by the collector, which frees the engine
+            gc.collect()
+        return self.streaming
 
     def guide(self, kind: str, value) -> Grammar:
         """A grammar to hold answers to, as ``SamplingParams(grammar=engine.guide(kind, value))``:
         ``"json"`` (a JSON Schema as a dict or its text; None: any JSON object), ``"regex"`` (the
         whole answer matches it), ``"choice"`` (one of these strings) or ``"grammar"`` (GBNF, as
         llama.cpp's, or llguidance's Lark). Needs llguidance (``pip install 'anyspec[server]'``)."""
+        self._open()
         if kind not in GUIDES:
             raise ConfigError(f"a guide's kind is one of {', '.join(GUIDES)}, got {kind!r}")
         if self._grammars is None:
@@ -98,22 +142,24 @@ class Engine:
         return self._grammars.guide(kind, value, kind)
 
     def proposer_for(self, params: SamplingParams) -> Proposer | None:
+        self._open()
         return self.proposers[algorithm_for(self.config, params)] if self.draft is not None else None
 
     def generate(self, prompt: str | list[dict], params: SamplingParams | None = None,
                  on_text: Callable[[str], None] | None = None, stop: threading.Event | None = None
                  ) -> GenerationResult:
         """Generate; ``on_text`` receives text as it is committed (never half a character); ``stop``
-        as ``stream``'s."""
+        as ``stream``'s. An error ``on_text`` raises ends the generation and frees the engine."""
+        self._open()
         check_callbacks(on_text)
-        stream = self.stream(prompt, params, stop)
-        while True:
-            try:
-                piece = next(stream)
-            except StopIteration as done:
-                return done.value
-            if on_text is not None:
-                on_text(piece)
+        with contextlib.closing(self.stream(prompt, params, stop)) as stream:
+            while True:
+                try:
+                    piece = next(stream)
+                except StopIteration as done:
+                    return done.value
+                if on_text is not None:
+                    on_text(piece)
 
     def stream(self, prompt: str | list[dict], params: SamplingParams | None = None,
                stop: threading.Event | None = None) -> Generator[str, None, GenerationResult]:
@@ -122,17 +168,14 @@ class Engine:
         under way (begun, not finished or closed) raises ``EngineBusy``. ``stop``, once set (from
         any thread), ends the generation after its current round: its result has the text and
         statistics so far and ``finish_reason`` ``"abort"``."""
+        self._open()
         params = given(params, SamplingParams, "params")
         check_callbacks(stop=stop)
         return self._one_at_a_time(alone(lambda batch: self.steps(prompt, params, self.target, self.draft,
                                                                   batch, 0, stop=stop)))
 
     def _one_at_a_time(self, generation: Iterator[str]):
-        if self.streaming:
-            # a stream dropped unfinished and held only by a reference cycle (a web framework's, when
-            # its client left) is closed by the collector, which frees the engine
-            gc.collect()
-        if self.streaming:
+        if self._busy():
             raise EngineBusy("this Engine is running another generation (a generate call in another thread, "
                              "or a stream begun and not finished or closed); wait for it, finish or close() "
                              "the stream, or use generate_batch for several")
@@ -151,6 +194,7 @@ class Engine:
         ``encoded``: the prompt's target ids and text (``encode_prompt``), when the caller has them
         already; ``speculative=False``: the target alone, the draft left as it is; ``stop``: as
         ``stream``'s."""
+        self._open()
         schedule = None
         if self.draft is not None and speculative:
             schedule = batch.schedule(key, self.config.num_speculative_tokens, self.target, self.draft,
@@ -161,12 +205,13 @@ class Engine:
     @property
     def batchable(self) -> bool:
         """Whether its models hold several KV caches, so that generations can share their passes."""
+        self._open()
         return all(isinstance(m, MultiSequence) for m in (self.target, self.draft) if m is not None)
 
     def new_slot(self) -> tuple:
         """A sequence of the target and one of the draft (None without a draft), each with its own
         KV cache, for one generation of a batch."""
-        if not self.batchable:
+        if not self.batchable:  # raises on a closed engine
             raise ConfigError("batched generation needs models that hold several KV caches (GGUF, or lean "
                               "int8 or bf16, models on anyspec's kernels); run these requests one at a time")
         return self.target.new_sequence(), self.draft.new_sequence() if self.draft is not None else None
@@ -176,6 +221,7 @@ class Engine:
         """Every ``(prompt, params)`` (params None: the defaults), up to ``max_batch`` at a time; a
         request joins as soon as another one ends, in the slot the server would give it
         (``batch.take_slot``). Each result is the same as ``generate`` gives the request alone."""
+        self._open()
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not isinstance(requests, list | tuple) or not all(isinstance(r, list | tuple) and len(r) == 2
