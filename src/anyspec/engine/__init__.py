@@ -1,8 +1,9 @@
-"""The engine, in reading order: ``loop.py`` (propose → verify → accept → commit), ``batch.py``
-(many generations' forwards in one pass), ``proposers.py`` (TLI and SLEM), ``bridge.py`` (ids and
-bytes across the two vocabularies), ``context.py`` (what the draft reads), ``output.py`` (UTF-8
-streaming and stop strings), ``prompt.py`` (prompt → ids) and ``grammar.py`` (the masks of a JSON
-schema or a tool-call format on every verified row).
+"""The engine, in reading order: ``loop.py`` (propose → verify → accept → commit), ``verify.py``
+(the target's prefill and verify), ``batch.py`` (many generations' forwards in one pass),
+``proposers.py`` (TLI and SLEM), ``bridge.py`` (ids and bytes across the two vocabularies),
+``context.py`` (what the draft reads), ``output.py`` (UTF-8 streaming and stop strings),
+``prompt.py`` (prompt → ids) and ``grammar.py`` (the masks of a JSON schema or a tool-call format
+on every verified row).
 """
 
 from anyspec.config import SamplingParams, SpeculativeConfig

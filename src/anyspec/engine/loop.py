@@ -19,20 +19,18 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 
-from anyspec.algorithms import tli, tree
-from anyspec.algorithms.sampling import TokenLogprob, argmax, token_logprobs
 from anyspec.backends.memory import release_memory
 from anyspec.config import MAX_BATCH, SamplingParams, SpeculativeConfig, check_callbacks, given
 from anyspec.engine import lookup as prompt_lookup
-from anyspec.engine.batch import PREFILL_CHUNK, Batch, Driver, Forward, Meter, Steps, alone, chunked
+from anyspec.engine.batch import Batch, Driver, Meter, Steps, alone
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader
-from anyspec.engine.grammar import GUIDES, Free, Grammar, Grammars, masked
+from anyspec.engine.grammar import GUIDES, Free, Grammar, Grammars
 from anyspec.engine.model import MultiSequence
 from anyspec.engine.output import GenerationResult, Output
 from anyspec.engine.penalties import Penalties
-from anyspec.engine.prefix import common_prefix, reusable, reuse_prefix
-from anyspec.engine.prompt import check_room, encode_prompt, end_ids
+from anyspec.engine.prefix import common_prefix
+from anyspec.engine.prompt import encode_prompt, end_ids
 from anyspec.engine.proposers import (
     SLEM,
     TLI,
@@ -46,6 +44,7 @@ from anyspec.engine.proposers import (
 )
 from anyspec.engine.sampler import Sampler, request_seed
 from anyspec.engine.stats import Stats, count, count_commit, count_end
+from anyspec.engine.verify import prefill, verify
 from anyspec.errors import ConfigError, EngineBusy
 
 
@@ -269,13 +268,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     ends before its next round (``"abort"``)."""
     target = target if target is not None else engine.target
     draft = (draft if draft is not None else engine.draft) if speculative else None
-    proposer = engine.proposer_for(params) if draft is not None else None
-    looks = proposer is None and prompt_lookup.min_n(engine.config.ngram, 0, False, bool(params.prediction))
-    k = engine.config.num_speculative_tokens if proposer is not None or looks else 0
-    seed = request_seed(params)
-    sampler = Sampler(params, seed, engine.bridge) if params.temperature else None
-    stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if looks else "none",
-                  accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
+    proposer, k, sampler, stats = start(engine, params, draft)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
     penalties = Penalties.start(params, engine.target.vocab_size, engine.eos_ids)
     predicted = prediction_ids(engine, params, stats)
@@ -345,6 +338,20 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
                             output.stopped_by)
 
 
+def start(engine: Engine, params: SamplingParams, draft) -> tuple[Proposer | None, int, Sampler | None,
+                                                                  Stats]:
+    """A generation's proposer (None: the target alone, or prompt lookup alone), its k, its sampler
+    (None: greedy) and its statistics."""
+    proposer = engine.proposer_for(params) if draft is not None else None
+    looks = proposer is None and prompt_lookup.min_n(engine.config.ngram, 0, False, bool(params.prediction))
+    k = engine.config.num_speculative_tokens if proposer is not None or looks else 0
+    seed = request_seed(params)
+    sampler = Sampler(params, seed, engine.bridge) if params.temperature else None
+    stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if looks else "none",
+                  accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
+    return proposer, k, sampler, stats
+
+
 def prediction_ids(engine: Engine, params: SamplingParams, stats: Stats) -> list[int] | None:
     """The request's prediction in the target's tokens (as many as the context holds: no answer
     takes more), counted in ``stats``."""
@@ -378,73 +385,3 @@ def branch_worth(meter: Meter, target, output: Output):
         return gain > 0 and (gain * per_token > costs(rows + added) - costs(rows) if costs.mean else True)
 
     return worth
-
-
-def prefill(engine: Engine, target, draft, prompt: str | list[dict], params: SamplingParams, stats: Stats,
-            meter: Meter, encoded: tuple[list[int], str] | None = None, stop=None) -> Steps:
-    """The prompt into the target's cache but for its last token (returned: committed, not yet
-    cached), the draft's context, the prompt's target ids and, with ``params.prompt_logprobs``, its
-    tokens' logprobs; a prefix the sequence's previous request left may be kept (not when scoring
-    the prompt: its rows are computed anew). ``stop`` set: the rest of the prompt is left out."""
-    ids, text = encoded if encoded is not None else encode_prompt(engine.target.tokenizer, prompt)[:2]
-    check_room(len(ids), params.max_new_tokens, engine.target.context_length)
-    stats.prompt_tokens = len(ids)
-    scored = params.prompt_logprobs is not None
-    reuse = engine.config.prefix_cache and not scored
-    spent = meter.mark()
-    with meter.timing(target):
-        stats.prompt_cached = reuse_prefix(target, ids[:-1], reuse)
-    prompt_logprobs = (yield from scored_prefill(target, ids, params.prompt_logprobs)) if scored else None
-    if not scored and len(ids) - 1 > stats.prompt_cached:
-        yield from chunked(target, ids[stats.prompt_cached:-1], 1, stop=stop)
-    stats.prefill_seconds = meter.seconds(target, since=spent)
-    if draft is None:
-        return ids[-1], None, ids, prompt_logprobs
-    if not reusable(draft, engine.config.prefix_cache):
-        draft.reset()  # else the first round's catch-up keeps what the draft's prompt shares
-    return ids[-1], engine.reader.start(prompt, text, ids), ids, prompt_logprobs
-
-
-def scored_prefill(target, ids: list[int], n: int) -> Steps:
-    """``ids`` but the last through ``target``, every row's logits kept: each token's logprob
-    after the ones before it, with the ``n`` likeliest (the first token: None)."""
-    out: list[TokenLogprob | None] = [None]
-    for start in range(0, len(ids) - 1, PREFILL_CHUNK):
-        piece = ids[start:min(start + PREFILL_CHUNK, len(ids) - 1)]
-        rows = yield Forward(target, piece)
-        out += token_logprobs(rows, ids[start + 1:start + 1 + len(piece)], n)
-    return out
-
-
-def verify(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,
-           mask=None, penalize=None) -> Steps:
-    """The proposed tokens the target accepts, the token it adds, and the logits rows that chose
-    them (``[accepted + 1, V]``); its cache keeps those tokens. Each
-    row's choice is the target's own at its generated position (the first at ``position``): its
-    argmax, or with a ``sampler`` its Gumbel-max choice. A proposed token is accepted when it is
-    that choice. ``mask``: each row's grammar mask (``grammar.Constraint.rows``), applied first;
-    ``penalize``: the rows' penalties and logit bias (``Penalties.rows``), then."""
-    if proposal.trie:
-        return (yield from verify_tree(target, pending, proposal, sampler, position, mask, penalize))
-    proposed = proposal.ids
-    logits = masked((yield Forward(target, [pending] + proposed)), mask)
-    logits = penalize(logits) if penalize else logits
-    rows = range(position, position + len(proposed) + 1)
-    n, token = tli.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), proposed)
-    target.crop(target.num_cached - (len(proposed) - n))
-    return proposed[:n], token, logits[:n + 1]
-
-
-def verify_tree(target, pending: int, proposal: Proposal, sampler: Sampler | None, position: int,
-                mask=None, penalize=None) -> Steps:
-    """``verify`` of a chain and its branches in one forward of their trie."""
-    tokens, parents = proposal.trie
-    rows = [-1] + [up + 1 for up in parents]  # the pending token's row, then the trie's
-    logits = masked((yield Forward(target, [pending] + tokens, parents=rows)), mask)
-    logits = penalize(logits) if penalize else logits
-    rows = [position + depth for depth in tree.depths(rows)]
-    path, token = tree.verify_exact(sampler.choices(logits, rows) if sampler else argmax(logits), tokens,
-                                    parents)
-    kept = [0] + [1 + j for j in path]
-    target.keep_rows(target.num_cached - len(tokens) - 1, kept)
-    return [tokens[j] for j in path], token, logits[kept]
