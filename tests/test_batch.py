@@ -277,3 +277,40 @@ def test_sampling_inside_a_batch_draws_from_the_targets_distribution(engine):
             drafted += r.stats.drafted
     assert drafted > 0
     assert chi_square_pvalue(counts, torch.tensor([joint[c] for c in cells])) > 1e-3
+
+
+def test_generate_batch_is_the_engines_one_generation(engine):
+    """``generate_batch`` and a stream share the engine's models (and their threads), so neither
+    begins while the other runs: ``EngineBusy``, whichever came first, and both answers unharmed."""
+    import threading
+
+    from anyspec.errors import EngineBusy
+
+    params = greedy(8)
+    alone = [engine.generate(p, params).token_ids for p in PROMPTS[:2]]
+    stream = engine.stream(PROMPTS[1], params)
+    next(stream)
+    with pytest.raises(EngineBusy, match="running another generation"):
+        engine.generate_batch([(PROMPTS[0], params)])
+    for _ in stream:
+        pass
+    admitted, release, out = threading.Event(), threading.Event(), []
+
+    def slot():
+        admitted.set()
+        release.wait(60)
+        return Engine.new_slot(engine)
+
+    engine.new_slot = slot
+    try:
+        batch = threading.Thread(target=lambda: out.extend(engine.generate_batch([(PROMPTS[0], params)])))
+        batch.start()
+        assert admitted.wait(60)
+        with pytest.raises(EngineBusy, match="generate_batch"):
+            engine.generate(PROMPTS[1], params)
+        release.set()
+        batch.join(120)
+    finally:
+        del engine.new_slot
+    assert [r.token_ids for r in out] == alone[:1]
+    assert engine.generate(PROMPTS[1], params).token_ids == alone[1]

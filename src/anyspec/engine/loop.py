@@ -86,7 +86,7 @@ class Engine:
             known = token_bytes_table(target.tokenizer, target.vocab_size)
         self.target_bytes = known
         self.eos_ids = end_ids(target)
-        self.streaming = False  # a generation on the engine's own caches is under way (stream)
+        self.streaming = False  # a generation is under way (stream, generate_batch)
         self._grammars: Grammars | None = None  # compiled against the target's tokenizer (guide)
         self.closed = False  # its models are freed (close)
 
@@ -121,7 +121,7 @@ class Engine:
             raise ConfigError("this Engine is closed; load another with anyspec.load")
 
     def _busy(self) -> bool:
-        """Whether a generation runs on the engine's own caches (``stream``)."""
+        """Whether a generation runs on the engine (``stream``, ``generate_batch``)."""
         if self.streaming:
             # a stream dropped unfinished and held only by a reference cycle (a web framework's, when
             # its client left) is closed by the collector, which frees the engine
@@ -174,13 +174,20 @@ class Engine:
                                                                   batch, 0, stop=stop)))
 
     def _one_at_a_time(self, generation: Iterator[str]):
+        with self._running():
+            return (yield from generation)
+
+    @contextlib.contextmanager
+    def _running(self):
+        """The engine marked busy while a generation runs on it (``EngineBusy`` if one runs already)."""
         if self._busy():
-            raise EngineBusy("this Engine is running another generation (a generate call in another thread, "
-                             "or a stream begun and not finished or closed); wait for it, finish or close() "
-                             "the stream, or use generate_batch for several")
+            raise EngineBusy("this Engine is running another generation (a generate, stream or "
+                             "generate_batch call in another thread, or a stream begun and not finished or "
+                             "closed); wait for it, finish or close() the stream, or use generate_batch for "
+                             "several")
         self.streaming = True
         try:
-            return (yield from generation)
+            yield
         finally:
             self.streaming = False
 
@@ -239,7 +246,7 @@ class Engine:
         driver = Driver(self.new_slot, start, lambda i, text: None, results.__setitem__, errors.__setitem__,
                         drafts=(self.draft,))
         waiting = list(range(len(requests)))[::-1]
-        try:
+        with self._running(), contextlib.closing(driver):
             while waiting or len(driver):
                 while waiting and len(driver) < max_batch and not errors:
                     i = waiting.pop()
@@ -253,8 +260,6 @@ class Engine:
                     driver.step()
                 if errors:
                     raise next(iter(errors.values()))
-        finally:
-            driver.close()
         return [results[i] for i in range(len(requests))]
 
 
