@@ -126,3 +126,4 @@ def test_the_server_holds_requests_to_the_cap(long_folder):
         fits = complete(64 - prompt_tokens)
         assert fits.status_code == 200 and fits.json()["usage"]["total_tokens"] <= 64
         assert httpx.post(url + "/tokenize", json={"prompt": "hi"}).json()["max_model_len"] == 64
+        assert httpx.get(url + "/v1/models").json()["data"][0]["max_model_len"] == 64  # as vLLM lists it

@@ -89,8 +89,9 @@ def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Schedule
     @app.get("/v1/models")
     async def models():
         draft = engine.draft.name if engine.draft is not None else None
-        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": loaded,
-                                            "owned_by": "anyspec", "anyspec": {"draft": draft}}]}
+        card = {"id": settings.model_name, "object": "model", "created": loaded, "owned_by": "anyspec",
+                "max_model_len": engine.target.context_length, "anyspec": {"draft": draft}}
+        return {"object": "list", "data": [card]}
 
     @app.get("/v1/models/{model}")
     async def model(model: str):
