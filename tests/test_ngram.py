@@ -235,7 +235,11 @@ def test_a_prediction_speeds_the_answer_and_never_changes_it(qwen_target, llama_
     got = engine.generate(prompt, greedy(40, prediction=want.text))
     s = got.stats
     assert got.token_ids == want.token_ids
-    assert s.prediction_tokens > 30 and s.prediction_accepted > 20 and s.ngram_accepted > 20
+    # beside a draft, which of the two proposes a round follows the measured costs, so fewer are sure
+    assert s.prediction_tokens > 30 and s.ngram_accepted > 10
+    assert s.prediction_accepted > (10 if draft else 20)
+    predicted = qwen_target.tokenizer.encode(want.text, add_special_tokens=False)
+    assert s.prediction_matched == ngram.matched(predicted, want.token_ids) > 30  # however it was proposed
     assert s.rounds < 40 / 2 and s.algorithm == ("slem" if draft else "ngram")
     wrong = engine.generate(prompt, greedy(40, prediction="Lorem ipsum dolor sit amet, " * 5))
     assert wrong.token_ids == want.token_ids and wrong.stats.prediction_accepted < 5
@@ -245,12 +249,23 @@ def test_a_prediction_speeds_the_answer_and_never_changes_it(qwen_target, llama_
     off = Engine(qwen_target, llama_draft if draft else None, SpeculativeConfig(ngram=0))
     unused = off.generate(prompt, greedy(40, prediction=want.text))
     assert unused.token_ids == want.token_ids and unused.stats.ngram_proposed == 0
+    assert unused.stats.prediction_matched == s.prediction_matched  # the answer holds it all the same
     for seed in (3, 4):
         sampled = SamplingParams(temperature=1.0, max_new_tokens=24, seed=seed)
         own = alone.generate(prompt, sampled)
         again = engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=24, seed=seed,
                                                        prediction=own.text))
         assert again.token_ids == own.token_ids and again.stats.prediction_accepted > 10
+
+
+def test_the_tokens_of_a_prediction_an_answer_holds_are_counted_in_order():
+    assert ngram.matched([1, 2, 3, 4], [1, 2, 3, 4]) == 4
+    assert ngram.matched([9, 1, 2, 3, 4, 9], [1, 2, 3, 4]) == 4  # the answer repeats a stretch of it
+    assert ngram.matched([1, 2, 3, 4, 5, 6], [1, 2, 7, 7, 5, 6]) == 4  # an edit between two stretches
+    assert ngram.matched([1, 2, 3, 4, 5, 6], [4, 5, 6, 1, 2, 3]) == 3  # in order: one of the two halves
+    assert ngram.matched([1, 2, 3], [7, 8, 9]) == ngram.matched([1, 2], []) == 0
+    text = list(range(1000)) * 30  # a long prediction's common tokens: still every match found
+    assert ngram.matched(text, text[5000:6000]) == 1000
 
 
 def test_a_prediction_must_be_text_or_token_ids():

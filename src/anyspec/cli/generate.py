@@ -28,7 +28,7 @@ STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "m
              "tokens_per_second", "draft_seconds", "target_seconds", "ended_by", "rejected_at",
              "ngram_proposed", "ngram_accepted")
 GRAMMAR_STAT_KEYS = ("forced", "grammar_seconds")  # with --json-schema, --regex or --choice
-PREDICTION_STAT_KEYS = ("prediction_tokens", "prediction_accepted")  # with --prediction-file
+PREDICTION_STAT_KEYS = ("prediction_tokens", "prediction_matched", "prediction_accepted")  # --prediction-file
 
 
 def add_parser(sub) -> None:
@@ -158,7 +158,8 @@ def run(args) -> int:
     ended = " ".join(f"{cause}:{n}" for cause, n in sorted(s.ended_by.items()))
     lookup = f", prompt lookup accepted {s.ngram_accepted}/{s.ngram_proposed}" if s.ngram_proposed else ""
     if params.prediction is not None:
-        lookup += f", {s.prediction_accepted} of the prediction's {s.prediction_tokens} tokens taken"
+        lookup += (f", the answer holds {s.prediction_matched} of the prediction's {s.prediction_tokens} "
+                   f"tokens ({s.prediction_accepted} proposed from it and accepted)")
     how = "target only" if s.algorithm == "none" else f"{s.algorithm} k={config.num_speculative_tokens}"
     print(f"[{how}] "
           f"{s.generated} tokens in {s.total_seconds:.2f}s ({s.tokens_per_second:.2f} tok/s); "

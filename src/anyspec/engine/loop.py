@@ -338,7 +338,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
 
     if piece := output.ready():  # what a stop string held back, where ``stop`` ended it
         yield piece
-    count_end(stats, meter, target, draft, ctx, t_start, lookup)
+    count_end(stats, meter, target, draft, ctx, t_start, lookup, predicted, output.ids)
     return GenerationResult(output.text, output.ids, output.finish, stats, output.logprobs, scored,
                             output.stopped_by)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from anyspec.algorithms import ngram
 from anyspec.engine.prefix import common_prefix
 from anyspec.engine.proposers import Proposal, round_end
 
@@ -33,7 +34,10 @@ class Stats:
     ngram_proposed: int = 0  # target tokens proposed from the context (prompt lookup), and accepted
     ngram_accepted: int = 0
     prediction_tokens: int = 0  # the target tokens of the request's prediction (SamplingParams.prediction)
-    prediction_accepted: int = 0  # tokens of continuations found in it that the answer took
+    prediction_accepted: int = 0  # tokens of continuations found in it that the target accepted (beside a
+    #                               draft, which of the two proposed a token depends on measured costs)
+    prediction_matched: int = 0  # its tokens the answer holds, in order (ngram.matched): the same however
+    #                              the answer was proposed
     branch_rows: int = 0  # target rows verified on branches beside the chain (algorithms/tree.py)
     branch_rounds: int = 0  # rounds whose accepted tokens left the chain for a branch
     seed: int | None = None  # what a sampled answer is reproduced with (its noise: algorithms/gumbel.py)
@@ -99,11 +103,15 @@ def count_commit(stats: Stats, generated: int, start: float) -> None:
     stats.generated = generated
 
 
-def count_end(stats: Stats, meter, target, draft, ctx, start: float, lookup=None) -> None:
+def count_end(stats: Stats, meter, target, draft, ctx, start: float, lookup=None,
+              predicted: list[int] | None = None, answer: list[int] = ()) -> None:
     """A finished generation's measured seconds (``meter``: its passes), the draft context's
-    fallbacks and what it took from its prediction (``lookup``: its ``engine.lookup.Lookup``)."""
+    fallbacks, what it took from its prediction (``lookup``: its ``engine.lookup.Lookup``) and how
+    much of the prediction (``predicted``, target ids) the ``answer`` holds."""
     if lookup is not None:
         stats.prediction_accepted = lookup.prediction_accepted
+    if predicted:
+        stats.prediction_matched = ngram.matched(predicted, list(answer))
     if ctx is not None:
         stats.draft_fallbacks = ctx.fallbacks
     stats.draft_seconds = meter.seconds(draft) if draft is not None else 0.0

@@ -25,11 +25,11 @@ def usage(outcomes: list[Outcome], n: int = 1) -> dict:
     if all(o.stats is not None for o in firsts):  # prompt tokens whose KV was already held
         out["prompt_tokens_details"] = {"cached_tokens": sum(o.stats.prompt_cached for o in firsts)}
     predicted = [o.stats for o in outcomes if o.stats is not None and o.stats.prediction_tokens]
-    if predicted:  # OpenAI's Predicted Outputs: the prediction's tokens the answers took, and the rest
-        taken = [min(s.prediction_accepted, s.prediction_tokens) for s in predicted]
+    if predicted:  # OpenAI's Predicted Outputs: the prediction's tokens the answers hold, and the rest
+        taken = sum(s.prediction_matched for s in predicted)
         out["completion_tokens_details"] = {
-            "accepted_prediction_tokens": sum(taken),
-            "rejected_prediction_tokens": sum(s.prediction_tokens for s in predicted) - sum(taken)}
+            "accepted_prediction_tokens": taken,
+            "rejected_prediction_tokens": sum(s.prediction_tokens for s in predicted) - taken}
     return out
 
 
