@@ -120,3 +120,18 @@ def test_ctrl_c_stops_an_answer_and_the_conversation_goes_on_from_what_was_shown
     assert err.count("[stopped; ") == 1 and err.count("tok/s, acceptance") == 2
     second = [*first, {"role": "assistant", "content": shown}, {"role": "user", "content": "And another?"}]
     assert calls[1] == second and second_answer == reference.generate(second, params).text + "\n"
+
+
+def test_a_context_below_the_default_new_tokens_is_a_chat_of_short_answers(folders, reference, monkeypatch,
+                                                                          capsys):
+    """``--max-new-tokens`` (512 by default) is the most an answer gets: a context that holds fewer
+    starts the chat all the same, each answer getting the room left (``--max-model-len 96``)."""
+    from anyspec.engine.prompt import encode_prompt
+
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a prime."}]
+    room = 96 - len(encode_prompt(reference.target.tokenizer, messages)[0])
+    rc, out, err = chat(folders, monkeypatch, capsys, "Name a prime.\n", "--max-model-len", "96",
+                        "--ignore-eos")
+    want = reference.generate(messages, SamplingParams(max_new_tokens=room, ignore_eos=True)).text
+    assert rc == 0 and out == f"{want}\n" and f"[context full; {room} tokens" in err
+

@@ -57,7 +57,7 @@ def test_bad_input_fails_before_loading(no_loading, capsys, extra, message):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"]])
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["demo"]])
 def test_more_new_tokens_than_the_context_holds_fails_before_loading(no_loading, capsys, tiny_dirs, command):
     import json
     from pathlib import Path

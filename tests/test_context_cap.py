@@ -74,13 +74,14 @@ def test_the_command_line_refuses_a_cap_beyond_the_context_before_loading(no_loa
 @pytest.mark.parametrize(("command", "flags", "says"), [
     (["generate", "--prompt", "hi"], ["--max-new-tokens", "64"],
      "--max-new-tokens 64 leaves no room for a prompt in the target's context of 64 tokens"),
-    (["chat"], ["--max-new-tokens", "80"],
+    (["demo"], ["--max-new-tokens", "80"],
      "--max-new-tokens 80 leaves no room for a prompt in the target's context of 64 tokens"),
     (["serve"], ["--max-prompt-tokens", "64"],
      "--max-prompt-tokens 64 leaves no room for an answer in the target's context of 64 tokens")])
 def test_the_other_limits_are_checked_against_the_cap_before_loading(no_loading, capsys, long_folder, command,
                                                                       flags, says):
-    one_line(capsys, [*command, "--target", long_folder, "--no-draft", "--max-model-len", "64", *flags], says)
+    models = ["--target", long_folder, "--draft", long_folder]
+    one_line(capsys, [*command, *models, "--max-model-len", "64", *flags], says)
 
 
 def test_bench_has_no_cap_that_its_other_engines_would_not_keep():
@@ -99,11 +100,13 @@ def test_serve_says_what_the_kv_caches_may_take(long_folder, monkeypatch):
     assert target.kv_bytes_per_token == per_token
     monkeypatch.setattr(serve, "available_memory", lambda: 1 << 40)
     line = serve.kv_memory(target, None, 4)
-    gib = 4 * 300 * per_token / 2**30
-    assert line == f"the KV caches of 4 generations at 300 tokens may take up to {gib:.1f} GiB"
+    mib = 4 * 300 * per_token / 2**20
+    assert line == f"the KV caches of 4 generations at 300 tokens take about {mib:.0f} MiB"
+    assert serve.kv_memory(target, None, 1).startswith("the KV caches of 1 generation at 300")
     monkeypatch.setattr(serve, "available_memory", lambda: 1000)
     assert serve.kv_memory(target, None, 4).endswith(
-        "more than the 0.0 GiB free now: --max-model-len, --max-batch or --kv-cache-dtype fp16 lowers it")
+        "more than the 0 MiB free now: --max-model-len, --max-batch or --kv-cache-dtype fp16 lowers it")
+    assert serve.size(3 << 30) == "3.0 GiB" and serve.size(5 << 20) == "5 MiB"
     if sys.platform == "linux":
         assert serve.available_memory() > 0
 

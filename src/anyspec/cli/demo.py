@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from anyspec.engine import Engine
-    from anyspec.pair import load_pair
+    from anyspec.pair import check_new_tokens, load_pair
 
     config = speculative_config(args, draft_sample_method="greedy",
                                 prefix_cache=False)  # both sides prefill each prompt in full: a fair race
@@ -53,6 +53,7 @@ def run(args) -> int:
         check_prompt_text(text)
     chats = [[{"role": "user", "content": text}] for text in prompts]
     plan = pair_plan(args)
+    check_new_tokens(plan, params.max_new_tokens)
     print(f"anyspec demo: target {plan.target} ({plan.dtype}), draft {plan.draft} ({plan.draft_dtype}); "
           "the first run fetches them", file=sys.stderr, flush=True)
     pair = load_pair(plan)

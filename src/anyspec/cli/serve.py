@@ -76,22 +76,26 @@ def check_args(args):
 
 
 def kv_memory(target, draft, generations: int) -> str:
-    """What the KV caches of ``generations`` slots may come to, each at the target's whole context
-    (the draft's at most its own), beside the memory the system has free; where that is more, how
-    to make it less."""
+    """What the KV caches of ``generations`` slots come to, each at the target's whole context (the
+    draft holding as many tokens of its own, at most its context: the same text in its tokens, so
+    about as many), beside the memory the system has free; where that is more, how to make it less."""
+    slots = f"{generations} generation{'s' if generations != 1 else ''}"
     context = target.context_length
     if context is None:
-        return f"the KV caches of {generations} generations grow with their contexts (the target's unknown)"
+        return f"the KV caches of {slots} grow with their contexts (the target's unknown)"
     held = target.kv_bytes_per_token * context
     if draft is not None:
         held += draft.kv_bytes_per_token * min(context, draft.context_length or context)
-    line = (f"the KV caches of {generations} generations at {context:,} tokens may take up to "
-            f"{generations * held / 2**30:.1f} GiB")
+    line = f"the KV caches of {slots} at {context:,} tokens take about {size(generations * held)}"
     free = available_memory()
     if free is not None and generations * held > free:
-        line += (f", more than the {free / 2**30:.1f} GiB free now: --max-model-len, --max-batch or "
-                 "--kv-cache-dtype fp16 lowers it")
+        line += (f", more than the {size(free)} free now: --max-model-len, --max-batch or --kv-cache-dtype "
+                 "fp16 lowers it")
     return line
+
+
+def size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def available_memory() -> int | None:
