@@ -274,6 +274,8 @@ def test_a_prediction_must_be_text_or_token_ids():
             SamplingParams(prediction=bad)
     with pytest.raises(ConfigError, match="the prediction is not valid UTF-8"):
         SamplingParams(prediction="caf\udce9")
+    with pytest.raises(ConfigError, match="the prediction is empty; give the text"):
+        SamplingParams(prediction="")
 
 
 def test_a_prediction_given_as_token_ids_is_the_same_as_its_text(qwen_target):  # noqa: F811

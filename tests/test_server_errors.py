@@ -64,6 +64,11 @@ def test_max_tokens_beyond_context(post, path):
     assert_error(r, 400, "max_tokens", "context_length_exceeded", "maximum context length is 256")
 
 
+def test_max_completion_tokens_beyond_context_is_named_as_sent(post):
+    r = post("/v1/chat/completions", json=CHAT_OK | {"max_completion_tokens": 256})
+    assert_error(r, 400, "max_completion_tokens", "context_length_exceeded", "or max_completion_tokens.")
+
+
 def test_prompt_beyond_context(post):
     r = post("/v1/completions", json=OK | {"prompt": "word " * 300})
     assert_error(r, 400, "prompt", "context_length_exceeded", "maximum context length is 256")

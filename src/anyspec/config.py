@@ -279,6 +279,9 @@ class SamplingParams:
                 raise ConfigError(f"prediction must be a string (the text the answer likely repeats) or its "
                                   f"token ids, got {type(self.prediction).__name__}", "prediction")
             check_text(self.prediction, "the prediction", "prediction")
+            if not self.prediction:
+                raise ConfigError("the prediction is empty; give the text the answer likely repeats, or "
+                                  "leave it out", "prediction")
 
 
 def given(value, kind: type, what: str):

@@ -321,7 +321,8 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     names = [param if len(sent) == 1 else f"{param}[{i}]" for i in range(len(sent))]
     prompts = [encoded_prompt(tokenizer, one, name, wanted.tools, kwargs)
                for one, name in zip(sent, names, strict=True)]
-    max_tokens = _max_tokens(prompts, names, max_tokens, context, default_max_tokens, max_prompt_tokens)
+    max_tokens = _max_tokens(prompts, names, max_tokens, context, default_max_tokens, max_prompt_tokens,
+                             limit)
     try:
         params = SamplingParams(**shaping, presence_penalty=presence, frequency_penalty=frequency,
                                 repetition_penalty=float(repetition), logit_bias=bias,
@@ -336,9 +337,9 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
 
 
 def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None, context: int | None,
-                default_max_tokens: int, max_prompt_tokens: int | None) -> int:
-    """``max_tokens`` checked against the room each prompt leaves in the context; when not given,
-    the server's default, cut to the least room."""
+                default_max_tokens: int, max_prompt_tokens: int | None, limit: str = "max_tokens") -> int:
+    """``max_tokens`` (sent as ``limit``) checked against the room each prompt leaves in the context;
+    when not given, the server's default, cut to the least room."""
     rooms = []
     for prompt, param in zip(prompts, names, strict=True):
         tokens = len(prompt.ids)
@@ -354,7 +355,7 @@ def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None,
             raise ApiError(400, f"This model's maximum context length is {context} tokens. However, you "
                                 f"requested {tokens + max_tokens} tokens ({tokens} in the {param}, "
                                 f"{max_tokens} in the completion). Please reduce the length of the prompt or "
-                                "max_tokens.", "max_tokens", "context_length_exceeded")
+                                f"{limit}.", limit, "context_length_exceeded")
         rooms.append(room or default_max_tokens)
     return max_tokens if max_tokens is not None else min(default_max_tokens, *rooms)
 
