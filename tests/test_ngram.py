@@ -266,6 +266,9 @@ def test_the_tokens_of_a_prediction_an_answer_holds_are_counted_in_order():
     assert ngram.matched([1, 2, 3], [7, 8, 9]) == ngram.matched([1, 2], []) == 0
     text = list(range(1000)) * 30  # a long prediction's common tokens: still every match found
     assert ngram.matched(text, text[5000:6000]) == 1000
+    code = [t for i in range(300) for t in (0, 1000 + i, 5000 + i, 0, 9000 + i)]  # 0: a newline, 40%
+    edited = code[100:400] + [7, 7] + code[400:700]
+    assert ngram.matched(code, edited) == 600  # the newlines within the copies counted too
 
 
 def test_a_prediction_must_be_text_or_token_ids():

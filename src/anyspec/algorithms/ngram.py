@@ -78,7 +78,8 @@ def lookup(history, limit: int, min_n: int = 2, max_n: int = MAX_N) -> list[int]
 
 def matched(prediction: list[int], answer: list[int]) -> int:
     """How many of the prediction's tokens the answer holds, in order: the sizes of the matching
-    blocks ``difflib.SequenceMatcher`` finds (a long prediction's commonest tokens do not begin a
-    match, its ``autojunk``, which keeps this to a fraction of a second for 30k tokens each)."""
+    blocks ``difflib.SequenceMatcher`` finds. It does not begin a match at a long prediction's
+    commonest tokens (its ``autojunk``, which keeps this to a fraction of a second for 30k tokens
+    each) but takes them in beside a match."""
     blocks = difflib.SequenceMatcher(None, answer, prediction).get_matching_blocks()
     return sum(block.size for block in blocks)
