@@ -30,6 +30,7 @@ from anyspec.algorithms import ngram
 from anyspec.algorithms.adaptive_k import Acceptance, PassCosts, expected_tokens, mix
 from anyspec.config import AUTO_NGRAM, AUTO_NGRAM_PROMPT
 from anyspec.engine.prefix import common_prefix
+from anyspec.errors import ConfigError
 
 SPAN = 32  # the most tokens a continuation proposes in one round
 
@@ -52,6 +53,21 @@ def min_n(configured: int | None, prompt_tokens: int, drafting: bool, predicted:
         return configured
     copies = predicted or (drafting and prompt_tokens >= AUTO_NGRAM_PROMPT)
     return AUTO_NGRAM if copies else 0
+
+
+def prediction_ids(prediction: str | list[int] | None, target, stats) -> list[int] | None:
+    """A request's prediction (``SamplingParams.prediction``) in ``target``'s tokens, as many as its
+    context holds (no answer takes more); all of them counted in ``stats``."""
+    if not prediction:
+        return None
+    ids = prediction
+    if isinstance(ids, str):
+        ids = target.tokenizer.encode(ids, add_special_tokens=False)
+    elif too_large := [t for t in ids if t >= target.vocab_size]:
+        raise ConfigError(f"prediction names token {too_large[0]}, beyond the target's "
+                          f"{target.vocab_size} ids", "prediction")
+    stats.prediction_tokens = len(ids)
+    return ids[:target.context_length]
 
 
 class Lookup:

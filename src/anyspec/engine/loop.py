@@ -289,7 +289,7 @@ def speculative_generate(engine: Engine, prompt: str | list[dict], params: Sampl
     proposer, k, sampler, stats = start(engine, params, draft)
     constraint = params.grammar.start(stats) if params.grammar is not None else Free()
     penalties = Penalties.start(params, engine.target.vocab_size, engine.eos_ids)
-    predicted = prediction_ids(engine, params, stats)
+    predicted = prompt_lookup.prediction_ids(params.prediction, engine.target, stats)
     t_start = time.perf_counter()
     pending, ctx, prompt_ids, scored = yield from prefill(engine, target, draft, prompt, params, stats, meter,
                                                           encoded, stop)
@@ -368,21 +368,6 @@ def start(engine: Engine, params: SamplingParams, draft) -> tuple[Proposer | Non
     stats = Stats(algorithm=proposer.algorithm if proposer else "ngram" if looks else "none",
                   accepted_hist=[0] * (k + 1), seed=seed if sampler else None)
     return proposer, k, sampler, stats
-
-
-def prediction_ids(engine: Engine, params: SamplingParams, stats: Stats) -> list[int] | None:
-    """The request's prediction in the target's tokens (as many as the context holds: no answer
-    takes more), counted in ``stats``."""
-    if not params.prediction:
-        return None
-    ids = params.prediction
-    if isinstance(ids, str):
-        ids = engine.target.tokenizer.encode(ids, add_special_tokens=False)
-    elif too_large := [t for t in ids if t >= engine.target.vocab_size]:
-        raise ConfigError(f"prediction names token {too_large[0]}, beyond the target's "
-                          f"{engine.target.vocab_size} ids", "prediction")
-    stats.prediction_tokens = len(ids)
-    return ids[:engine.target.context_length]
 
 
 def follow(engine: Engine, meter: Meter, draft, ctx, ids: list[int]) -> None:
