@@ -292,7 +292,10 @@ def test_a_prediction_given_as_token_ids_is_the_same_as_its_text(qwen_target):  
     by_ids = engine.generate(prompt, greedy(40, prediction=ids))
     assert by_ids.token_ids == by_text.token_ids == want.token_ids
     assert by_ids.stats.prediction_tokens == by_text.stats.prediction_tokens == len(ids)
-    assert by_ids.stats.prediction_accepted == by_text.stats.prediction_accepted > 20
+    # how much of it was proposed follows measured costs (a continuation is cut to what pays), so
+    # the count that must agree is what the answer holds of it
+    assert by_ids.stats.prediction_matched == by_text.stats.prediction_matched > 30
+    assert by_ids.stats.prediction_accepted > 20 and by_text.stats.prediction_accepted > 20
     calls = []
     extend = qwen_target.extend
     qwen_target.extend = lambda *a, **kw: calls.append(a) or extend(*a, **kw)

@@ -160,7 +160,6 @@ class Engine:
                  ) -> GenerationResult:
         """Generate; ``on_text`` receives text as it is committed (never half a character); ``stop``
         as ``stream``'s. An error ``on_text`` raises ends the generation and frees the engine."""
-        self._open()
         check_callbacks(on_text)
         with contextlib.closing(self.stream(prompt, params, stop)) as stream:
             while True:

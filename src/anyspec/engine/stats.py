@@ -111,7 +111,7 @@ def count_end(stats: Stats, meter, target, draft, ctx, start: float, lookup=None
     if lookup is not None:
         stats.prediction_accepted = lookup.prediction_accepted
     if predicted:
-        stats.prediction_matched = ngram.matched(predicted, list(answer))
+        stats.prediction_matched = ngram.matched(predicted, answer)
     if ctx is not None:
         stats.draft_fallbacks = ctx.fallbacks
     stats.draft_seconds = meter.seconds(draft) if draft is not None else 0.0
