@@ -174,6 +174,26 @@ def test_include_stop_str_in_output_keeps_the_stop_string():
         assert (out.text, out.finish) == (text, "stop")
 
 
+def test_an_unfinished_character_flushed_at_the_end_can_end_a_stop_string():
+    import threading
+
+    from anyspec.engine.output import Output
+
+    pieces = [b"a", "é".encode()[:1], b"b"]  # token 1 is the first byte of a two-byte character
+    for fields in (dict(max_new_tokens=2), dict(max_new_tokens=9, stop_token_ids=[1])):
+        out = Output(pieces, {9}, SamplingParams(stop=["a\ufffd"], **fields))
+        out.commit([0, 1, 2])
+        assert (out.text, out.finish, out.stopped_by) == ("", "stop", "a\ufffd")
+    out = Output(pieces, {9}, SamplingParams(max_new_tokens=2, stop=["\ufffdb"]))
+    out.commit([0, 1])
+    assert (out.text, out.finish, out.ready()) == ("a\ufffd", "length", "a\ufffd")
+    out = Output(pieces, {9}, SamplingParams(max_new_tokens=9, stop=["\ufffd"]))
+    out.commit([0, 1])
+    stop = threading.Event()
+    stop.set()
+    assert out.ended(stop) and (out.text, out.finish, out.ready()) == ("a", "stop", "a")
+
+
 def test_allowed_token_ids_leave_every_other_token_at_minus_infinity():
     from anyspec.engine.penalties import Penalties
 

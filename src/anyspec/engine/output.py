@@ -55,19 +55,14 @@ class Output:
         return committed
 
     def _commit(self, tokens: list[int]) -> list[int]:
-        committed, found = [], None
+        committed = []
         for token in tokens:
             if token in self.eos_ids:
                 self.finish = "stop"
                 break
             committed.append(token)
             self.ids.append(token)
-            size = len(self.text)
-            self.text += self._decoder.decode(self.token_bytes[token])
-            found = find_stop(self.text, self.stops, size) if len(self.ids) >= self.min_tokens else None
-            if found is not None:
-                cut = found[0] + (len(found[1]) if self.include_stop else 0)
-                self.text, self.finish, self.stopped_by = self.text[:cut], "stop", found[1]
+            if self._add(self._decoder.decode(self.token_bytes[token])):
                 break
             if token in self.stop_ids:
                 self.finish, self.stopped_by = "stop", token
@@ -76,17 +71,29 @@ class Output:
                 self.finish = "length"
                 break
         if self.finish is not None:
-            if found is None:
-                self.text += self._decoder.decode(b"", final=True)  # an unfinished character: U+FFFD
+            if not isinstance(self.stopped_by, str):  # a stop string cut the text where it begins
+                self._add(self._decoder.decode(b"", final=True))
             self._hold = 0
         return committed
+
+    def _add(self, text: str) -> bool:
+        """Append ``text``; whether a stop string ends in it, which ends the generation there (an
+        unfinished character's U+FFFD, flushed at the end, may end one too)."""
+        size = len(self.text)
+        self.text += text
+        found = find_stop(self.text, self.stops, size) if len(self.ids) >= self.min_tokens else None
+        if found is None:
+            return False
+        cut = found[0] + (len(found[1]) if self.include_stop else 0)
+        self.text, self.finish, self.stopped_by = self.text[:cut], "stop", found[1]
+        return True
 
     def ended(self, stop=None) -> bool:
         """Whether the generation has ended; where ``stop`` (a ``threading.Event``) is set, it ends
         here (``"abort"``), and the text held back for stop strings may be given out."""
         if self.finish is None and stop is not None and stop.is_set():
             self.finish, self._hold = "abort", 0
-            self.text += self._decoder.decode(b"", final=True)
+            self._add(self._decoder.decode(b"", final=True))
         return self.finish is not None
 
     def ready(self) -> str:
