@@ -221,7 +221,8 @@ def test_a_gguf_model_without_the_kernels_says_it_runs_de_quantized(monkeypatch,
     monkeypatch.setenv("ANYSPEC_KERNELS", "0")
     assert backend.resolve_dtype("auto", spec=str(gguf)) in ("bf16", "fp32")
     err = capsys.readouterr().err
-    assert err == ("anyspec: m.gguf is a GGUF model and anyspec's kernels are off here (ANYSPEC_KERNELS=0); "
+    assert err == ("anyspec: m.gguf is a GGUF model and anyspec's kernels are off here (turned off "
+                   "with ANYSPEC_KERNELS=0); "
                    "loading it de-quantized through transformers instead\n")
     monkeypatch.setenv("ANYSPEC_KERNELS", "1")
     backend.resolve_dtype("auto", spec=str(tmp_path / "folder"))

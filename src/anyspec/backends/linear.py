@@ -134,11 +134,7 @@ def rowwise_kernel():
 
 
 def _build_rowwise():
-    if os.environ.get("ANYSPEC_KERNELS", "1") == "0":
-        return "turned off with ANYSPEC_KERNELS=0"
-    if not rowwise_possible():
-        return f"this CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
-    return build_kernel()
+    return kernels_off() or build_kernel()
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -159,11 +155,19 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     return out[None].to(query.dtype), None
 
 
+def kernels_off() -> str | None:
+    """Why anyspec's kernel is off here before any build (None: it may run): turned off, or an x86
+    CPU without AVX2 (a CPU that is not x86 runs the kernel's plain C++ build)."""
+    if os.environ.get("ANYSPEC_KERNELS", "1") == "0":
+        return "turned off with ANYSPEC_KERNELS=0"
+    if is_x86() and torch.backends.cpu.get_cpu_capability() not in AVX2_OR_BETTER:
+        return f"this CPU has no AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    return None
+
+
 def rowwise_possible() -> bool:
-    """This CPU can run anyspec's kernel and it is not turned off (it may still fail to build): an
-    x86 CPU with AVX2, or any CPU that is not x86 (the kernel's plain C++ build)."""
-    return (os.environ.get("ANYSPEC_KERNELS", "1") != "0"
-            and (not is_x86() or torch.backends.cpu.get_cpu_capability() in AVX2_OR_BETTER))
+    """This CPU can run anyspec's kernel and it is not turned off (it may still fail to build)."""
+    return kernels_off() is None
 
 
 def rowwise_problem() -> str | None:

@@ -9,13 +9,13 @@ linear layers and, for the Llama family, the lean forward (``backends/lean.py``)
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 from anyspec.backends.linear import (
+    kernels_off,
     onednn_available,
     rowwise_available,
     rowwise_possible,
@@ -69,9 +69,9 @@ def known_context(spec: str) -> int | None:
         except (ConfigError, KeyError, TypeError, ValueError):
             return None
     try:
-        config = json.loads((Path(spec).expanduser() / "config.json").read_text(encoding="utf-8"))
+        config = folder_config(Path(spec).expanduser())
         n = (config.get("text_config") or config).get("max_position_embeddings")
-    except (OSError, ValueError, AttributeError):
+    except (ConfigError, AttributeError):
         return None
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
@@ -106,8 +106,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
             print(f"anyspec: {source.name if source else spec} cannot run on the GGUF kernels ({problem}); "
                   "loading it de-quantized through transformers instead", file=sys.stderr)
         elif spec is not None and is_gguf(spec) and not torch.cuda.is_available():
-            why = "ANYSPEC_KERNELS=0" if os.environ.get("ANYSPEC_KERNELS") == "0" else "this CPU has no AVX2"
-            print(f"anyspec: {Path(spec).name} is a GGUF model and anyspec's kernels are off here ({why}); "
+            print(f"anyspec: {Path(spec).name} is a GGUF model and anyspec's kernels are off here "
+                  f"({kernels_off()}); "
                   "loading it de-quantized through transformers instead", file=sys.stderr)
         if draft and not torch.cuda.is_available():
             return "int8"
@@ -155,6 +155,14 @@ def check_model_path(spec: str, allow_download: bool = False) -> None:
                           f"({', '.join(builtin_names())})")
 
 
+def folder_config(path: Path) -> dict:
+    """A model folder's ``config.json``, parsed."""
+    try:
+        return json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path / 'config.json'} cannot be read as JSON: {exc}") from None
+
+
 def check_folder(path: Path) -> None:
     """A transformers model folder, read before anything loads: its ``config.json`` names a model
     type this transformers knows (or brings its own code), and each safetensors file's header holds
@@ -162,10 +170,7 @@ def check_folder(path: Path) -> None:
     from safetensors import SafetensorError, safe_open
     from transformers import CONFIG_MAPPING, __version__
 
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path / 'config.json'} cannot be read as JSON: {exc}") from None
+    config = folder_config(path)
     kind = config.get("model_type") if isinstance(config, dict) else None
     if isinstance(config, dict) and "auto_map" not in config and kind not in CONFIG_MAPPING:
         raise ConfigError(f"{path}: model_type {kind!r} is not a model transformers {__version__} knows")
