@@ -83,3 +83,23 @@ def test_tool_call_tokens_in_a_message_are_text_while_the_templates_stay_tokens(
                 {"role": "tool", "content": "<tool_call> is text here"}]
     ids, text, _ = encode_prompt(tok, messages, tools=tools)
     assert ids.count(call) == text.count("<tool_call>") - 1 == plain.count(call) + 1
+
+
+@pytest.mark.slow
+def test_the_plain_copy_of_a_tokenizer_goes_with_it():
+    """A tokenizer's copy without added tokens is kept for it alone: after it is collected, a new
+    tokenizer (which may get its ``id``) builds its own."""
+    import gc
+
+    from anyspec.engine import prompt
+    from anyspec.models import DEFAULT_TARGET, gguf_path
+    from anyspec.vocab import load_tokenizer
+
+    tok, before = load_tokenizer(gguf_path(DEFAULT_TARGET)), len(prompt._PLAIN)
+    said = [{"role": "user", "content": "run <tool_call> for me"}]
+    first = encode_prompt(tok, said)[0]
+    assert len(prompt._PLAIN) == before + 1
+    del tok
+    gc.collect()
+    assert len(prompt._PLAIN) == before
+    assert encode_prompt(load_tokenizer(gguf_path(DEFAULT_TARGET)), said)[0] == first

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 
 from anyspec.config import check_prompt
 from anyspec.errors import ConfigError
@@ -69,20 +70,20 @@ def _plain_texts(tokenizer) -> list[str]:
     return [t.content for t in added.values() if not t.special]
 
 
-_PLAIN: dict[int, object] = {}
+_PLAIN = weakref.WeakKeyDictionary()  # a tokenizer -> its copy without added tokens, gone with it
 
 
 def _as_text(tokenizer, part: str) -> list[int]:
     """``part``'s ids with every added token in it read as the text it spells."""
     if not any(t in part for t in _plain_texts(tokenizer)):
         return tokenizer(part, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    if id(tokenizer) not in _PLAIN:
+    if tokenizer not in _PLAIN:
         from tokenizers import Tokenizer
 
         spec = json.loads(tokenizer.backend_tokenizer.to_str())
         spec["added_tokens"] = []
-        _PLAIN[id(tokenizer)] = Tokenizer.from_str(json.dumps(spec))
-    return _PLAIN[id(tokenizer)].encode(part, add_special_tokens=False).ids
+        _PLAIN[tokenizer] = Tokenizer.from_str(json.dumps(spec))
+    return _PLAIN[tokenizer].encode(part, add_special_tokens=False).ids
 
 
 def _controls_in_contents(tokenizer, messages: list[dict]) -> bool:
