@@ -28,7 +28,7 @@ print(compile_kernel("anyspec_lock_check", [folder / "answer.cpp"], folder, fold
 def test_a_build_interrupted_midway_does_not_hang_the_next_and_a_running_one_is_waited_for(tmp_path: Path):
     """torch leaves its ``lock`` file behind when a build is killed, and then waits for it forever,
     silently; a kernel build must remove such a lock, but wait (and say so) while another process
-    really is building."""
+    really is building, and say that it compiles, which a load of the built kernel does not."""
     (tmp_path / "answer.cpp").write_text(MODULE)
     (tmp_path / "lock").write_text("")  # what a killed build leaves
     with held(tmp_path / "build.flock"):  # another build, running
@@ -41,7 +41,11 @@ def test_a_build_interrupted_midway_does_not_hang_the_next_and_a_running_one_is_
     assert proc.returncode == 0, err
     assert out.strip() == "42"
     assert "removing the lock of an interrupted kernel build" in err
+    assert "compiling its CPU kernel" in err
     assert not (tmp_path / "lock").exists()
+    again = subprocess.run([sys.executable, "-c", BUILD, str(tmp_path)], capture_output=True, text=True,
+                           timeout=300)
+    assert again.stdout.strip() == "42" and "compiling" not in again.stderr
 
 
 def waits_for(text: str, proc: subprocess.Popen, deadline: float) -> None:

@@ -12,6 +12,7 @@ import hashlib
 import os
 import platform
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from anyspec.paths import cache_dir, held
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = sorted(CSRC.glob("*.cpp"))
 X86_FLAGS = ["-mavx2", "-mfma", "-mf16c"]
+COMPILE_NOTICE_S = 5.0  # a kernel load taking longer is a compile (first use, or sources changed)
 ISA_LEVELS = {"0": 0, "plain": 0, "1": 1, "avx2": 1, "2": 2, "avx512": 2, "3": 3, "amx": 3}
 
 
@@ -80,9 +82,16 @@ def compile_kernel(name: str, sources: list[Path], build: Path, include: Path,
         if (build / "lock").exists():
             print("anyspec: removing the lock of an interrupted kernel build", file=sys.stderr)
             (build / "lock").unlink()
-        return load(name, [str(s) for s in sources], build_directory=str(build),
-                    extra_cflags=kernel_flags() if flags is None else flags,
-                    extra_include_paths=[str(include)], verbose=False)
+        notice = threading.Timer(COMPILE_NOTICE_S, print, ("anyspec: compiling its CPU kernel (a minute or "
+                                                           "two on 2 free cores) ...",), {"file": sys.stderr})
+        notice.daemon = True
+        notice.start()  # loading a built kernel takes a second; building it takes minutes
+        try:
+            return load(name, [str(s) for s in sources], build_directory=str(build),
+                        extra_cflags=kernel_flags() if flags is None else flags,
+                        extra_include_paths=[str(include)], verbose=False)
+        finally:
+            notice.cancel()
 
 
 def build_folder(prefix: str, flags: list[str]) -> Path:
@@ -100,8 +109,6 @@ def build_folder(prefix: str, flags: list[str]) -> Path:
 def build_kernel():
     """The kernel, built on first use and then loaded from the cache; or why it could not be built."""
     build = build_folder("rowwise", kernel_flags())
-    if not list(build.glob("*.so")):
-        print("anyspec: compiling its CPU kernel once (a minute or two on 2 free cores) ...", file=sys.stderr)
     try:
         return compile_kernel("anyspec_rowwise", SOURCES, build, CSRC)
     except Exception as exc:  # no compiler, no ninja, ...: say why, the caller picks another kernel
