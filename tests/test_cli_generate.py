@@ -386,3 +386,20 @@ def test_a_prediction_file_is_taken_where_the_answer_repeats_it(tiny_dirs, capsy
                    "--prediction-file: cannot read")
     one_line_error(capsys, ["generate", "--prompt-file", "-", "--prediction-file", "-"],
                    "--prompt-file and --prediction-file cannot both read standard input")
+
+
+def test_the_stats_line_counts_the_draft_only_where_one_ran():
+    from anyspec.cli.generate import stats_line
+    from anyspec.config import SpeculativeConfig
+    from anyspec.engine.output import GenerationResult
+    from anyspec.engine.stats import Stats
+
+    lookup_alone = Stats(algorithm="none", rounds=2, generated=7, accepted_hist=[0] * 6, ngram_proposed=6,
+                         ngram_accepted=6)
+    line = stats_line(GenerationResult("x", [1] * 7, "length", lookup_alone), SpeculativeConfig(), False)
+    assert line.startswith("[target only] 7 tokens in ") and "rounds 2; " in line
+    assert "drafted" not in line and "histogram" not in line and "prompt lookup accepted 6/6" in line
+    drafted = Stats(algorithm="slem", rounds=1, drafted=5, accepted=1, generated=1, accepted_hist=[0, 1, 0])
+    line = stats_line(GenerationResult("x", [1], "stop", drafted), SpeculativeConfig(adaptive_k=True), False)
+    assert line.startswith("[slem k<=5] 1 token in ")
+    assert "drafted 5, accepted 1 (20.0%)" in line and "histogram 0:0 1:1 2:0" in line

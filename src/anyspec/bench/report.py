@@ -141,7 +141,7 @@ def markdown(result: dict) -> str:
              f"{'draft confidence ' + str(c['draft_confidence']) + ', ' if c.get('draft_confidence') else ''}"
              f"{'up to ' + str(c['tree']) + ' branches a round, ' if c.get('tree') else ''}"
              f"{str(c['repeat']) + ' runs of each, ' if c.get('repeat', 1) > 1 else ''}"
-             f"max_new_tokens={c['max_new_tokens']}, {c['threads']} threads, "
+             f"max_new_tokens={c['max_new_tokens']}, {c['threads']} thread{'s' * (c['threads'] != 1)}, "
              f"{sampled_at(result)}",
              "", "| set | method | tokens | tok/s | speedup (vs) | time to first token (ms) | prefill tok/s "
              "| decode tok/s | total s | acceptance | draft ms/token "
@@ -214,7 +214,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(sets))], sets)
     ax.set_ylabel("tokens / s")
     ax.set_title(f"{c['target']} ({c['dtype']}) <- {c['draft']} ({c.get('draft_dtype', c['dtype'])}), "
-                 f"k={c['k']}, {c['threads']} threads",
+                 f"k={c['k']}, {c['threads']} thread{'s' * (c['threads'] != 1)}",
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()

@@ -153,19 +153,25 @@ def run(args) -> int:
                           "stats": {key: stats[key] for key in keys}}))
         return 0
     print()
+    print(stats_line(result, config, params.prediction is not None), file=sys.stderr)
+    return 0
+
+
+def stats_line(result, config, predicted: bool) -> str:
+    """The line after an answer: its speed, rounds, what the draft and prompt lookup proposed and
+    what was accepted (the draft's part only where a draft ran)."""
     s = result.stats
     hist = " ".join(f"{n}:{c}" for n, c in enumerate(s.accepted_hist))
     ended = " ".join(f"{cause}:{n}" for cause, n in sorted(s.ended_by.items()))
     lookup = f", prompt lookup accepted {s.ngram_accepted}/{s.ngram_proposed}" if s.ngram_proposed else ""
-    if params.prediction is not None:
+    if predicted:
         lookup += (f", the answer holds {s.prediction_matched} of the prediction's {s.prediction_tokens} "
                    f"tokens ({s.prediction_accepted} proposed from it and accepted)")
-    how = "target only" if s.algorithm == "none" else f"{s.algorithm} k={config.num_speculative_tokens}"
-    print(f"[{how}] "
-          f"{s.generated} tokens in {s.total_seconds:.2f}s ({s.tokens_per_second:.2f} tok/s); "
-          f"rounds {s.rounds}, drafted {s.drafted}, accepted {s.accepted} "
-          f"({100 * s.acceptance_rate:.1f}%), mean accepted {s.mean_accepted_length:.2f}, "
-          f"accepted-length histogram {hist}; rounds ended by {ended or '-'}{lookup}; "
-          f"draft {s.draft_seconds:.2f}s, target {s.target_seconds:.2f}s; "
-          f"finish: {result.finish_reason}", file=sys.stderr)
-    return 0
+    k = f"k{'<=' if config.adaptive_k else '='}{config.num_speculative_tokens}"
+    how = "target only" if s.algorithm == "none" else f"{s.algorithm} {k}"
+    drafts = (f", drafted {s.drafted}, accepted {s.accepted} ({100 * s.acceptance_rate:.1f}%), mean accepted "
+              f"{s.mean_accepted_length:.2f}, accepted-length histogram {hist}") if s.drafted else ""
+    return (f"[{how}] {s.generated} token{'s' * (s.generated != 1)} in {s.total_seconds:.2f}s "
+            f"({s.tokens_per_second:.2f} tok/s); rounds {s.rounds}{drafts}; rounds ended by {ended or '-'}"
+            f"{lookup}; draft {s.draft_seconds:.2f}s, target {s.target_seconds:.2f}s; "
+            f"finish: {result.finish_reason}")

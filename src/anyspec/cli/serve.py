@@ -22,8 +22,8 @@ from anyspec.errors import ConfigError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions and chat, streaming)",
-                       description=__doc__)
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server: completions, chat, Responses and "
+                       "Anthropic's Messages, whole or streamed", description=__doc__)
     add_model_options(p)
     add_engine_options(p)
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default %(default)s)")

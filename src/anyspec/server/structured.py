@@ -88,7 +88,7 @@ def guided(body: dict, grammars) -> object:
                 key, value = "json", {"type": "object"}
             elif key not in GUIDES and value not in (None, False):
                 raise StructuredError(f"'structured_outputs.{key}' is not supported by this server; it takes "
-                                      f"{', '.join(GUIDES)}.", f"structured_outputs.{key}",
+                                      f"{', '.join(GUIDES)} and json_object.", f"structured_outputs.{key}",
                                       "unsupported_parameter")
             if key in GUIDES and value is not None:
                 asked.append((f"structured_outputs.{key}", key, value))
