@@ -512,3 +512,90 @@ def test_the_benchmark_scripts_explain_every_option():
                   and ast.unparse(keywords["default"]) != "None" and "default" not in text):
                 problems.append(f"{script} {flag}: its default is not shown")
     assert not problems, problems
+
+
+# ---- GGUF files as users name and shape them ------------------------------------------------------
+
+def test_a_gguf_named_in_capitals_or_without_its_extension_is_read_as_one(tmp_path):
+    from test_gguf import write_gguf
+
+    from anyspec.backends import load as backend
+
+    for name in ("M.GGUF", "model.bin", "model"):
+        path = write_gguf(tmp_path / name)
+        assert backend.gguf_source(str(path)) == path and backend.is_gguf(str(path))
+        backend.check_model_path(str(path))
+
+
+def test_a_folder_of_several_ggufs_is_refused_naming_them(no_loading, capsys, tmp_path):
+    from test_gguf import write_gguf
+
+    for name in ("b.gguf", "a.gguf"):
+        write_gguf(tmp_path / name)
+    one_line_error(capsys, ["generate", "--target", str(tmp_path), "--no-draft", "--prompt", "hi"],
+                   f"{tmp_path} holds 2 GGUF files (a.gguf, b.gguf); give the path of the one to run")
+    one_line_error(capsys, ["analyze", "--target", str(tmp_path), "--draft", str(tmp_path)], "holds 2 GGUF")
+
+
+def _gguf(path, endianess=None, keys=(), tensors=True):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=endianess or gguf.GGUFEndian.LITTLE)
+    writer.add_token_list(["a", "b"])
+    for key, value in keys:
+        writer.add_uint16(key, value)
+    if tensors:
+        writer.add_tensor("token_embd.weight", np.ones((2, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(("shape", "says"), [
+    ("vocab-only", "holds a vocabulary and no weights (a --vocab-only GGUF)"),
+    ("split", "is one part of a GGUF split into 3 files; merge them into one with llama.cpp's "
+              "llama-gguf-split --merge"),
+    ("big-endian", "is a big-endian GGUF, which anyspec does not read"),
+    ("not gguf", "is a file that is not a GGUF model; give a .gguf file or the model's folder")])
+def test_a_gguf_anyspec_cannot_run_says_what_it_is(no_loading, capsys, tmp_path, shape, says):
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    if shape == "vocab-only":
+        _gguf(path, tensors=False)
+    elif shape == "split":
+        _gguf(path, keys=[("split.no", 0), ("split.count", 3)])
+    elif shape == "big-endian":
+        _gguf(path, endianess=gguf.GGUFEndian.BIG)
+    else:
+        path = tmp_path / "config.json"
+        path.write_text("{}")
+    one_line_error(capsys, ["generate", "--target", str(path), "--no-draft", "--prompt", "hi"], says)
+
+
+def test_analyze_refuses_a_gguf_whose_tensors_are_cut_as_generate_does(capsys, tmp_path):
+    from test_gguf import write_gguf
+
+    cut = write_gguf(tmp_path / "cut.gguf", tokens=300, truncate=1000)
+    one_line_error(capsys, ["analyze", "--target", str(cut), "--draft", str(cut)], "is truncated")
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused(capsys, tmp_path, tok_llama2,
+                                                                          tok_qwen2):
+    from tiny_models import save_tiny_model
+
+    folder = save_tiny_model(tok_llama2, tmp_path / "m")
+    for f in folder.glob("tokenizer*"):
+        f.unlink()
+    tok_qwen2.save_pretrained(folder)
+    argv = ["generate", "--target", str(folder), "--no-draft", "--prompt", "café", "--dtype", "fp32",
+            "--threads", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].endswith(f"{folder}: its tokenizer has {len(tok_qwen2):,} tokens and the "
+                                         f"model {len(tok_llama2):,} embedding rows, so it is not this "
+                                         "model's tokenizer")
+    assert "Traceback" not in err

@@ -578,3 +578,12 @@ def test_a_file_neither_the_kernels_nor_transformers_run_is_refused_under_auto(t
     path = write_gguf(tmp_path / "m.gguf", arch="olmo2")
     with pytest.raises(ConfigError, match="architecture olmo2 .*nor de-quantized .*no GGUF architecture"):
         resolve_dtype("auto", spec=str(path))
+
+
+def test_a_draft_the_kernels_cannot_run_is_told_the_draft_option(tmp_path):
+    from anyspec.backends.load import resolve_dtype
+
+    path = write_gguf(tmp_path / "m.gguf", kind=T.I8)
+    for draft, option in ((False, "use --dtype bf16"), (True, "use --draft-dtype bf16")):
+        with pytest.raises(ConfigError, match=f"is I8 .*; {option} to run it de-quantized"):
+            resolve_dtype("gguf", draft=draft, spec=str(path))

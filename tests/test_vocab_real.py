@@ -188,3 +188,30 @@ def test_sentencepiece_model_file_keeps_the_dummy_prefix(tok_mistral):
     reference = sentencepiece.SentencePieceProcessor(model_file=model_file)
     for text in ["Hello world", "def f(x):\n\treturn x # café\n", "Zoë\tZürich"]:
         assert tok_mistral.encode(text, add_special_tokens=False) == reference.encode(text), text
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-bpe", "gpt-2", "mpt", "refact", "command-r"])
+def test_a_gguf_tokenizer_from_metadata_alone_splits_as_its_pre_tokenizer_says(name, capsys):
+    """Architectures transformers does not load get their tokenizer from the GGUF's metadata alone;
+    its ``tokenizer.ggml.pre`` picks the regex that splits text before the merges, so the ids are
+    llama.cpp's own on its reference texts."""
+    from tokenizer_files import ggml_vocab_file
+
+    from anyspec.vocab.loading import _bpe_from_gguf, read_gguf_metadata
+
+    fields = read_gguf_metadata(ggml_vocab_file(name))
+    tok = _bpe_from_gguf(fields)
+    checked = 0
+    for text, ids in reference_tokenizations(name):
+        assert tok.encode(text, add_special_tokens=False) == ids, (name, text)
+        checked += 1
+    assert checked >= 40 and tok.conversion_note is None and capsys.readouterr().err == ""
+
+
+def test_a_gguf_pre_tokenizer_anyspec_does_not_know_is_said(capsys):
+    from tokenizer_files import ggml_vocab_file
+
+    from anyspec.vocab.loading import _bpe_from_gguf, read_gguf_metadata
+
+    fields = read_gguf_metadata(ggml_vocab_file("qwen2")) | {"tokenizer.ggml.pre": "made-up"}
+    assert "pre-tokenizer 'made-up' is not one anyspec knows" in _bpe_from_gguf(fields).conversion_note

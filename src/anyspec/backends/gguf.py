@@ -66,8 +66,13 @@ def gguf_problem(path: Path, reader=None) -> str | None:
 
 
 def check_consistent(path: Path) -> None:
-    """A one-line ConfigError for a file whose tensors contradict its metadata (``broken_problem``)."""
-    if broken := broken_problem(read_gguf(path)):
+    """A one-line ConfigError for a file whose tensors contradict its metadata (``broken_problem``),
+    or that holds none."""
+    reader = read_gguf(path)
+    if not reader.tensors:
+        raise ConfigError(f"{path} holds a vocabulary and no weights (a --vocab-only GGUF); give a model's "
+                          "GGUF file")
+    if broken := broken_problem(reader):
         raise ConfigError(f"{Path(path).name} is inconsistent: {broken}; convert or download it again")
 
 

@@ -54,6 +54,12 @@ def _read(path: str, size: int, mtime_ns: int):
                               "cannot be read); fetch it again") from None
         raise ConfigError(f"{path} is not a readable GGUF file (it does not start with GGUF); "
                           "give a .gguf model file") from None
+    if reader.byte_order != "I":
+        raise ConfigError(f"{path} is a big-endian GGUF, which anyspec does not read; convert it with "
+                          "gguf-py's gguf_convert_endian.py to little-endian")
+    if (split := reader.fields.get("split.count")) is not None and int(split.parts[-1][0]) > 1:
+        raise ConfigError(f"{path} is one part of a GGUF split into {int(split.parts[-1][0])} files; merge "
+                          "them into one with llama.cpp's llama-gguf-split --merge")
     end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
     if end > size:
         raise ConfigError(f"{path} is truncated ({size:,} bytes, its tensors need {end:,}); fetch it again")

@@ -24,6 +24,7 @@ from anyspec.backends.linear import (
 )
 from anyspec.backends.transformers import CANONICAL, DTYPES, TransformersModel, cpu_has_bf16, dtype_name
 from anyspec.errors import ConfigError
+from anyspec.vocab.loading import is_gguf_file
 
 NAMES = "auto, gguf, bf16, fp16, fp32, int8"
 
@@ -41,12 +42,17 @@ def native_builtin(spec: str) -> bool:
 
 
 def gguf_source(spec: str) -> Path | None:
-    """The GGUF file a spec names (a built-in name gives None: it is fetched on load), else None."""
+    """The GGUF file a spec names: the file (a name ending ``.gguf`` in any case, or GGUF's magic
+    number), or a folder without ``config.json`` that holds one; else None (a built-in name too: it
+    is fetched on load). A folder holding several is refused: which one runs is the user's choice."""
     path = Path(spec).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return path
+    if path.is_file():
+        return path if is_gguf_file(path) else None
     if path.is_dir() and not (path / "config.json").is_file():
-        found = sorted(path.glob("*.gguf"))
+        found = sorted(p for p in path.iterdir() if p.name.lower().endswith(".gguf") and p.is_file())
+        if len(found) > 1:
+            raise ConfigError(f"{spec} holds {len(found)} GGUF files ({', '.join(p.name for p in found[:4])}"
+                              f"{', ...' if len(found) > 4 else ''}); give the path of the one to run")
         return found[0] if found else None
     return None
 
@@ -123,7 +129,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
             problem = gguf_problem(source, read_gguf(source))
             if problem:
                 raise ConfigError(f"{source.name} cannot run on anyspec's GGUF kernels: {problem}; "
-                                  "use --dtype bf16 to run it de-quantized")
+                                  f"use --{'draft-' if draft else ''}dtype bf16 to run it de-quantized")
         return "gguf"
     if dtype not in DTYPES:
         raise ConfigError(f"unknown {'draft ' if draft else ''}dtype {dtype!r}; use one of {NAMES}")
@@ -137,13 +143,17 @@ def check_model_path(spec: str, allow_download: bool = False) -> None:
     """Fail before loading unless ``spec`` is an existing model path, a built-in name or an allowed hub id."""
     path = Path(spec).expanduser()
     if path.exists():
-        if path.is_dir() and not (path / "config.json").is_file() and not list(path.glob("*.gguf")):
+        source = gguf_source(spec)
+        if path.is_dir() and not (path / "config.json").is_file() and source is None:
             raise ConfigError(f"{spec} is a folder without config.json or a .gguf file; "
                               "point at a model folder")
-        if (source := gguf_source(spec)) is not None:
-            from anyspec.backends.gguf import read_gguf
+        if source is not None:
+            from anyspec.backends.gguf import check_consistent
 
-            read_gguf(source)  # a truncated or foreign file: one line now, not a traceback later
+            check_consistent(source)  # a truncated, foreign or damaged file: one line now, not later
+        elif path.is_file():
+            raise ConfigError(f"{spec} is a file that is not a GGUF model; give a .gguf file or the model's "
+                              "folder")
         elif path.is_dir():
             check_folder(path)
         return
@@ -204,6 +214,9 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
         model = GGUFModel(source, name=name)
     else:
         model = load_transformers(spec, dtype, device, trust_remote_code, name)
+    if len(model.tokenizer) > model.vocab_size:  # a prompt could hold ids the model has no row for
+        raise ConfigError(f"{spec}: its tokenizer has {len(model.tokenizer):,} tokens and the model "
+                          f"{model.vocab_size:,} embedding rows, so it is not this model's tokenizer")
     if kv_cache_dtype != "fp32":
         from anyspec.backends.stack import StackModel
 
@@ -245,14 +258,13 @@ def load_transformers(spec: str, dtype: str, device: str, trust_remote_code: boo
         # torch's bf16 CPU attention rounds a query row differently when it comes with others (0.16
         # logits apart in Qwen2.5-1.5B, enough to flip a tie); anyspec's scores each row alone
         kwargs["attn_implementation"] = register_rowwise_attention()
-    if path.is_dir() and not (path / "config.json").is_file():
-        path = sorted(path.glob("*.gguf"))[0]
+    path = gguf_source(str(path)) or path
     try:
         if path.exists():
             from anyspec.vocab import load_tokenizer
 
             tokenizer = load_tokenizer(path)  # GGUF tokenizer conversions are cached
-            if path.suffix == ".gguf":
+            if path.is_file() and is_gguf_file(path):
                 source, kwargs["gguf_file"] = str(path.parent), path.name
             else:
                 source = str(path)

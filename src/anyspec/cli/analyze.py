@@ -29,10 +29,15 @@ def resolve_tokenizer(spec: str):
     already there, else the pinned GGUF (fetched and checked) without converting the weights.
     """
     from anyspec import models
-    from anyspec.vocab.loading import load_tokenizer
+    from anyspec.backends.gguf_file import read_gguf
+    from anyspec.backends.load import gguf_source
+    from anyspec.vocab.loading import gguf_metadata, load_tokenizer
 
     if Path(spec).expanduser().exists():
-        return load_tokenizer(spec)
+        if (source := gguf_source(spec)) is not None:
+            gguf_metadata(source)  # cut short in its metadata: says where
+            read_gguf(source)  # cut short in its tensors, or damaged: refused as generate refuses it
+        return load_tokenizer(source or spec)
     if spec in models.MODELS and models.is_cached(spec):
         return load_tokenizer(models.model_dir(spec))
     return load_tokenizer(models.resolve_model(spec))  # a built-in name: its GGUF file

@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="the port to listen on (default %(default)s)")
     p.add_argument("--served-model-name", default=None,
-                   help="the model id clients send (default: the target)")
+                   help="the model id clients send (default: the target's built-in name, else the name of "
+                   "its file or folder without the path, as GET /v1/models lists it)")
     from anyspec.server.settings import Settings
 
     add_flags(p, Settings)

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ _KINDS = ("a tokenizer folder, a .gguf file, a tokenizer.json, a SentencePiece .
           "or a tiktoken/tekken file")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                     "spiece.model", "sentencepiece.bpe.model", "tekken.json")
-_CONVERSION_FORMAT = "3"
+_CONVERSION_FORMAT = "4"
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
@@ -40,7 +41,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
     if p.is_dir():
         return _from_folder(p)
     name = p.name.lower()
-    if name.endswith(".gguf"):
+    if is_gguf_file(p):
         return _cached_conversion(p, _from_gguf)
     if name.endswith(".json"):
         head = _json_head(p)
@@ -57,6 +58,17 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
                 (Path(tmp) / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
             return _from_folder(Path(tmp), source=p)
     raise ConfigError(f"{p} is not a tokenizer file; give {_KINDS}")
+
+
+def is_gguf_file(p: Path) -> bool:
+    """A file named ``.gguf`` (in any case), or one that begins with GGUF's magic number."""
+    if p.name.lower().endswith(".gguf"):
+        return True
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _sentencepiece_is_bpe(p: Path) -> bool:
@@ -119,15 +131,22 @@ def _cached_conversion(p: Path, convert) -> Any:
     if (out / "tokenizer.json").is_file():
         try:
             if _intact(out):
+                if (out / _NOTE).is_file():
+                    print(f"anyspec: {(out / _NOTE).read_text(encoding='utf-8')}", file=sys.stderr)
                 return AutoTokenizer.from_pretrained(out, trust_remote_code=False)
         except Exception:
             pass
         shutil.rmtree(out, ignore_errors=True)  # damaged: converted again
     tok = _quiet(lambda: convert(p), p)
+    note = getattr(tok, "conversion_note", None)
+    if note:
+        print(f"anyspec: {note}", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".partial-"))
     try:
         tok.save_pretrained(tmp)
+        if note:
+            (tmp / _NOTE).write_text(note, encoding="utf-8")
         (tmp / _MANIFEST).write_text(json.dumps(_hashes(tmp)))
         if out.exists():
             shutil.rmtree(out, ignore_errors=True)
@@ -140,6 +159,7 @@ def _cached_conversion(p: Path, convert) -> Any:
 
 
 _MANIFEST = "anyspec-files.json"  # every saved file's sha256, written with the conversion
+_NOTE = "anyspec-note.txt"  # what a conversion could not do as the model's own tokenizer does
 
 
 def _hashes(folder: Path) -> dict[str, str]:
@@ -155,13 +175,18 @@ def _intact(folder: Path) -> bool:
         return False
 
 
+def gguf_metadata(p: Path) -> dict[str, Any]:
+    """``read_gguf_metadata``, with a one-line ConfigError that says where a file is cut short."""
+    try:
+        return read_gguf_metadata(p)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p} is not a readable GGUF file ({exc}); give {_KINDS}") from None
+
+
 def _from_gguf(p: Path) -> Any:
     from transformers import AutoTokenizer
 
-    try:
-        fields = read_gguf_metadata(p)
-    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p} is not a readable GGUF file ({exc}); give {_KINDS}") from None
+    fields = gguf_metadata(p)
     if "tokenizer.ggml.tokens" not in fields:
         raise ConfigError(f"{p} is a GGUF file without a tokenizer (no tokenizer.ggml.tokens); give {_KINDS}")
     kind = fields.get("tokenizer.ggml.model")
@@ -199,9 +224,10 @@ def _bpe_from_gguf(fields) -> Any:
     split some inputs differently from the model's own; SentencePiece-style ones use merges when
     the file has them, else the scores (Unigram).
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     value = fields.get
+    note = None
     tokens = value("tokenizer.ggml.tokens")
     types = value("tokenizer.ggml.token_type") or [1] * len(tokens)
     merges = [tuple(m.split(" ", 1)) for m in value("tokenizer.ggml.merges") or []]
@@ -210,7 +236,17 @@ def _bpe_from_gguf(fields) -> Any:
     vocab = {t: i for i, t in enumerate(tokens)}
     if value("tokenizer.ggml.model") == "gpt2":
         backend = Tokenizer(models.BPE(vocab, merges, unk_token=unk, ignore_merges=True))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        pre = value("tokenizer.ggml.pre")
+        split = _split_regex(pre)
+        if split is None and pre not in GPT2_SPLITS + DIGIT_SPLITS:
+            note = _unknown_split(pre)
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None)
+        if split is not None:
+            backend.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(split), behavior="isolated"), backend.pre_tokenizer])
+        elif pre in DIGIT_SPLITS:
+            backend.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Digits(individual_digits=True), backend.pre_tokenizer])
         backend.decoder = decoders.ByteLevel()
     else:
         if merges:
@@ -236,7 +272,31 @@ def _bpe_from_gguf(fields) -> Any:
         idx = value(f"tokenizer.ggml.{key}_token_id")
         if idx is not None and int(idx) < len(tokens):
             named[name] = tokens[int(idx)]
-    return _fast(tokenizer_object=backend, **named)
+    tokenizer = _fast(tokenizer_object=backend, **named)
+    tokenizer.conversion_note = note  # said at each load of the conversion (_cached_conversion)
+    return tokenizer
+
+
+# ``tokenizer.ggml.pre`` kinds that transformers' table leaves out: llama.cpp splits these by GPT-2's
+# regex, and the second kind first splits off each digit alone
+GPT2_SPLITS = (None, "gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling")
+DIGIT_SPLITS = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")
+
+
+def _split_regex(pre: str | None) -> str | None:
+    """The regex that splits text before a byte-level BPE of pre-tokenizer ``pre`` (a GGUF's
+    ``tokenizer.ggml.pre``) merges it, from transformers' table of them; None: not in that table
+    (``GPT2_SPLITS``, ``DIGIT_SPLITS``, else GPT-2's and ``_unknown_split``)."""
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+    except ImportError:
+        return None
+    return GGUF_PRE_TOKENIZER_SPLITS.get(pre)
+
+
+def _unknown_split(pre: str | None) -> str:
+    return (f"the GGUF's pre-tokenizer {pre!r} is not one anyspec knows; its text is split as GPT-2's, so "
+            "some prompts may be tokenized otherwise than by the model's own tokenizer")
 
 
 def _wordpiece_from_gguf(fields) -> Any:
@@ -330,6 +390,9 @@ def read_gguf_metadata(path: Path) -> dict[str, Any]:
             raise ValueError("it does not start with GGUF's magic number")
         try:
             version, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
+            if version > 0xFFFF and not version & 0xFFFF:
+                raise ValueError("it is a big-endian GGUF, which anyspec does not read; convert it with "
+                                 "gguf-py's gguf_convert_endian.py to little-endian")
             if version < 2:
                 raise ValueError(f"GGUF version {version} is too old")
             pos, out = 24, {}
