@@ -215,3 +215,22 @@ def test_a_gguf_pre_tokenizer_anyspec_does_not_know_is_said(capsys):
 
     fields = read_gguf_metadata(ggml_vocab_file("qwen2")) | {"tokenizer.ggml.pre": "made-up"}
     assert "pre-tokenizer 'made-up' is not one anyspec knows" in _bpe_from_gguf(fields).conversion_note
+
+
+def test_a_gguf_tokenizer_transformers_reads_splits_as_its_pre_tokenizer_says_too(tmp_path, monkeypatch):
+    """transformers reads SmolLM2's GGUF (a Llama) but splits its ``smollm`` kind as GPT-2's, without
+    the digits first: the tokenizer anyspec loads splits as the file says, as the metadata-only one."""
+    from tokenizer_files import SMOLLM2, SMOLLM2_GGUF, _registry
+
+    from anyspec.fetch import package_file
+    from anyspec.vocab.analyze import default_sample
+    from anyspec.vocab.loading import _bpe_from_gguf, load_tokenizer, read_gguf_metadata
+
+    monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(tmp_path))  # converted anew, not read from the cache
+    path = _registry(lambda: package_file(*SMOLLM2, *SMOLLM2_GGUF))
+    text = default_sample() + "}\n 12345 at 3.14 and\n\n 2026"
+    tokenizer = load_tokenizer(path)
+    loaded = tokenizer.encode(text, add_special_tokens=False)
+    assert loaded == _bpe_from_gguf(read_gguf_metadata(path)).encode(text, add_special_tokens=False)
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("}\n 12", add_special_tokens=False)) == [
+        "}", "\u010a\u0120", "1", "2"]  # a newline and a space, then each digit alone

@@ -30,7 +30,7 @@ _KINDS = ("a tokenizer folder, a .gguf file, a tokenizer.json, a SentencePiece .
           "or a tiktoken/tekken file")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                     "spiece.model", "sentencepiece.bpe.model", "tekken.json")
-_CONVERSION_FORMAT = "4"
+_CONVERSION_FORMAT = "5"
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
@@ -194,7 +194,11 @@ def _from_gguf(p: Path) -> Any:
         return _wordpiece_from_gguf(fields)
     if _transformers_reads(fields):
         try:
-            return AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name, trust_remote_code=False)
+            if kind == "gpt2":  # transformers splits a kind outside its table as GPT-2's
+                pre = fields.get("tokenizer.ggml.pre")
+                tokenizer.conversion_note = _split_as(tokenizer.backend_tokenizer, pre)
+            return tokenizer
         except Exception:
             if kind not in _METADATA_KINDS:
                 raise
@@ -224,7 +228,7 @@ def _bpe_from_gguf(fields) -> Any:
     split some inputs differently from the model's own; SentencePiece-style ones use merges when
     the file has them, else the scores (Unigram).
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
     value = fields.get
     note = None
@@ -236,17 +240,7 @@ def _bpe_from_gguf(fields) -> Any:
     vocab = {t: i for i, t in enumerate(tokens)}
     if value("tokenizer.ggml.model") == "gpt2":
         backend = Tokenizer(models.BPE(vocab, merges, unk_token=unk, ignore_merges=True))
-        pre = value("tokenizer.ggml.pre")
-        split = _split_regex(pre)
-        if split is None and pre not in GPT2_SPLITS + DIGIT_SPLITS:
-            note = _unknown_split(pre)
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None)
-        if split is not None:
-            backend.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(split), behavior="isolated"), backend.pre_tokenizer])
-        elif pre in DIGIT_SPLITS:
-            backend.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Digits(individual_digits=True), backend.pre_tokenizer])
+        note = _split_as(backend, value("tokenizer.ggml.pre"))
         backend.decoder = decoders.ByteLevel()
     else:
         if merges:
@@ -286,7 +280,7 @@ DIGIT_SPLITS = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exao
 def _split_regex(pre: str | None) -> str | None:
     """The regex that splits text before a byte-level BPE of pre-tokenizer ``pre`` (a GGUF's
     ``tokenizer.ggml.pre``) merges it, from transformers' table of them; None: not in that table
-    (``GPT2_SPLITS``, ``DIGIT_SPLITS``, else GPT-2's and ``_unknown_split``)."""
+    (``GPT2_SPLITS``, ``DIGIT_SPLITS``, else GPT-2's: ``_split_as``)."""
     try:
         from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
     except ImportError:
@@ -294,9 +288,26 @@ def _split_regex(pre: str | None) -> str | None:
     return GGUF_PRE_TOKENIZER_SPLITS.get(pre)
 
 
-def _unknown_split(pre: str | None) -> str:
-    return (f"the GGUF's pre-tokenizer {pre!r} is not one anyspec knows; its text is split as GPT-2's, so "
-            "some prompts may be tokenized otherwise than by the model's own tokenizer")
+def _split_as(backend, pre: str | None) -> str | None:
+    """Make ``backend`` (a byte-level BPE's ``tokenizers.Tokenizer``) split text before its merges as
+    a GGUF's pre-tokenizer kind ``pre`` does; where no table names the kind, it splits as GPT-2's
+    and the note returned says so."""
+    from tokenizers import Regex, pre_tokenizers
+
+    split = _split_regex(pre)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None)
+    if split is not None:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"), byte_level])
+    elif pre in DIGIT_SPLITS:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        backend.pre_tokenizer = byte_level
+    if split is None and pre not in GPT2_SPLITS + DIGIT_SPLITS:
+        return (f"the GGUF's pre-tokenizer {pre!r} is not one anyspec knows; its text is split as GPT-2's, "
+                "so some prompts may be tokenized otherwise than by the model's own tokenizer")
+    return None
 
 
 def _wordpiece_from_gguf(fields) -> Any:
