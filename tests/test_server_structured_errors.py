@@ -74,6 +74,8 @@ def schema_format(schema) -> dict:
      "response_format", "invalid_value", "cannot be used together"),
     ("/v1/chat/completions", {"guided_choice": ["a"], "tools": [TOOL]}, "tools", "invalid_value",
      "cannot be used together"),
+    ("/v1/chat/completions", {"guided_regex": "(", "response_format": {"type": "json_object"}},
+     "response_format", "invalid_value", "cannot be used together"),  # told before the regex compiles
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos",
      "invalid_value", "the grammar's"),
     ("/v1/completions", {"response_format": {"type": "json_object"}, "min_tokens": 2}, "min_tokens",

@@ -76,9 +76,9 @@ def response_format(body: dict, grammars) -> object:
     return _schema(grammars, inner.get("schema", {}), "response_format.json_schema.schema")
 
 
-def guided(body: dict, grammars) -> object:
-    """The grammar of vLLM's guided decoding or llama.cpp's ``grammar`` or ``json_schema``, at most
-    one kind, and the field that asked for it (None: none asked for)."""
+def guided(body: dict) -> tuple[str, str, object] | None:
+    """What vLLM's guided decoding or llama.cpp's ``grammar`` or ``json_schema`` asks for, at most one
+    kind: ``(field, kind, value)``, None where none is."""
     named = {f"guided_{kind}": kind for kind in GUIDES} | LLAMA_GUIDES
     asked = [(name, kind, body[name]) for name, kind in named.items() if body.get(name) is not None]
     outputs = body.get("structured_outputs")
@@ -95,13 +95,7 @@ def guided(body: dict, grammars) -> object:
     if len(asked) > 1:
         raise StructuredError(f"'{asked[0][0]}' and '{asked[1][0]}' cannot be used together: an answer "
                               "follows one of them.", asked[1][0])
-    if not asked:
-        return None
-    param, kind, value = asked[0]
-    try:
-        return param, grammars().guide(kind, value, param)
-    except GrammarError as exc:
-        raise StructuredError(str(exc), exc.field) from None
+    return asked[0] if asked else None
 
 
 def _schema(grammars, schema, param: str):
@@ -166,13 +160,17 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
     """What ``response_format``, ``tools`` and ``tool_choice`` ask for; ``grammars()`` gives the
     compiler (``engine.grammar.Grammars``) only once one is needed."""
     tools = body.get("tools") or None  # [] is no tools
-    guide = guided(body, grammars)
+    guide = guided(body)
     if guide is not None:
+        param, kind, value = guide
         for name in ("response_format", "tools"):
             if body.get(name):
-                raise StructuredError(f"'{name}' and '{guide[0]}' cannot be used together: an answer "
+                raise StructuredError(f"'{name}' and '{param}' cannot be used together: an answer "
                                       "follows one of them.", name)
-        return Structure(grammar=guide[1])
+        try:
+            return Structure(grammar=grammars().guide(kind, value, param))
+        except GrammarError as exc:
+            raise StructuredError(str(exc), exc.field) from None
     if not chat:
         for name in ("tools", "tool_choice"):
             if body.get(name) is not None:
