@@ -224,9 +224,9 @@ def _bpe_from_gguf(fields) -> Any:
     """A tokenizer from GGUF metadata alone, for architectures transformers does not load.
 
     Token ids, token strings, merges and special tokens are exactly the file's, so every token's
-    bytes are right. Byte-level ("gpt2") vocabularies get GPT-2's pre-tokenizer regex, which may
-    split some inputs differently from the model's own; SentencePiece-style ones use merges when
-    the file has them, else the scores (Unigram).
+    bytes are right. Byte-level ("gpt2") vocabularies split text as the file's pre-tokenizer kind
+    says (``_split_as``); SentencePiece-style ones use merges when the file has them, else the scores
+    (Unigram).
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
