@@ -258,13 +258,14 @@ def load_transformers(spec: str, dtype: str, device: str, trust_remote_code: boo
         # torch's bf16 CPU attention rounds a query row differently when it comes with others (0.16
         # logits apart in Qwen2.5-1.5B, enough to flip a tie); anyspec's scores each row alone
         kwargs["attn_implementation"] = register_rowwise_attention()
-    path = gguf_source(str(path)) or path
+    gguf = gguf_source(str(path))
+    path = gguf or path
     try:
         if path.exists():
             from anyspec.vocab import load_tokenizer
 
             tokenizer = load_tokenizer(path)  # GGUF tokenizer conversions are cached
-            if path.is_file() and is_gguf_file(path):
+            if gguf is not None:
                 source, kwargs["gguf_file"] = str(path.parent), path.name
             else:
                 source = str(path)
