@@ -197,7 +197,7 @@ def test_a_gguf_tokenizer_from_metadata_alone_splits_as_its_pre_tokenizer_says(n
     llama.cpp's own on its reference texts."""
     from tokenizer_files import ggml_vocab_file
 
-    from anyspec.vocab.loading import _bpe_from_gguf, read_gguf_metadata
+    from anyspec.vocab.gguf import _bpe_from_gguf, read_gguf_metadata
 
     fields = read_gguf_metadata(ggml_vocab_file(name))
     tok = _bpe_from_gguf(fields)
@@ -211,7 +211,7 @@ def test_a_gguf_tokenizer_from_metadata_alone_splits_as_its_pre_tokenizer_says(n
 def test_a_gguf_pre_tokenizer_anyspec_does_not_know_is_said(capsys):
     from tokenizer_files import ggml_vocab_file
 
-    from anyspec.vocab.loading import _bpe_from_gguf, read_gguf_metadata
+    from anyspec.vocab.gguf import _bpe_from_gguf, read_gguf_metadata
 
     fields = read_gguf_metadata(ggml_vocab_file("qwen2")) | {"tokenizer.ggml.pre": "made-up"}
     assert "pre-tokenizer 'made-up' is not one anyspec knows" in _bpe_from_gguf(fields).conversion_note
@@ -224,7 +224,8 @@ def test_a_gguf_tokenizer_transformers_reads_splits_as_its_pre_tokenizer_says_to
 
     from anyspec.fetch import package_file
     from anyspec.vocab.analyze import default_sample
-    from anyspec.vocab.loading import _bpe_from_gguf, load_tokenizer, read_gguf_metadata
+    from anyspec.vocab.gguf import _bpe_from_gguf, read_gguf_metadata
+    from anyspec.vocab.loading import load_tokenizer
 
     monkeypatch.setenv("ANYSPEC_CACHE_DIR", str(tmp_path))  # converted anew, not read from the cache
     path = _registry(lambda: package_file(*SMOLLM2, *SMOLLM2_GGUF))

@@ -24,7 +24,7 @@ from anyspec.backends.linear import (
 )
 from anyspec.backends.transformers import CANONICAL, DTYPES, TransformersModel, cpu_has_bf16, dtype_name
 from anyspec.errors import ConfigError
-from anyspec.vocab.loading import is_gguf_file
+from anyspec.vocab.gguf import is_gguf_file
 
 NAMES = "auto, gguf, bf16, fp16, fp32, int8"
 

@@ -31,7 +31,8 @@ def resolve_tokenizer(spec: str):
     from anyspec import models
     from anyspec.backends.gguf_file import read_gguf
     from anyspec.backends.load import gguf_source
-    from anyspec.vocab.loading import gguf_metadata, load_tokenizer
+    from anyspec.vocab.gguf import gguf_metadata
+    from anyspec.vocab.loading import load_tokenizer
 
     if Path(spec).expanduser().exists():
         if (source := gguf_source(spec)) is not None:
