@@ -290,7 +290,7 @@ def test_generate_batch_is_the_engines_one_generation(engine):
     alone = [engine.generate(p, params).token_ids for p in PROMPTS[:2]]
     stream = engine.stream(PROMPTS[1], params)
     next(stream)
-    with pytest.raises(EngineBusy, match="running another generation"):
+    with pytest.raises(EngineBusy, match="running a generation"):
         engine.generate_batch([(PROMPTS[0], params)])
     for _ in stream:
         pass

@@ -163,7 +163,7 @@ def test_an_fp16_kv_cache_on_transformers_is_refused_before_loading(no_loading, 
 def test_a_kv_cache_dtype_other_than_fp32_or_fp16_is_refused():
     from anyspec.pair import check_pair
 
-    with pytest.raises(ConfigError, match="--kv-cache-dtype must be fp32 or fp16, got 'fp8'"):
+    with pytest.raises(ConfigError, match="^kv_cache_dtype must be fp32 or fp16, got 'fp8'"):
         check_pair("smollm2-135m", None, kv_cache_dtype="fp8")
 
 
@@ -250,9 +250,9 @@ def test_a_bad_json_schema_file_is_one_line_before_loading(no_loading, capsys, t
 
 
 @pytest.mark.parametrize(("given", "says"), [
-    ("/no/such.jinja", "--chat-template: /no/such.jinja is neither a file nor a template's text"),
-    ("FILE", "--chat-template: the template does not parse: Encountered unknown tag 'endfor'"),
-    ("{{ messages[0] ", "--chat-template: the template does not parse: unexpected end of template")])
+    ("/no/such.jinja", "--chat-template /no/such.jinja is neither a file nor a template's text"),
+    ("FILE", "--chat-template does not parse: Encountered unknown tag 'endfor'"),
+    ("{{ messages[0] ", "--chat-template does not parse: unexpected end of template")])
 def test_a_bad_chat_template_is_one_line_before_loading(no_loading, capsys, tmp_path, given, says):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% if messages %}x{% endfor %}")

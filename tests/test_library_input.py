@@ -41,7 +41,10 @@ def test_bad_chat_messages_are_refused_before_loading(no_loading, messages, says
     ({"prompt": [9707, 11]}, "chat messages must be a non-empty list"),
     ({"prompt": 123}, "the prompt must be a string, or chat messages as a list .* got int .*token ids"),
     ({"kv_cache_dtype": "fp8"}, "fp8"),
-    ({"chat_template": "no template here"}, "--chat-template: no template here is neither a file nor")])
+    ({"chat_template": "no template here"}, "^chat_template no template here is neither a file nor"),
+    ({"threads": 0}, "^threads must be >= 1, got 0"),
+    ({"max_model_len": 1}, "^max_model_len must be an integer >= 2"),
+    ({"kv_cache_dtype": "fp16", "dtype": "fp32"}, "^kv_cache_dtype fp16 needs anyspec's decoder kernels")])
 def test_bad_arguments_are_refused_before_loading(no_loading, kwargs, says):
     with pytest.raises(ConfigError, match=says):
         anyspec.generate(**{"prompt": "hi"} | kwargs)
@@ -101,7 +104,7 @@ def test_load_takes_paths_and_gives_the_engine_generate_uses(folders):
     ({"config": SpeculativeConfig(draft_window=64, draft_confidence=0.5)},
      r"draft_window \(--draft-window\), draft_confidence \(--draft-confidence\) only act"),
     ({"config": SpeculativeConfig(num_speculative_tokens=9)}, r"num_speculative_tokens \(-k"),
-    ({"draft_dtype": "int8"}, "--draft-dtype int8 is for a draft and there is none")])
+    ({"draft_dtype": "int8"}, "^draft_dtype int8 is for a draft and there is none")])
 def test_the_target_alone_refuses_the_drafts_settings_before_loading(no_loading, kwargs, says):
     with pytest.raises(ConfigError, match=says):
         anyspec.load(draft=None, **kwargs)

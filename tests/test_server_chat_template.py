@@ -22,7 +22,8 @@ PARTIAL = {"role": "assistant", "content": '["red",'}
 
 
 def parsed(tokenizer, **body):
-    return parse_request({"model": MODEL_NAME, "max_tokens": 4} | body, True, MODEL_NAME, tokenizer, 256, 16)
+    body = {"model": MODEL_NAME, "max_tokens": 4} | body
+    return parse_request(body, True, (MODEL_NAME,), tokenizer, 256, 16)
 
 
 def refused(tokenizer, param, says, **body):

@@ -332,3 +332,21 @@ def test_server_settings_check_themselves(field, value, says):
         Settings("m", **{field: value})
     assert says in str(info.value)
     assert Settings("m").max_batch == 4 and Settings("m", max_prompt_tokens=None).max_prompt_tokens is None
+
+
+def test_serve_takes_the_target_as_given_beside_its_name(folders):
+    from anyspec.cli.commands import build_parser
+    from anyspec.cli.serve import check_args
+    from anyspec.server.protocol import ApiError, check_model
+
+    def ids(*argv):
+        return check_args(build_parser().parse_args(["serve", *argv]))[0].model_ids
+
+    given = str(folders[0])
+    assert ids("--target", given) == (folders[0].name, given)
+    assert ids("--target", given, "--served-model-name", "tiny") == ("tiny",)
+    assert ids("--target", "smollm2-135m", "--no-draft") == ("smollm2-135m",)
+    for model in ids("--target", given):
+        check_model({"model": model}, ids("--target", given))
+    with pytest.raises(ApiError, match="this server serves 'tiny'"):
+        check_model({"model": given}, ids("--target", given, "--served-model-name", "tiny"))

@@ -264,7 +264,7 @@ def test_chat_template_refusing_messages_is_a_400():
             raise TemplateError("roles must alternate")
 
     with pytest.raises(ApiError) as info:
-        parse_request(CHAT_OK, True, MODEL_NAME, Refusing(), 256, 16)
+        parse_request(CHAT_OK, True, (MODEL_NAME,), Refusing(), 256, 16)
     assert (info.value.status, info.value.param) == (400, "messages")
     assert "roles must alternate" in info.value.message
 
@@ -328,10 +328,10 @@ def test_prompt_tokens_beyond_the_servers_cap_are_a_400(tok_qwen2):
     from anyspec.server.fields import ApiError
     from anyspec.server.protocol import parse_request
 
-    parse_request(OK | {"prompt": "one two three"}, False, MODEL_NAME, tok_qwen2, 256, 16,
+    parse_request(OK | {"prompt": "one two three"}, False, (MODEL_NAME,), tok_qwen2, 256, 16,
                   max_prompt_tokens=3)
     with pytest.raises(ApiError) as info:
-        parse_request(OK | {"prompt": "one two three four"}, False, MODEL_NAME, tok_qwen2, 256, 16,
+        parse_request(OK | {"prompt": "one two three four"}, False, (MODEL_NAME,), tok_qwen2, 256, 16,
                       max_prompt_tokens=3)
     assert (info.value.status, info.value.param, info.value.code) == (400, "prompt", "prompt_too_long")
     assert "4 tokens; this server takes at most 3" in info.value.message
@@ -384,8 +384,8 @@ def test_a_prediction_is_encoded_with_the_prompt(tok_qwen2):
     parts = [{"type": "text", "text": text[:7]}, {"type": "text", "text": text[7:]}]
     for content in (text, parts):
         parsed = parse_request(OK | {"prompt": "one", "prediction": {"type": "content", "content": content}},
-                               False, MODEL_NAME, tok_qwen2, 2048, 16)
+                               False, (MODEL_NAME,), tok_qwen2, 2048, 16)
         assert parsed.params.prediction == tok_qwen2.encode(text, add_special_tokens=False)
     empty = parse_request(OK | {"prompt": "one", "prediction": {"type": "content", "content": ""}}, False,
-                          MODEL_NAME, tok_qwen2, 2048, 16)
+                          (MODEL_NAME,), tok_qwen2, 2048, 16)
     assert empty.params.prediction is None

@@ -60,19 +60,19 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
         raise ConfigError(f"threads must be an integer (None: torch's choice), got {threads!r}")
     if threads is not None and threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {threads}")
+        raise ConfigError(f"threads must be >= 1, got {threads}", "threads")
     cpus = os.cpu_count() or 1
     if threads is not None and threads > cpus:
-        raise ConfigError(f"--threads must be at most this machine's {cpus} CPUs, got {threads}")
+        raise ConfigError(f"threads must be at most this machine's {cpus} CPUs, got {threads}", "threads")
     target, draft = _spec(target, "target"), _spec(draft, "draft") if draft is not None else None
     resolved = backend.resolve_dtype(dtype, spec=target)
     if draft is None and draft_dtype not in (None, "auto"):
-        raise ConfigError(f"--draft-dtype {draft_dtype} is for a draft and there is none (--no-draft, "
-                          "draft=None); leave it out")
+        raise ConfigError(f"draft_dtype {draft_dtype} is for a draft and there is none (--no-draft, "
+                          "draft=None); leave it out", "draft_dtype")
     draft_resolved = backend.resolve_dtype(draft_dtype, draft=True, spec=draft) if draft else None
-    for role, spec in (("--target", target), ("--draft", draft)):
+    for role, spec in (("target", target), ("draft", draft)):
         if spec is not None and not spec.strip():
-            raise ConfigError(f"{role} is empty; give a model folder, a .gguf file or a built-in name")
+            raise ConfigError(f"{role} is empty; give a model folder, a .gguf file or a built-in name", role)
     for spec in [target] + ([draft] if draft else []):
         backend.check_model_path(spec, allow_download)
     backend.check_kv_cache_dtype(kv_cache_dtype, resolved)
@@ -81,8 +81,8 @@ def check_pair(target: str, draft: str | None, dtype: str | None = None, draft_d
     template = read_template(chat_template) if chat_template is not None else None
     if max_model_len is not None:
         if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2:
-            raise ConfigError(f"--max-model-len must be an integer >= 2 (a prompt token and an answer's), "
-                              f"got {max_model_len!r}")
+            raise ConfigError(f"max_model_len must be an integer >= 2 (a prompt token and an answer's), "
+                              f"got {max_model_len!r}", "max_model_len")
         backend.check_context_cap(max_model_len, backend.known_context(target))
     return PairPlan(target, draft, resolved, draft_resolved, threads, allow_download, trust_remote_code,
                     template, kv_cache_dtype, max_model_len)
@@ -113,19 +113,19 @@ def read_template(source: str) -> str:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"--chat-template: cannot read {source}: {exc}") from None
+            raise ConfigError(f"chat_template {source} cannot be read: {exc}", "chat_template") from None
     elif "{{" in source or "{%" in source:
         text = source
     else:
-        raise ConfigError(f"--chat-template: {source} is neither a file nor a template's text")
+        raise ConfigError(f"chat_template {source} is neither a file nor a template's text", "chat_template")
     from jinja2 import TemplateSyntaxError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     try:
         ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
     except TemplateSyntaxError as exc:
-        raise ConfigError(f"--chat-template: the template does not parse: {exc.message} "
-                          f"(line {exc.lineno})") from None
+        raise ConfigError(f"chat_template does not parse: {exc.message} (line {exc.lineno})",
+                          "chat_template") from None
     return text
 
 

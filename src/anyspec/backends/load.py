@@ -221,26 +221,28 @@ def load_model(spec: str, dtype: str | torch.dtype | None = None, device: str = 
         from anyspec.backends.stack import StackModel
 
         if not isinstance(model, StackModel):
-            raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype} needs anyspec's decoder kernels, and "
-                              f"{spec} runs on transformers at dtype {dtype}; leave the KV cache fp32")
+            raise ConfigError(f"kv_cache_dtype {kv_cache_dtype} needs anyspec's decoder kernels, and "
+                              f"{spec} runs on transformers at dtype {dtype}; leave the KV cache fp32",
+                              "kv_cache_dtype")
         model.use_kv_dtype(KV_CACHE_DTYPES[kv_cache_dtype])
     return model
 
 
 def check_context_cap(max_model_len: int, context: int | None) -> None:
-    """``--max-model-len`` within the target's own ``context`` (None: not known, so any)."""
+    """``max_model_len`` within the target's own ``context`` (None: not known, so any)."""
     if context is not None and max_model_len > context:
-        raise ConfigError(f"--max-model-len {max_model_len} is more than the target's context of {context} "
-                          f"tokens; give at most {context}, or leave it out")
+        raise ConfigError(f"max_model_len {max_model_len} is more than the target's context of {context} "
+                          f"tokens; give at most {context}, or leave it out", "max_model_len")
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> None:
     """A KV cache type the kernels keep, for a model ``dtype`` that runs on them."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ConfigError(f"--kv-cache-dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+        raise ConfigError(f"kv_cache_dtype must be {' or '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}",
+                          "kv_cache_dtype")
     if kv_cache_dtype != "fp32" and dtype not in ("gguf", "int8", "bf16"):
-        raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype} needs anyspec's decoder kernels (dtype gguf, "
-                          f"int8 or bf16), not dtype {dtype}")
+        raise ConfigError(f"kv_cache_dtype {kv_cache_dtype} needs anyspec's decoder kernels (dtype gguf, "
+                          f"int8 or bf16), not dtype {dtype}", "kv_cache_dtype")
 
 
 def load_transformers(spec: str, dtype: str, device: str, trust_remote_code: bool, name: str):

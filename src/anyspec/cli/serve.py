@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="the port to listen on (default %(default)s)")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the target's built-in name, else the name of "
-                   "its file or folder without the path, as GET /v1/models lists it)")
+                   "its file or folder without the path, as GET /v1/models lists it; the --target as given "
+                   "is taken too)")
     from anyspec.server.settings import Settings
 
     add_flags(p, Settings)
@@ -60,8 +61,9 @@ def check_args(args):
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise ConfigError("--served-model-name is empty; give a name or leave it out (the target's)")
     name = args.served_model_name or (args.target if args.target in MODELS else Path(args.target).name)
-    settings = Settings(model_name=name, **{f.name: getattr(args, f.name)  # checks them
-                                            for f in dataclasses.fields(Settings) if hasattr(args, f.name)})
+    aliases = (args.target,) if args.served_model_name is None and args.target != name else ()
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
+    settings = Settings(model_name=name, model_aliases=aliases, **flags)  # checks them
     context, most = plan_context(plan), settings.max_prompt_tokens
     if context is not None and most is not None and most >= context:
         raise ConfigError(f"--max-prompt-tokens {most} leaves no room for an answer in the target's context "

@@ -101,10 +101,7 @@ class Engine:
         alive."""
         if self.closed:
             return
-        if self._busy():
-            raise EngineBusy("this Engine is running a generation (a generate, stream or generate_batch call "
-                             "in another thread, or a stream begun and not finished or closed); wait for it, "
-                             "finish or close() the stream, then close the Engine")
+        self._idle("then close the Engine")
         self.closed = True
         self.target = self.draft = self.bridge = self.reader = self.target_bytes = self.eos_ids = None
         self.proposers = {}
@@ -131,13 +128,16 @@ class Engine:
         if self.closed:
             raise ConfigError("this Engine is closed; load another with anyspec.load")
 
-    def _busy(self) -> bool:
-        """Whether a generation runs on the engine (``stream``, ``generate_batch``)."""
+    def _idle(self, then: str) -> None:
+        """Raise ``EngineBusy``, saying what to do ``then``, while a generation runs on the engine."""
         if self.streaming:
             # a stream dropped unfinished and held only by a reference cycle (a web framework's, when
             # its client left) is closed by the collector, which frees the engine
             gc.collect()
-        return self.streaming
+        if self.streaming:
+            raise EngineBusy("this Engine is running a generation (a generate, stream or generate_batch call "
+                             "in another thread, or a stream begun and not finished or closed); wait for it, "
+                             f"finish or close() the stream, {then}")
 
     def guide(self, kind: str, value) -> Grammar:
         """A grammar to hold answers to, as ``SamplingParams(grammar=engine.guide(kind, value))``:
@@ -192,11 +192,7 @@ class Engine:
     @contextlib.contextmanager
     def _running(self):
         """The engine marked busy while a generation runs on it (``EngineBusy`` if one runs already)."""
-        if self._busy():
-            raise EngineBusy("this Engine is running another generation (a generate, stream or "
-                             "generate_batch call in another thread, or a stream begun and not finished or "
-                             "closed); wait for it, finish or close() the stream, or use generate_batch for "
-                             "several")
+        self._idle("or use generate_batch for several")
         self.streaming = True
         try:
             yield

@@ -232,7 +232,7 @@ async def parse_off_loop(engine: Engine, settings: Settings, tokenizer, tokenizi
     context, most = (None, None) if counting else (engine.target.context_length, settings.max_prompt_tokens)
     try:
         return await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
-            parse_request, asked, chat, settings.model_name, tokenizer, context, settings.default_max_tokens,
+            parse_request, asked, chat, settings.model_ids, tokenizer, context, settings.default_max_tokens,
             most, grammars, engine.target.vocab_size))
     except ApiError as exc:
         raise renamed(exc, api.RENAMED) if api else exc from None

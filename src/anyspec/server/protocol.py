@@ -243,19 +243,20 @@ def _stop(body: dict) -> str | list[str]:
     return stop
 
 
-def check_model(body, model_name: str) -> None:
-    """A JSON object whose ``model``, if any, is the one this server serves."""
+def check_model(body, model_ids: tuple[str, ...]) -> None:
+    """A JSON object whose ``model``, if any, is one of the ids of the model this server serves (the
+    first is the name it answers with)."""
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", None, "invalid_type")
     model = body_field(body, "model", (str,))
     body_field(body, "user", (str,))  # changes nothing here, but a client sending another type errs
-    if model is not None and model != model_name:
+    if model is not None and model not in model_ids:
         checked_text(model, "model")
-        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_name}'.",
+        raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_ids[0]}'.",
                        "model", "model_not_found")
 
 
-def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | None,
+def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, context: int | None,
                   default_max_tokens: int, max_prompt_tokens: int | None = None, grammars=None,
                   vocab_size: int | None = None) -> Parsed:
     """Check an OpenAI request body; every problem is an ``ApiError`` naming the field.
@@ -263,7 +264,7 @@ def parse_request(body, chat: bool, model_name: str, tokenizer, context: int | N
     ``grammars()``: the compiler of ``response_format`` and ``tools`` (``engine.grammar.Grammars``);
     ``vocab_size``: the target's, which ``logit_bias`` keys stay below."""
     body = Body(body) if isinstance(body, dict) else body
-    check_model(body, model_name)
+    check_model(body, model_ids)
     n = body_field(body, "n", (int,), 1)
     if not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be from 1 to {MAX_CHOICES}, got {number(n)}.", "n", "invalid_value")

@@ -96,7 +96,7 @@ def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Schedule
     @app.get("/v1/models/{model}")
     async def model(model: str):
         listed = (await models())["data"][0]
-        if model != listed["id"]:
+        if model not in settings.model_ids:
             raise ApiError(404, f"The model '{model}' does not exist; this server serves '{listed['id']}'.",
                            "model", "model_not_found")
         return listed
@@ -127,13 +127,13 @@ def add_token_routes(app, engine: Engine, settings: Settings, tokenizer, grammar
         app.post(path)(route)
 
     async def tokenize(body):
-        asked = functools.partial(parse_tokenize, body, settings.model_name, tokenizer, grammars)
+        asked = functools.partial(parse_tokenize, body, settings.model_ids, tokenizer, grammars)
         ids, strs = await run(asked)
         out = {"count": len(ids), "max_model_len": engine.target.context_length, "tokens": ids}
         return out | ({"token_strs": tokenizer.convert_ids_to_tokens(ids)} if strs else {})
 
     async def detokenize(body):
-        ids = parse_detokenize(body, settings.model_name, engine.target.vocab_size)
+        ids = parse_detokenize(body, settings.model_ids, engine.target.vocab_size)
         return {"prompt": await run(functools.partial(tokenizer.decode, ids))}
 
     answering("/tokenize", tokenize)

@@ -16,6 +16,7 @@ class Settings:
     """The server's limits, checked here (a ``ConfigError`` names the ``anyspec serve`` option)."""
 
     model_name: str  # --served-model-name, or the target's name (cli/serve.py)
+    model_aliases: tuple[str, ...] = ()  # other ids a request may name it by: the --target as given
     queue_size: int = flag(16, "requests that may wait; more answer 429 (default %(default)s)", metavar="N")
     queue_timeout: float = flag(60.0, "seconds a request may wait; then 503 (default %(default)s)",
                                  metavar="S")
@@ -48,6 +49,11 @@ class Settings:
     responses_store: int = flag(
         1024, "Responses API responses kept in memory, the most recent, for previous_response_id and GET "
         "/v1/responses/{id} (0: none; default %(default)s)", metavar="N")
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The ids a request may name the model by, the one it is answered by first."""
+        return (self.model_name, *self.model_aliases)
 
     def __post_init__(self):
         for name, least in (("queue_size", 1), ("max_body_bytes", 1), ("default_max_tokens", 1),

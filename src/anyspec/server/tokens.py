@@ -8,12 +8,12 @@ from anyspec.server.fields import ApiError, body_field, checked_text
 from anyspec.server.protocol import chat_request, check_model, encoded_prompt, token_list, wanted_structure
 
 
-def parse_tokenize(body, model_name: str, tokenizer, grammars) -> tuple[list[int], bool]:
+def parse_tokenize(body, model_ids: tuple[str, ...], tokenizer, grammars) -> tuple[list[int], bool]:
     """``POST /tokenize`` (vLLM's): the ids a completion's ``prompt`` or a chat's ``messages``
     become, as the generation endpoints encode them (a chat's ``tools``, ``continue_final_message``
     and ``chat_template_kwargs`` too), and whether ``return_token_strs`` asks for their tokens'
     strings. ``grammars()``: the compiler that checks the tools' schemas, as a chat request's."""
-    check_model(body, model_name)
+    check_model(body, model_ids)
     if body_field(body, "add_special_tokens", (bool,), True) is not True:
         raise ApiError(400, "'add_special_tokens' other than true is not supported by this server.",
                        "add_special_tokens", "unsupported_parameter")
@@ -32,9 +32,9 @@ def parse_tokenize(body, model_name: str, tokenizer, grammars) -> tuple[list[int
     return encoded_prompt(tokenizer, checked_text(prompt, "prompt"), "prompt", None).ids, strs
 
 
-def parse_detokenize(body, model_name: str, vocab: int) -> list[int]:
+def parse_detokenize(body, model_ids: tuple[str, ...], vocab: int) -> list[int]:
     """``POST /detokenize`` (vLLM's): ``tokens``, ids of the target's vocabulary."""
-    check_model(body, model_name)
+    check_model(body, model_ids)
     tokens = token_list(body, "tokens", vocab)
     if tokens is None:
         raise ApiError(400, "Missing required parameter: 'tokens'.", "tokens", "missing_required_parameter")
