@@ -36,3 +36,41 @@ def test_the_draft_reads_the_window_and_the_answer_is_the_target_alones(qwen_tar
 def test_a_negative_window_is_refused():
     with pytest.raises(ConfigError, match="draft_window must be an integer >= 0"):
         SpeculativeConfig(draft_window=-1)
+
+
+def test_past_its_room_the_draft_keeps_the_last_half_of_its_context():
+    from anyspec.engine.context import DraftContext, fit
+
+    def made():  # 3 prompt ids, then 4 generated ones ending at these bytes of "abcdefg"
+        return DraftContext(ids=[1, 2, 3, 10, 11, 12, 13], n_fixed=3, text=bytearray(b"abcdefg"),
+                            ends=[2, 3, 5, 7])
+
+    assert fit(made(), 7) == made() and fit(made(), None) == made()
+    cut = fit(made(), 5)  # 2 kept: generated ids go with their bytes
+    assert (cut.ids, cut.n_fixed, bytes(cut.text), cut.ends) == ([12, 13], 0, b"defg", [2, 4])
+    cut = fit(made(), 6)
+    assert (cut.ids, cut.n_fixed, bytes(cut.text), cut.ends) == ([11, 12, 13], 0, b"cdefg", [1, 3, 5])
+    longer = DraftContext(ids=[1, 2, 3, 4, 5, 6, 10], n_fixed=6, text=bytearray(b"ab"), ends=[2])
+    cut = fit(longer, 6)  # 3 kept: prompt ids alone go
+    assert (cut.ids, cut.n_fixed, bytes(cut.text), cut.ends) == ([5, 6, 10], 2, b"ab", [2])
+
+
+@pytest.mark.parametrize("context", ["retokenize", "token-map"])
+def test_a_draft_reads_no_further_than_its_own_context(qwen_target, tok_gpt2, context):  # noqa: F811
+    """A GPT-2 draft's positions are learned: position 32 of a 32-position one is an IndexError.
+    Its context slides instead, over a prompt and an answer longer than it, the answer the target's."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from anyspec.backends.transformers import TransformersModel
+
+    torch.manual_seed(4)
+    config = GPT2Config(vocab_size=len(tok_gpt2), n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    draft = TransformersModel(GPT2LMHeadModel(config).float(), tok_gpt2, name="gpt2-32")
+    assert draft.context_length == 32
+    prompt = " ".join(f"item {i} costs {i * 3} coins;" for i in range(8))
+    want = Engine(qwen_target, None).generate(prompt, greedy(60, ignore_eos=True)).token_ids
+    engine = Engine(qwen_target, draft, SpeculativeConfig(draft_window=0, draft_context=context))
+    got = engine.generate(prompt, greedy(60, ignore_eos=True))
+    assert got.token_ids == want and got.stats.drafted > 0
+    assert len(draft.cached_ids) <= 32

@@ -89,11 +89,14 @@ def append_token_map(ctx: DraftContext, target_ids: list[int], target_to_draft: 
 class DraftReader:
     """The draft's side of a request: its context at the prompt, then after each committed round."""
 
-    def __init__(self, draft, bridge, own_tokenization: bool, window: int = 0):
+    def __init__(self, draft, bridge, own_tokenization: bool, window: int = 0, room: int | None = None):
+        """``room``: the most tokens its context may hold, so that a round's draft tokens stay within
+        the draft's own context (None: any)."""
         self.tokenizer = draft.tokenizer
         self.bridge = bridge
         self.own = own_tokenization
         self.window = window
+        self.room = room
         self.anchor_ids = self.tokenizer.encode(ANCHOR, add_special_tokens=False)
 
     def start(self, prompt: str | list[dict], target_text: str, target_ids: list[int]) -> DraftContext:
@@ -106,18 +109,37 @@ class DraftReader:
                 prompt = target_text = prefix
             ids = encode_prompt(self.tokenizer, prompt, fallback_text=target_text)[0]
             ids = prompt_window(ids, self.window)
-            return DraftContext(ids=ids, n_fixed=len(ids))
-        ctx = DraftContext(ids=[], n_fixed=0, policy="token-map")
-        append_token_map(ctx, target_ids, self.bridge.target_to_draft, self.bridge.unk_id)
-        ctx.ids = prompt_window(ctx.ids, self.window)
-        ctx.n_fixed = len(ctx.ids)
-        return ctx
+            ctx = DraftContext(ids=ids, n_fixed=len(ids))
+        else:
+            ctx = DraftContext(ids=[], n_fixed=0, policy="token-map")
+            append_token_map(ctx, target_ids, self.bridge.target_to_draft, self.bridge.unk_id)
+            ctx.ids = prompt_window(ctx.ids, self.window)
+            ctx.n_fixed = len(ctx.ids)
+        return fit(ctx, self.room)
 
     def commit(self, ctx: DraftContext, target_ids: list[int], new_bytes: bytes) -> None:
         if ctx.policy == "retokenize":
             append_retokenize(ctx, new_bytes, self.tokenizer, self.bridge.draft_bytes, self.anchor_ids)
         else:
             append_token_map(ctx, target_ids, self.bridge.target_to_draft, self.bridge.unk_id)
+        fit(ctx, self.room)
+
+
+def fit(ctx: DraftContext, room: int | None) -> DraftContext:
+    """Past ``room`` tokens, the draft's context keeps only its last ``room // 2``: a draft reads no
+    further than its own context (learned positions end there; rotary ones were not trained past
+    it), and it reads the window again once in ``room // 2`` tokens."""
+    if room is None or len(ctx.ids) <= room:
+        return ctx
+    drop = len(ctx.ids) - max(1, room // 2)
+    del ctx.ids[:drop]
+    generated = drop - ctx.n_fixed  # generated ids dropped too, with their bytes
+    ctx.n_fixed = max(0, -generated)
+    if generated > 0 and ctx.ends:
+        cut = ctx.ends[generated - 1]
+        del ctx.text[:cut]
+        ctx.ends = [end - cut for end in ctx.ends[generated:]]
+    return ctx
 
 
 def prompt_window(ids: list[int], window: int) -> list[int]:

@@ -77,7 +77,9 @@ class Engine:
         if draft is not None:
             bridge = build_bridge(draft, target, self.config)
             own = self.config.use_heterogeneous_vocab and self.config.draft_context == "retokenize"
-            self.reader = DraftReader(draft, bridge, own, self.config.draft_window)
+            k = self.config.num_speculative_tokens
+            room = max(1, draft.context_length - k - 1) if draft.context_length else None
+            self.reader = DraftReader(draft, bridge, own, self.config.draft_window, room)
             self.proposers["tli"] = TLI(bridge, draft)
             if bridge.target_bytes is not None:
                 self.proposers["slem"] = SLEM(bridge, target.tokenizer)
