@@ -35,9 +35,9 @@ def gguf_metadata(p: Path) -> dict[str, Any]:
         raise ConfigError(f"{p} is not a readable GGUF file ({exc})") from None
 
 
-def tokenizer_from_gguf(p: Path) -> Any:
-    """The Hugging Face tokenizer of a GGUF file: transformers' where it reads the architecture, else
-    one built from the metadata alone."""
+def tokenizer_from_gguf(p: Path) -> tuple[Any, str | None]:
+    """The Hugging Face tokenizer of a GGUF file (transformers' where it reads the architecture, else
+    one built from the metadata alone), and a note where it cannot split text as the model's own."""
     from transformers import AutoTokenizer
 
     fields = gguf_metadata(p)
@@ -45,14 +45,14 @@ def tokenizer_from_gguf(p: Path) -> Any:
         raise ConfigError(f"{p} is a GGUF file without a tokenizer (no tokenizer.ggml.tokens); {_INSTEAD}")
     kind = fields.get("tokenizer.ggml.model")
     if kind == "bert":
-        return _wordpiece_from_gguf(fields)
+        return _wordpiece_from_gguf(fields), None
     if _transformers_reads(fields):
         try:
             tokenizer = AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name, trust_remote_code=False)
             if kind == "gpt2":  # transformers splits a kind outside its table as GPT-2's
                 pre = fields.get("tokenizer.ggml.pre")
-                tokenizer.conversion_note = _split_as(tokenizer.backend_tokenizer, pre)
-            return tokenizer
+                return tokenizer, _split_as(tokenizer.backend_tokenizer, pre)
+            return tokenizer, None
         except Exception:
             if kind not in _METADATA_KINDS:
                 raise
@@ -74,13 +74,13 @@ def _transformers_reads(fields) -> bool:
     return arch in GGUF_SUPPORTED_ARCHITECTURES or arch.replace("-", "_") in GGUF_SUPPORTED_ARCHITECTURES
 
 
-def _bpe_from_gguf(fields) -> Any:
+def _bpe_from_gguf(fields) -> tuple[Any, str | None]:
     """A tokenizer from GGUF metadata alone, for architectures transformers does not load.
 
     Token ids, token strings, merges and special tokens are exactly the file's, so every token's
     bytes are right. Byte-level ("gpt2") vocabularies split text as the file's pre-tokenizer kind
     says (``_split_as``); SentencePiece-style ones use merges when the file has them, else the scores
-    (Unigram).
+    (Unigram). With it comes ``_split_as``'s note (None: the split is the file's own kind's).
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
     from transformers import PreTrainedTokenizerFast
@@ -121,9 +121,7 @@ def _bpe_from_gguf(fields) -> Any:
         idx = value(f"tokenizer.ggml.{key}_token_id")
         if idx is not None and int(idx) < len(tokens):
             named[name] = tokens[int(idx)]
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **named)
-    tokenizer.conversion_note = note  # said at each load of the conversion (_cached_conversion)
-    return tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **named), note
 
 
 # ``tokenizer.ggml.pre`` kinds that transformers' table leaves out: llama.cpp splits these by GPT-2's

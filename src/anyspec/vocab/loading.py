@@ -44,7 +44,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
         head = _json_head(p)
         if '"token_bytes"' in head or '"config"' in head and '"vocab"' in head:
             return _cached_conversion(p, _from_tiktoken)
-        return _quiet(lambda: _fast(tokenizer_file=str(p)), p)
+        return _nonempty(_quiet(lambda: _fast(tokenizer_file=str(p)), p), p)
     if name.endswith(".tiktoken"):
         return _cached_conversion(p, _from_tiktoken)
     if re.search(r"\.model(\.v\w+)?$", name):
@@ -80,13 +80,17 @@ def _fast(**kwargs) -> Any:
 
 
 def _quiet(load, source: Path) -> Any:
+    """What ``load()`` returns; a ConfigError (one line) for any error on the way."""
     try:
-        tok = load()
+        return load()
     except ConfigError:
         raise
     except Exception as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise ConfigError(f"{source} could not be read as a tokenizer ({reason}); give {_KINDS}") from None
+
+
+def _nonempty(tok, source: Path) -> Any:
     if tok is None or len(tok) == 0:
         raise ConfigError(f"{source} loaded as an empty tokenizer; give {_KINDS}")
     return tok
@@ -102,11 +106,14 @@ def _from_folder(folder: Path, source: Path | None = None) -> Any:
             return load_tokenizer(ggufs[0])
         raise ConfigError(f"{source} has no tokenizer files (tokenizer.json, tokenizer.model, ...); "
                           f"give {_KINDS}")
-    return _quiet(lambda: AutoTokenizer.from_pretrained(folder, trust_remote_code=False), source)
+    return _nonempty(_quiet(lambda: AutoTokenizer.from_pretrained(folder, trust_remote_code=False), source),
+                     source)
 
 
 def _cached_conversion(p: Path, convert) -> Any:
-    """Convert once, save as a tokenizer folder in the cache, and load that folder afterwards."""
+    """Convert once, save as a tokenizer folder in the cache, and load that folder afterwards.
+    ``convert(p)`` gives the tokenizer and a note of what it could not do as the model's own
+    tokenizer does (None: nothing), said at each load."""
     from transformers import AutoTokenizer
 
     st = p.stat()
@@ -123,8 +130,8 @@ def _cached_conversion(p: Path, convert) -> Any:
         except Exception:
             pass
         shutil.rmtree(out, ignore_errors=True)  # damaged: converted again
-    tok = _quiet(lambda: convert(p), p)
-    note = getattr(tok, "conversion_note", None)
+    tok, note = _quiet(lambda: convert(p), p)
+    _nonempty(tok, p)
     if note:
         print(f"anyspec: {note}", file=sys.stderr)
     root.mkdir(parents=True, exist_ok=True)
@@ -161,7 +168,7 @@ def _intact(folder: Path) -> bool:
         return False
 
 
-def _from_tiktoken(p: Path) -> Any:
+def _from_tiktoken(p: Path) -> tuple[Any, None]:
     """A byte-level BPE tokenizer equivalent to a tiktoken rank file (merges rebuilt from ranks)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -198,5 +205,5 @@ def _from_tiktoken(p: Path) -> Any:
     backend.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     named = {k: v for k, v in (("unk_token", "<unk>"), ("bos_token", "<s>"), ("eos_token", "</s>"))
              if v in specials}
-    return _fast(tokenizer_object=backend, **named)
+    return _fast(tokenizer_object=backend, **named), None
 
