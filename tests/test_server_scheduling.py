@@ -225,7 +225,40 @@ def test_a_request_cancelled_during_a_long_prefill_stops_after_that_chunk(engine
     finally:
         scheduler.stop()
     assert n > 100 and rows == [16]
-    assert scheduler.metrics.generations["cancelled"] == 1
+    assert scheduler.metrics.generations["cancelled"] == 1 and scheduler.metrics.tokens == 0
+
+
+def test_a_generation_cancelled_midway_counts_the_tokens_it_committed(engine, monkeypatch):
+    """The client leaves after the second piece of its answer: the tokens committed by then count in
+    ``anyspec_generated_tokens_total`` (a disconnect is work done, as a completed answer is)."""
+    import asyncio
+
+    from anyspec.server.metrics import Metrics
+    from anyspec.server.scheduler import Job, Scheduler
+
+    params = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    prompt = "count: one two three"
+    whole = engine.generate(prompt, params).token_ids
+    job = Job(prompt, params, True, len(engine.target.tokenizer.encode(prompt)), asyncio.new_event_loop())
+    scheduler = Scheduler(engine, 4, 300.0, Metrics())
+    pieces, on_text = [], scheduler._on_text
+
+    def heard(job, piece):
+        pieces.append(str(piece))
+        if len(pieces) == 2:
+            job.cancelled.set()
+        on_text(job, piece)
+
+    scheduler.driver.batch.on_text = heard
+    scheduler.submit(job)
+    scheduler.start()
+    try:
+        wait_until(lambda: scheduler.metrics.generations["cancelled"])
+    finally:
+        scheduler.stop()
+    said = [m for m in range(len(whole) + 1) if engine.target.tokenizer.decode(whole[:m]) == "".join(pieces)]
+    assert len(pieces) == 2 and 2 <= scheduler.metrics.tokens < len(whole), (pieces, scheduler.metrics.tokens)
+    assert scheduler.metrics.tokens in said, (pieces, scheduler.metrics.tokens, said)
 
 
 def test_a_burst_takes_the_free_slots_before_queue_places():
@@ -248,9 +281,32 @@ def test_a_burst_takes_the_free_slots_before_queue_places():
     with pytest.raises(QueueFull):
         scheduler.submit(jobs[6])
     scheduler.running[scheduler.pending.popleft()] = None  # one runs, one is taken from the queue and
-    scheduler.pending.popleft()  # not yet running: two slots stay open for the four still queued
-    scheduler.joining = 1
-    assert scheduler.depth == 2
+    scheduler.joining = {scheduler.pending.popleft()}  # not yet running: two slots stay open for the four
+    assert scheduler.depth == 2  # still queued
     with pytest.raises(QueueFull):
         scheduler.submit(jobs[6])
+    loop.close()
+
+
+def test_a_job_entering_the_batch_holds_one_slot():
+    """The worker takes a job from ``joining`` into ``running`` in one step under the lock, so a
+    request arriving meanwhile never sees its slot counted twice (a 429 with a queue place free)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from anyspec.server.metrics import Metrics
+    from anyspec.server.scheduler import Job, QueueFull, Scheduler
+
+    engine = SimpleNamespace(batchable=True, draft=None, steps=lambda *args, **kw: iter(()))
+    scheduler = Scheduler(engine, max_queue=1, generation_timeout=60, metrics=Metrics(), max_batch=2)
+    loop = asyncio.new_event_loop()
+    jobs = [Job("hi", SamplingParams(), True, 1, loop) for _ in range(4)]
+    scheduler.joining = {jobs[0]}
+    scheduler._start(jobs[0], (SimpleNamespace(cached_ids=[]), None))
+    assert list(scheduler.running) == [jobs[0]] and not scheduler.joining
+    scheduler.submit(jobs[1])  # the second slot
+    scheduler.submit(jobs[2])  # the one queue place
+    assert scheduler.depth == 1
+    with pytest.raises(QueueFull):
+        scheduler.submit(jobs[3])
     loop.close()

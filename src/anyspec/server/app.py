@@ -140,7 +140,8 @@ def choice_jobs(parsed: Parsed, queue_size: int) -> list[Job]:
     hold them all."""
     n, prompts = parsed.n, parsed.prompts
     if len(prompts) * n > queue_size:
-        raise ApiError(400, f"{len(prompts) * n} choices ({len(prompts)} prompts, n {n}); at most "
+        said = f"{len(prompts)} prompt{'s' * (len(prompts) > 1)}"
+        raise ApiError(400, f"{len(prompts) * n} choices ({said}, n {n}); at most "
                             f"{queue_size} on this server (--queue-size).", "n" if n > 1 else "prompt",
                        "invalid_value")
     loop = asyncio.get_running_loop()

@@ -85,7 +85,8 @@ class Metrics:
                 requests.add_metric([path, str(status)], n)
             for outcome, n in sorted(self.generations.items()):
                 generations.add_metric([outcome], n)
-            counters = [("generated_tokens", "Tokens generated (target vocabulary).", self.tokens),
+            counters = [("generated_tokens", "Tokens generated (target vocabulary), those of cancelled "
+                         "generations included.", self.tokens),
                         ("generation_seconds", "Wall time spent generating.", self.gen_seconds),
                         ("prompt_tokens", "Prompt tokens of the generations that ended (not cancelled).",
                          self.prompt_tokens),

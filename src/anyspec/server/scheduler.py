@@ -121,16 +121,19 @@ class Scheduler:
         self.cond = threading.Condition()
         self.stopping = False
         self.draining = False  # new jobs are refused; those queued and running go on
-        self.joining = 0  # jobs taken from the queue, not yet running
+        self.joining: set[Job] = set()  # jobs taken from the queue, not yet running
         self.thread = threading.Thread(target=self.run, name="anyspec-worker", daemon=True)
 
     @property
     def depth(self) -> int:
         """Jobs that wait for a slot: those queued beyond the slots the next pass gives them."""
-        return max(0, len(self.pending) - self._open_slots())
+        with self.cond:
+            return max(0, len(self.pending) - self._open_slots())
 
     def _open_slots(self) -> int:
-        return self.max_batch - len(self.running) - self.joining
+        """Slots no job holds or is taking (read under ``cond``: a job enters ``running`` and leaves
+        ``joining`` at once, so it is never counted twice)."""
+        return self.max_batch - len(self.running) - len(self.joining)
 
     @property
     def free(self) -> list[tuple]:
@@ -211,7 +214,7 @@ class Scheduler:
                     job = self.pending.popleft()
                     (later if self._waits_for_prefix(job, joining) else joining).append(job)
                 self.pending.extendleft(reversed(later))
-                self.joining = len(joining)
+                self.joining = set(joining)
             for job in joining:
                 try:
                     ids = self._ids(job)
@@ -219,7 +222,8 @@ class Scheduler:
                     self._on_error(job, exc)
                 else:
                     self.driver.admit(job, ids)
-                self.joining -= 1
+                with self.cond:  # where it failed before it ran
+                    self.joining.discard(job)
             self._retire_cancelled()
             self.metrics.add_pass(len(self.driver), self.driver.step())
 
@@ -233,7 +237,9 @@ class Scheduler:
 
     def _start(self, job: Job, slot: tuple) -> Steps:
         speculative = job.speculative and self.engine.draft is not None
-        run = self.running[job] = Running(speculative, slot[0])
+        with self.cond:
+            run = self.running[job] = Running(speculative, slot[0])
+            self.joining.discard(job)
         return announced(self.engine.steps(job.prompt, job.params, *slot, self.driver.batch, job,
                                            encoded=(job.ids, job.text), speculative=job.speculative,
                                            stop=run.timed_out), job, slot[0])
@@ -244,7 +250,8 @@ class Scheduler:
             if job.cancelled.is_set():
                 self.driver.remove(job)
                 del self.running[job]
-                self.metrics.add_generation("cancelled", 0, now - run.started, None)
+                self.metrics.add_generation("cancelled", committed(run.target.cached_ids, job.ids),
+                                            now - run.started, None)
                 continue
             if run.generating is None and read(run.target.cached_ids, job.ids):
                 run.generating = now
@@ -296,6 +303,12 @@ def read(cached: list[int], prompt: list[int]) -> bool:
     prefill is over. A slot's cache may still hold an earlier job's tokens when the job starts."""
     n = len(prompt) - 1
     return len(cached) >= n and cached[:n] == prompt[:n]
+
+
+def committed(cached: list[int], prompt: list[int]) -> int:
+    """The tokens a generation had committed, from its target cache: the prompt's, those accepted,
+    and the bonus token still to be read (none while the prompt is being read)."""
+    return max(0, len(cached) - len(prompt) + 1)
 
 
 def announced(steps: Steps, job: Job, target) -> Steps:
