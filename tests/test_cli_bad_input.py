@@ -299,12 +299,17 @@ def test_a_settings_error_names_the_commands_option(no_loading, capsys, argv, sa
     (["--choice", ""], "non-empty strings"),
     (["--grammar-file", "/no/such.gbnf"], "--grammar-file: cannot read /no/such.gbnf"),
     (["--grammar-file", "GRAMMAR"], "not a valid GBNF grammar (Rule 'value' not found)"),
-    (["--grammar-file", "GRAMMAR", "--regex", "a"], "--regex and --grammar-file cannot be used together")])
+    (["--grammar-file", "GRAMMAR", "--regex", "a"], "--regex and --grammar-file cannot be used together"),
+    (["--regex", "a\udcff"], "'--regex' is not valid Unicode text (a lone surrogate at character 1"),
+    (["--choice", "a\udcff", "--choice", "b"], "'--choice' is not valid Unicode text"),
+    (["--json-schema", "SCHEMA"], "'--json-schema' is not valid Unicode text")])
 def test_a_bad_guide_is_one_line_before_loading(no_loading, capsys, tmp_path, argv, says):
+    """``\\udcff``: the byte 0xff of a command line that is not UTF-8, as Python reads it."""
     pytest.importorskip("llguidance")
-    grammar = tmp_path / "bad.gbnf"
+    grammar, schema = tmp_path / "bad.gbnf", tmp_path / "lone.json"
     grammar.write_text('root ::= "n=" value\n')
-    argv = [str(grammar) if a == "GRAMMAR" else a for a in argv]
+    schema.write_text('{"type": "string", "enum": ["\\ud800"]}')
+    argv = [{"GRAMMAR": str(grammar), "SCHEMA": str(schema)}.get(a, a) for a in argv]
     one_line_error(capsys, ["generate", "--prompt", "x", *argv], says)
 
 

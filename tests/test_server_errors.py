@@ -286,11 +286,20 @@ def test_openai_client_raises_bad_request(strict_server):
 
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/v1/completions", b'{"prompt": "a \\ud800 b", "max_tokens": 2}', "prompt"),
-    ("/v1/completions", b'{"prompt": "hi", "stop": ["\\udfff"], "max_tokens": 2}', "stop"),
+    ("/v1/completions", b'{"prompt": "hi", "stop": ["\\udfff"], "max_tokens": 2}', "stop[0]"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x\\ud800"}], "max_tokens": 2}',
      "messages[0].content"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": '
-                             b'"\\udc00"}]}], "max_tokens": 2}', "messages[0].content"),
+                             b'"\\udc00"}]}], "max_tokens": 2}', "messages[0].content[0].text"),
+    ("/v1/completions", b'{"prompt": "hi", "guided_regex": "a\\ud800", "max_tokens": 2}', "guided_regex"),
+    ("/v1/completions", b'{"prompt": "hi", "guided_json": {"enum": ["\\ud800"]}, "max_tokens": 2}',
+     "guided_json.enum[0]"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": '
+                             b'"function", "function": {"name": "f", "description": "\\ud800"}}]}',
+     "tools[0].function.description"),
+    ("/tokenize", b'{"prompt": "\\udfff"}', "prompt"),
+    ("/v1/completions", b'{"prompt": "hi", "logit_bias": {"\\ud800": 1}}', "logit_bias"),
+    ("/v1/completions", b'{"prompt": "\\ud83d\\ude00 ok", "max_tokens": 1, "stop": "\\udfff"}', "stop"),
 ])
 def test_lone_surrogate_is_a_400_naming_the_field(post, path, body, param):
     r = post(path, content=body, headers={"content-type": "application/json"})
@@ -304,6 +313,13 @@ def test_lone_surrogate_is_a_400_naming_the_field(post, path, body, param):
 def test_vanishing_sampling_settings_are_a_400(post, field, value, says):
     """Values float32 turns into inf/nan probabilities: refused before the generation starts."""
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
+
+
+def test_lone_surrogate_in_a_messages_request_names_its_field(post):
+    body = b'{"system": "s\\ud800", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    r = post("/v1/messages", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert r.json()["error"]["message"].startswith("'system' is not valid Unicode text (a lone surrogate")
 
 
 def test_lone_surrogate_in_model_is_a_400(post):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from anyspec.algorithms import tree
+from anyspec.config import utf8_problem
 from anyspec.engine.proposers import Proposal
 from anyspec.errors import ConfigError
 
@@ -110,6 +111,23 @@ class Grammars:
         return grammar
 
 
+def check_unicode(value, field: str) -> None:
+    """Every string in ``value`` (and in its lists and objects, keys too) valid Unicode: JSON's
+    ``"\\ud800"`` and undecodable command-line bytes give lone surrogates, which no grammar holds."""
+    strings = [value] if isinstance(value, str) else []
+    if isinstance(value, dict):
+        strings = [*value, *value.values()]
+    elif isinstance(value, list):
+        strings = value
+    for item in strings:
+        if isinstance(item, str):
+            if (at := utf8_problem(item)) is not None:
+                raise GrammarError(f"'{field}' is not valid Unicode text (a lone surrogate at character {at} "
+                                   f"of {item[:40]!r}).", field)
+        elif isinstance(item, dict | list):
+            check_unicode(item, field)
+
+
 def schema_grammar(schema: dict | bool | None, field: str) -> str:
     """The llguidance grammar of a JSON schema (None: any JSON object), written as ``json.dumps``
     writes it: ``{"a": 1, "b": [2, 3]}``. Models write JSON so; a draft more often agrees with the
@@ -120,6 +138,7 @@ def schema_grammar(schema: dict | bool | None, field: str) -> str:
         raise GrammarError(f"'{field}' is the schema false, which no answer matches.", field)
     if not isinstance(schema, dict | bool):
         raise GrammarError(f"'{field}' must be a JSON Schema object.", field)
+    check_unicode(schema, field)
     text = json.dumps({} if schema is True else schema)  # true: any JSON value
     if len(text) > MAX_SCHEMA_BYTES:
         raise GrammarError(f"'{field}' is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are "
@@ -132,6 +151,7 @@ def guide_grammar(kind: str, value, field: str) -> str:
     ``regex`` (the whole answer matches it), ``choice`` (the answer is one of these strings) or
     ``grammar`` (llguidance's Lark, or the GBNF of llama.cpp and of vLLM's xgrammar)."""
     ll = _llguidance()
+    check_unicode(value, field)
     if kind == "json":
         if isinstance(value, str):
             try:

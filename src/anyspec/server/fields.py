@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from anyspec.config import utf8_problem
 
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
@@ -68,9 +70,26 @@ def number(value: int | float) -> str:
     return f"an integer of {digits} digits" if digits else str(value)
 
 
-def checked_text(value: str, param: str) -> str:
-    """JSON may carry lone surrogates (``"\\ud800"``), which no tokenizer can encode."""
-    if (at := utf8_problem(value)) is not None:
-        raise ApiError(400, f"'{param}' is not valid Unicode text (a lone surrogate at character {at}).",
-                       param, "invalid_value")
-    return value
+ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # in raw JSON, where any lone surrogate comes from
+
+
+def check_unicode(raw: bytes, value) -> None:
+    """JSON may carry lone surrogates (``"\\ud800"``), which no tokenizer, template or grammar can
+    encode: a 400 naming the first string (or key) that holds one, as ``messages[0].content``."""
+    if not ESCAPED_SURROGATE.search(raw):
+        return
+    stack = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if (at := utf8_problem(item)) is not None:
+                raise ApiError(400, f"'{path or 'body'}' is not valid Unicode text (a lone surrogate at "
+                                    f"character {at}).", path or None, "invalid_value")
+        elif isinstance(item, dict):
+            for key in item:
+                if utf8_problem(key) is not None:
+                    raise ApiError(400, f"A key of '{path or 'body'}' is not valid Unicode text (a lone "
+                                        "surrogate).", path or None, "invalid_value")
+            stack.extend((f"{path}.{key}" if path else key, v) for key, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))

@@ -14,7 +14,7 @@ from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
 from anyspec.server.chat import continued, template_kwargs
-from anyspec.server.fields import ApiError, Body, body_field, checked_text, number
+from anyspec.server.fields import ApiError, Body, body_field, number
 from anyspec.server.structured import (
     Structure,
     StructuredError,
@@ -85,9 +85,8 @@ def chat_messages(body: dict) -> list[dict]:
             raise ApiError(400, f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]",
                            "invalid_type")
         if m["role"] not in (*ROLES, "developer"):
-            role = checked_text(m["role"], f"messages[{i}].role")
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, developer, got "
-                                f"{role!r}.", f"messages[{i}].role", "invalid_value")
+                                f"{m['role']!r}.", f"messages[{i}].role", "invalid_value")
         extra = _checked(message_fields, m, i)
         content = m.get("content")
         if content is None and m["role"] != "assistant":
@@ -106,7 +105,7 @@ def chat_messages(body: dict) -> list[dict]:
             raise ApiError(400, f"Invalid type for 'messages[{i}].content': expected a string or an array of "
                                 "text parts.", f"messages[{i}].content", "invalid_type")
         out.append({"role": "system" if m["role"] == "developer" else m["role"],  # as OpenAI's models read it
-                    "content": checked_text(content, f"messages[{i}].content")} | extra)
+                    "content": content} | extra)
     return out
 
 
@@ -135,11 +134,10 @@ def _prompts(body: dict, vocab: int) -> list[str | list[int]]:
                             "either.", "prompt", "invalid_type")
     for i, one in enumerate(prompt):
         name = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
-        if isinstance(one, str):
-            checked_text(one, name)
-        elif not (isinstance(one, list) and all(map(_is_id, one))):
+        ids = isinstance(one, list) and all(map(_is_id, one))
+        if not ids and not isinstance(one, str):
             raise ApiError(400, f"'{name}' must be a string or an array of token ids.", name, "invalid_type")
-        elif (bad := next((t for t in one if not 0 <= t < vocab), None)) is not None:
+        if ids and (bad := next((t for t in one if not 0 <= t < vocab), None)) is not None:
             raise ApiError(400, f"'{name}' holds token id {number(bad)}; this model's ids run from 0 to "
                                 f"{vocab - 1}.", name, "invalid_value")
         if not one:
@@ -152,7 +150,6 @@ def _infills(prompts: list[str | list[int]], suffix: str | None, tokenizer) -> l
     the two (the target's FIM tokens)."""
     if not suffix:
         return prompts
-    checked_text(suffix, "suffix")
     if not all(isinstance(p, str) for p in prompts):
         raise ApiError(400, "'suffix' takes text prompts, not token ids.", "suffix", "invalid_value")
     filled = [fill_in_the_middle(tokenizer, p, suffix) for p in prompts]
@@ -238,8 +235,6 @@ def _stop(body: dict) -> str | list[str]:
     if isinstance(stop, list) and not all(isinstance(s, str) for s in stop):
         raise ApiError(400, "Invalid type for 'stop': expected a string or an array of strings.", "stop",
                        "invalid_type")
-    for s in [stop] if isinstance(stop, str) else stop:
-        checked_text(s, "stop")
     return stop
 
 
@@ -251,7 +246,6 @@ def check_model(body, model_ids: tuple[str, ...]) -> None:
     model = body_field(body, "model", (str,))
     body_field(body, "user", (str,))  # changes nothing here, but a client sending another type errs
     if model is not None and model not in model_ids:
-        checked_text(model, "model")
         raise ApiError(404, f"The model '{model}' does not exist; this server serves '{model_ids[0]}'.",
                        "model", "model_not_found")
 
@@ -379,7 +373,7 @@ def _prediction(body: dict, tokenizer) -> list[int] | None:
                             "({\"type\": \"text\", \"text\": ...}).", "prediction.content", "invalid_type")
     if not content:
         return None
-    return tokenizer.encode(checked_text(content, "prediction"), add_special_tokens=False) or None
+    return tokenizer.encode(content, add_special_tokens=False) or None
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:

@@ -9,7 +9,7 @@ import sys
 import time
 
 from anyspec.engine import Engine
-from anyspec.server.fields import ApiError, ClientGone
+from anyspec.server.fields import ApiError, ClientGone, check_unicode
 from anyspec.server.metrics import Metrics
 from anyspec.server.scheduler import Scheduler
 from anyspec.server.settings import Settings
@@ -38,7 +38,7 @@ async def read_json(request, limit: int, timeout: float | None = None):
         raise ApiError(408, f"The request body did not arrive in full within {timeout:g} s.", None,
                        "request_timeout") from None
     try:
-        return json.loads(body)
+        value = json.loads(body)
     except RecursionError:
         raise ApiError(400, "The JSON body of your request is nested too deeply.", None,
                        "invalid_json") from None
@@ -48,6 +48,8 @@ async def read_json(request, limit: int, timeout: float | None = None):
                                 f"{sys.get_int_max_str_digits()} digits.", None, "invalid_json") from None
         raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
                        "invalid_json") from None
+    check_unicode(bytes(body), value)
+    return value
 
 
 OPEN = ("/health", "/metrics")  # answered without the API key, for probes and scrapers

@@ -4,7 +4,7 @@ client counts exactly what a request will hold), and the text of ids."""
 
 from __future__ import annotations
 
-from anyspec.server.fields import ApiError, body_field, checked_text
+from anyspec.server.fields import ApiError, body_field
 from anyspec.server.protocol import chat_request, check_model, encoded_prompt, token_list, wanted_structure
 
 
@@ -29,7 +29,7 @@ def parse_tokenize(body, model_ids: tuple[str, ...], tokenizer, grammars) -> tup
     if prompt is None:
         raise ApiError(400, "Missing required parameter: 'prompt' (or 'messages').", "prompt",
                        "missing_required_parameter")
-    return encoded_prompt(tokenizer, checked_text(prompt, "prompt"), "prompt", None).ids, strs
+    return encoded_prompt(tokenizer, prompt, "prompt", None).ids, strs
 
 
 def parse_detokenize(body, model_ids: tuple[str, ...], vocab: int) -> list[int]:
