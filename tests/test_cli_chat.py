@@ -69,10 +69,14 @@ def test_a_turn_near_the_context_gets_the_room_left(folders, reference, monkeypa
     assert len(said) == 1 and "no room left in the target's context of 256 tokens" in said[0]
 
 
-def test_input_that_is_not_utf8_is_one_line(folders, monkeypatch, capsys):
-    rc, out, err = chat(folders, monkeypatch, capsys, b"caf\xe9\n", "--max-new-tokens", "4")
+def test_a_line_that_is_not_utf8_is_refused_and_the_session_goes_on(folders, reference, monkeypatch, capsys):
+    rc, out, err = chat(folders, monkeypatch, capsys, b"caf\xe9\nName a prime.\n", "--max-new-tokens", "4")
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a prime."}]
+    want = reference.generate(messages, SamplingParams(max_new_tokens=4)).text
     said = [line for line in err.splitlines() if line.startswith("anyspec chat:")]
-    assert rc == 2 and out == "" and said == ["anyspec chat: error: a line of input is not valid UTF-8"]
+    assert rc == 0 and out == f"{want}\n" and len(said) == 1
+    assert said[0].startswith("anyspec chat: the prompt is not valid UTF-8")
+    assert said[0].endswith("the line was not sent")
 
 
 @pytest.mark.parametrize(("extra", "message"), [(["--temperature", "-1"], "temperature"),

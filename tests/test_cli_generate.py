@@ -356,6 +356,7 @@ def test_a_prompt_file_or_standard_input_gives_the_same_answer_as_the_prompt(tin
     (None, "--prompt-file: cannot read PATH: No such file or directory"),
     (b"caf\xe9!", "--prompt-file: PATH is not valid UTF-8 text (invalid continuation byte at byte 3)"),
     (b" \n\t", "--prompt-file: PATH holds no text"),
+    ("hi".encode("utf-16"), "--prompt-file: PATH is UTF-16 text (it starts with UTF-16's byte order mark)"),
     ("FOLDER", "--prompt-file: cannot read PATH: Is a directory")])
 def test_a_bad_prompt_file_is_one_line_before_loading(no_loading, capsys, tmp_path, content, says):
     path = tmp_path / "prompt.txt"
@@ -367,6 +368,14 @@ def test_a_bad_prompt_file_is_one_line_before_loading(no_loading, capsys, tmp_pa
     if content is None and os.path.exists("/dev/zero"):  # endless: read as far as the limit only
         one_line_error(capsys, ["generate", "--prompt-file", "/dev/zero"],
                        "--prompt-file: /dev/zero is larger than 64 MiB")
+
+
+def test_a_byte_order_mark_is_no_part_of_a_files_text(tmp_path):
+    from anyspec.cli.options import read_text
+
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffCafé".encode())
+    assert read_text(path, "--prompt-file") == "Café"
 
 
 def test_a_prediction_file_is_taken_where_the_answer_repeats_it(tiny_dirs, capsys, tmp_path):

@@ -111,7 +111,10 @@ def read_template(source: str) -> str:
     path = Path(source).expanduser()
     if path.is_file():
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"chat_template {source} is not valid UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})", "chat_template") from None
         except (OSError, ValueError) as exc:
             raise ConfigError(f"chat_template {source} cannot be read: {exc}", "chat_template") from None
     elif "{{" in source or "{%" in source:

@@ -16,6 +16,7 @@ conversation that fills the context is said in one line, and ``/reset`` starts o
 from __future__ import annotations
 
 import dataclasses
+import io
 import signal
 import sys
 import threading
@@ -55,6 +56,8 @@ def run(args) -> int:
     pair = load_pair(plan)
     engine = Engine(pair.target, pair.draft, config)
     messages, interactive = list(start), sys.stdin.isatty()
+    if isinstance(sys.stdin, io.TextIOWrapper):  # bytes that are not UTF-8 reach check_prompt_text
+        sys.stdin.reconfigure(errors="surrogateescape")
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -74,7 +77,11 @@ def run(args) -> int:
             print(f"anyspec chat: {command} is not a command; /reset starts a new conversation, /exit "
                   "(or Ctrl-D) ends it", file=sys.stderr)
             continue
-        check_prompt_text(line)
+        try:
+            check_prompt_text(line)
+        except ConfigError as exc:  # bytes that are not UTF-8: this line alone is refused
+            print(f"anyspec chat: {exc}; the line was not sent", file=sys.stderr)
+            continue
         try:
             asked = [*messages, {"role": "user", "content": line}]
             turn = fitted(engine, asked, params)
@@ -130,8 +137,6 @@ def read_line(sign: str) -> str | None:
             return input(sign)
         except EOFError:
             return None
-        except UnicodeDecodeError:
-            raise ConfigError("a line of input is not valid UTF-8") from None
         except KeyboardInterrupt:
             if not sign:
                 raise

@@ -6,6 +6,7 @@ Every check here runs before any model loads and fails with a ``ConfigError``: o
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import dataclasses
 import os
@@ -206,8 +207,12 @@ def read_text(path: str | Path, option: str) -> str:
         raise ConfigError(f"{option}: cannot read {name}: {done['error'].strerror or done['error']}")
     if len(done["data"]) > MAX_TEXT:
         raise ConfigError(f"{option}: {name} is larger than {MAX_TEXT >> 20} MiB")
+    data = done["data"]
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise ConfigError(f"{option}: {name} is UTF-16 text (it starts with UTF-16's byte order mark); "
+                          "save it as UTF-8")
     try:
-        return done["data"].decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte order mark some editors write is no part of the text
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{option}: {name} is not valid UTF-8 text ({exc.reason} at byte "
                           f"{exc.start})") from None
