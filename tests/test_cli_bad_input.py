@@ -604,3 +604,12 @@ def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused(capsys,
                                          f"model {len(tok_llama2):,} embedding rows, so it is not this "
                                          "model's tokenizer")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["serve"], ["bench"], ["analyze"]])
+def test_every_command_that_takes_a_pair_defaults_to_the_built_in_one(command):
+    from anyspec.cli.commands import build_parser
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    args = build_parser().parse_args(command)
+    assert (args.target, args.draft) == (DEFAULT_TARGET, DEFAULT_DRAFT)

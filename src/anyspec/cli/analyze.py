@@ -14,9 +14,11 @@ def add_parser(sub) -> None:
         "analyze", help="how well a draft and a target tokenizer fit for TLI",
         description="Compare two vocabularies by the bytes of each token: shared tokens, what "
                     "string matching would find, and coverage of a sample text.")
-    where = "tokenizer folder, .gguf file, or built-in model name"
-    parser.add_argument("--target", required=True, help=where)
-    parser.add_argument("--draft", required=True, help=where)
+    from anyspec.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    where = "tokenizer folder, .gguf file, or built-in model name (default %(default)s)"
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=where)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help=where)
     parser.add_argument("--text", help="UTF-8 text file for the coverage (default: a code+prose sample)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
