@@ -472,7 +472,7 @@ def test_a_prediction_is_taken_where_the_answer_repeats_it_and_changes_nothing(c
     ("text", "prediction"), ({"type": "text", "content": "x"}, "prediction.type"),
     ({"type": "content", "content": 5}, "prediction.content"),
     ({"type": "content", "content": [{"type": "image_url"}]}, "prediction.content"),
-    ({"type": "content", "content": "caf\udce9"}, "prediction")])
+    ({"type": "content", "content": "caf\udce9"}, "prediction.content")])
 def test_a_bad_prediction_is_a_400_naming_it(server, prediction, param):
     import json
 
