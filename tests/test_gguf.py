@@ -584,6 +584,7 @@ def test_a_draft_the_kernels_cannot_run_is_told_the_draft_option(tmp_path):
     from anyspec.backends.load import resolve_dtype
 
     path = write_gguf(tmp_path / "m.gguf", kind=T.I8)
-    for draft, option in ((False, "use --dtype bf16"), (True, "use --draft-dtype bf16")):
+    for draft, option in ((False, r"use dtype='bf16' \(--dtype bf16\)"),
+                          (True, r"use draft_dtype='bf16' \(--draft-dtype bf16\)")):
         with pytest.raises(ConfigError, match=f"is I8 .*; {option} to run it de-quantized"):
             resolve_dtype("gguf", draft=draft, spec=str(path))

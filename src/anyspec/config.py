@@ -112,7 +112,8 @@ class SpeculativeConfig:
         k = self.num_speculative_tokens
         if not _is_int(k) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"num_speculative_tokens (k) must be an integer from 1 to "
-                              f"{MAX_SPECULATIVE_TOKENS}, got {k!r}; use --no-draft for target-only decoding",
+                              f"{MAX_SPECULATIVE_TOKENS}, got {k!r}; use draft=None (--no-draft) for "
+                              "target-only decoding",
                               "num_speculative_tokens")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(ALGORITHMS)}")

@@ -128,8 +128,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, draft: bool = False, spec: st
             check_consistent(source)
             problem = gguf_problem(source, read_gguf(source))
             if problem:
-                raise ConfigError(f"{source.name} cannot run on anyspec's GGUF kernels: {problem}; "
-                                  f"use --{'draft-' if draft else ''}dtype bf16 to run it de-quantized")
+                name = "draft_dtype" if draft else "dtype"
+                raise ConfigError(f"{source.name} cannot run on anyspec's GGUF kernels: {problem}; use "
+                                  f"{name}='bf16' (--{name.replace('_', '-')} bf16) to run it de-quantized")
         return "gguf"
     if dtype not in DTYPES:
         raise ConfigError(f"unknown {'draft ' if draft else ''}dtype {dtype!r}; use one of {NAMES}")

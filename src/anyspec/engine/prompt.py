@@ -25,7 +25,7 @@ def render_prompt(tokenizer, prompt: str | list[dict], fallback_text: str | None
     if fallback_text is not None:
         return fallback_text, False
     raise ConfigError("the target tokenizer has no chat template; pass the prompt as plain text, or give "
-                      "the target a template (--chat-template: a file or the template's text)")
+                      "the target a template (chat_template, --chat-template: a file or the template's text)")
 
 
 def _template(tokenizer, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None) -> str:
