@@ -321,6 +321,25 @@ def utf8_problem(text: str) -> int | None:
     return None
 
 
+def lone_surrogate(value) -> tuple[str, str, bool] | None:
+    """The first string of a JSON-like value (the value itself, or in its lists and objects, keys
+    included) that is not valid Unicode: its path (``messages[0].content``; "" for the value itself;
+    a key's is its object's), the string, and whether it is a key. None when all are valid."""
+    stack = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if utf8_problem(item) is not None:
+                return path, item, False
+        elif isinstance(item, dict):
+            if (key := next((k for k in item if utf8_problem(k) is not None), None)) is not None:
+                return path, key, True
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
 def check_text(text: str, what: str, field: str | None = None) -> None:
     """Text must be valid Unicode."""
     if (at := utf8_problem(text)) is not None:

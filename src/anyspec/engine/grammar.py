@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from anyspec.algorithms import tree
-from anyspec.config import utf8_problem
+from anyspec.config import lone_surrogate, utf8_problem
 from anyspec.engine.proposers import Proposal
 from anyspec.errors import ConfigError
 
@@ -114,18 +114,10 @@ class Grammars:
 def check_unicode(value, field: str) -> None:
     """Every string in ``value`` (and in its lists and objects, keys too) valid Unicode: JSON's
     ``"\\ud800"`` and undecodable command-line bytes give lone surrogates, which no grammar holds."""
-    strings = [value] if isinstance(value, str) else []
-    if isinstance(value, dict):
-        strings = [*value, *value.values()]
-    elif isinstance(value, list):
-        strings = value
-    for item in strings:
-        if isinstance(item, str):
-            if (at := utf8_problem(item)) is not None:
-                raise GrammarError(f"'{field}' is not valid Unicode text (a lone surrogate at character {at} "
-                                   f"of {item[:40]!r}).", field)
-        elif isinstance(item, dict | list):
-            check_unicode(item, field)
+    if (found := lone_surrogate(value)) is not None:
+        text = found[1]
+        raise GrammarError(f"'{field}' is not valid Unicode text (a lone surrogate at character "
+                           f"{utf8_problem(text)} of {text[:40]!r}).", field)
 
 
 def schema_grammar(schema: dict | bool | None, field: str) -> str:
@@ -151,14 +143,15 @@ def guide_grammar(kind: str, value, field: str) -> str:
     ``regex`` (the whole answer matches it), ``choice`` (the answer is one of these strings) or
     ``grammar`` (llguidance's Lark, or the GBNF of llama.cpp and of vLLM's xgrammar)."""
     ll = _llguidance()
-    check_unicode(value, field)
     if kind == "json":
         if isinstance(value, str):
+            check_unicode(value, field)  # the text; its parsed schema's strings are checked below
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise GrammarError(f"'{field}' is not valid JSON: {exc}", field) from None
         return schema_grammar(value, field)
+    check_unicode(value, field)
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise GrammarError(f"'{field}' must be a non-empty array of non-empty strings.", field)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from anyspec.config import utf8_problem
+from anyspec.config import lone_surrogate, utf8_problem
 
 JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
               dict: "an object", type(None): "null"}
@@ -73,23 +73,14 @@ def number(value: int | float) -> str:
 ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # in raw JSON, where any lone surrogate comes from
 
 
-def check_unicode(raw: bytes, value) -> None:
+def check_unicode(raw: bytes | bytearray, value) -> None:
     """JSON may carry lone surrogates (``"\\ud800"``), which no tokenizer, template or grammar can
     encode: a 400 naming the first string (or key) that holds one, as ``messages[0].content``."""
-    if not ESCAPED_SURROGATE.search(raw):
+    if not ESCAPED_SURROGATE.search(raw) or (found := lone_surrogate(value)) is None:
         return
-    stack = [("", value)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, str):
-            if (at := utf8_problem(item)) is not None:
-                raise ApiError(400, f"'{path or 'body'}' is not valid Unicode text (a lone surrogate at "
-                                    f"character {at}).", path or None, "invalid_value")
-        elif isinstance(item, dict):
-            for key in item:
-                if utf8_problem(key) is not None:
-                    raise ApiError(400, f"A key of '{path or 'body'}' is not valid Unicode text (a lone "
-                                        "surrogate).", path or None, "invalid_value")
-            stack.extend((f"{path}.{key}" if path else key, v) for key, v in reversed(item.items()))
-        elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    path, text, key = found
+    if key:
+        raise ApiError(400, f"A key of '{path or 'body'}' is not valid Unicode text (a lone surrogate).",
+                       path or None, "invalid_value")
+    raise ApiError(400, f"'{path or 'body'}' is not valid Unicode text (a lone surrogate at character "
+                        f"{utf8_problem(text)}).", path or None, "invalid_value")

@@ -48,7 +48,7 @@ async def read_json(request, limit: int, timeout: float | None = None):
                                 f"{sys.get_int_max_str_digits()} digits.", None, "invalid_json") from None
         raise ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", None,
                        "invalid_json") from None
-    check_unicode(bytes(body), value)
+    check_unicode(body, value)
     return value
 
 
