@@ -205,3 +205,12 @@ def test_a_schema_is_refused_by_methods_that_cannot_follow_it():
          "schema": {"type": "object"}}
     with pytest.raises(ConfigError, match="only anyspec's methods"):
         bench_run.run_turn(ctx, "llama.cpp", p["prompt"], p)
+
+
+def test_the_bench_help_names_every_shipped_set():
+    from anyspec.cli.commands import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["bench"]
+    text = " ".join(next(a for a in sub._actions if a.dest == "prompts").help.split())
+    assert all(name in text.split(": ", 1)[1] for name in bench_prompts.SETS), text
+

@@ -1,5 +1,6 @@
 """The bench's prompts: JSONL files (the code and prose sets shipped with anyspec by default; edit,
-doc, long and chat beside them), and the target ids of a prompt exactly as the engine builds them.
+doc, long, chat, json and languages beside them), and the target ids of a prompt exactly as the
+engine builds them.
 
 A line is one prompt, ``{"id": ..., "messages": [...]}`` (or ``"prompt": text``), or one
 conversation, ``{"id": ..., "system": text (optional), "turns": [user text, ...]}``: its turns run
@@ -20,7 +21,8 @@ from anyspec.errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "data" / "prompts"  # package data
 DEFAULT_PROMPTS = [PROMPTS_DIR / "code.jsonl", PROMPTS_DIR / "prose.jsonl"]
-SETS = ("code", "prose", "edit", "doc", "long", "chat", "json")  # in PROMPTS_DIR; code and prose by default
+# in PROMPTS_DIR; code and prose by default
+SETS = ("code", "prose", "edit", "doc", "long", "chat", "json", "languages")
 
 
 ROLES = ("system", "user", "assistant")

@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
     add_model_options(p, no_draft=False, chat_template=False)
     p.add_argument("--prompts", nargs="+", default=None, metavar="SET_OR_FILE",
                    help="JSONL prompt files, or sets shipped with anyspec by name: code, prose, edit, doc, "
-                        "long, chat, json (default: code prose)")
+                        "long, chat, json, languages (default: code prose)")
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="at most N prompts from each file (default: all)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
