@@ -237,3 +237,26 @@ def test_masked_logits_are_llguidances_own_masking(vocab):
     got = masked(logits, masks)
     assert torch.equal(got, want) and not torch.equal(got, logits)
     assert torch.equal(masked(logits[:2], masks), want[:2])
+
+
+def test_a_verify_after_a_rolled_back_one_gets_the_target_alones_masks(grammars, tok_qwen2):
+    """A verify reads its proposed tokens on copies of the state: on the state itself, consumed and
+    rolled back, llguidance gave the next verify's rows a mask that allowed '",' after the key
+    "playful" (its parser then refused the token the target chose: a 500 on a sampled JSON-mode
+    request with the draft, where the target alone's answer was fine)."""
+    def ids(text: str) -> list[int]:
+        return tok_qwen2.encode(text, add_special_tokens=False)
+
+    prefix = ('{"name": "Whiskers", "age": 2, "color": "black", "petType": "cat", "traits": {"furry": '
+              'true, "gentle": true, "sensitive": true}, "sound": "meow", "hab')
+    chain = ids('ful": true, "')
+    used = grammars.json(None, "response_format").start(Stats())
+    used.advance(ids(prefix))
+    used.rows(Proposal(ids('its": ["sl')))  # a chain the target rejected
+    used.advance(ids('its": {"play'))
+    _, masks = used.rows(Proposal(chain))
+    alone = grammars.json(None, "response_format").start(Stats())
+    alone.advance(ids(prefix + 'its": {"play'))
+    _, want = alone.rows(Proposal(chain))
+    assert torch.equal(masks, want)
+    assert not allowed(masks, 0, tok_qwen2.convert_tokens_to_ids('",'))

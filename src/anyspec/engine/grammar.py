@@ -253,22 +253,26 @@ class Constraint(Free):
             raise ConfigError(f"the answer's grammar failed: {self.matcher.get_error()}")
         return proposal, masks
 
+    # The proposed tokens are read on copies of the state, never on the state itself with a
+    # rollback after: a matcher that consumed tokens and rolled them back can give a later mask that
+    # allows a token its parser then refuses (a JSON key closed by '",'), one the target alone's
+    # mask, never rolled back, rejects.
+
     def _forced_after(self, ids: list[int], limit: int) -> list[int]:
         if limit <= 0:
             return []
-        self.matcher.consume_tokens(ids)
-        forced = self.matcher.compute_ff_tokens()[:limit]
-        self.matcher.rollback(len(ids))
-        return forced
+        after = self.matcher.deep_copy()
+        after.consume_tokens(ids)
+        return after.compute_ff_tokens()[:limit]
 
     def _walk(self, ids: list[int]) -> torch.Tensor:
         ll = _llguidance()
         masks = ll.torch.allocate_token_bitmask(len(ids) + 1, self.vocab_size)
+        walker = self.matcher.deep_copy()
         for i in range(len(ids) + 1):
-            ll.torch.fill_next_token_bitmask(self.matcher, masks, i)
+            ll.torch.fill_next_token_bitmask(walker, masks, i)
             if i < len(ids):
-                self.matcher.consume_token(ids[i])
-        self.matcher.rollback(len(ids))
+                walker.consume_token(ids[i])
         return masks
 
     def _tree(self, tokens: list[int], parents: list[int]) -> torch.Tensor:
@@ -279,9 +283,9 @@ class Constraint(Free):
         ll.torch.fill_next_token_bitmask(self.matcher, masks, 0)
         for j, path in enumerate(tree.paths(tokens, parents)):
             if self.matcher.validate_tokens(path) == len(path):
-                self.matcher.consume_tokens(path)
-                ll.torch.fill_next_token_bitmask(self.matcher, masks, j + 1)
-                self.matcher.rollback(len(path))
+                walker = self.matcher.deep_copy()
+                walker.consume_tokens(path)
+                ll.torch.fill_next_token_bitmask(walker, masks, j + 1)
         return masks
 
     def advance(self, committed: list[int]) -> None:
