@@ -260,3 +260,54 @@ def test_a_verify_after_a_rolled_back_one_gets_the_target_alones_masks(grammars,
     _, want = alone.rows(Proposal(chain))
     assert torch.equal(masks, want)
     assert not allowed(masks, 0, tok_qwen2.convert_tokens_to_ids('",'))
+
+
+TWO_LETTERS = {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 2}}, "required": ["city"],
+    "additionalProperties": False}}
+
+
+@pytest.fixture(scope="module")
+def target_tok():
+    """The built-in target's tokenizer, where ``<tool_call>`` is one token."""
+    from anyspec.models import DEFAULT_TARGET, gguf_path
+    from anyspec.vocab import load_tokenizer
+
+    return load_tokenizer(gguf_path(DEFAULT_TARGET))
+
+
+def calls_taken(grammar, tok, ids: list[int]) -> list[int]:
+    """What of ``ids``, then the end of the answer, the grammar lets through."""
+    return grammar.start(Stats()).rows(Proposal(ids + [tok.eos_token_id]))[0].ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_call_opened_as_text_pieces_is_held_to_its_parameters(target_tok, choice):
+    """Qwen2.5-Coder often writes ``<tool_call>`` as the text pieces ``<``, ``tool``, ``_call``, ``>``
+    rather than as its token: a call opened so is a call all the same, held to the function's
+    parameters, as one opened with the token is; text without a call stays free."""
+    from anyspec.server.structured import structure
+
+    tok = target_tok
+    grammars = Grammars(tok, len(tok), {tok.eos_token_id})
+
+    def enc(*parts: str) -> list[int]:
+        return [i for part in parts for i in tok.encode(part, add_special_tokens=False)]
+
+    opener, closer = (tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>"))
+    pieces, closing = enc("<", "tool", "_call", ">"), enc("</", "tool", "_call", ">")
+    assert len(pieces) == 4 and opener not in pieces
+    tools = [{"type": "function", "function": TWO_LETTERS}]
+    grammar = structure({"tools": tools, "tool_choice": choice}, True, tok, lambda: grammars).grammar
+    lead = enc("Sure.\n") if choice == "auto" else []
+    good, bad = ("\n" + json.dumps({"name": "get_time", "arguments": {"city": city}}) + "\n"
+                 for city in ("PA", "Paris"))
+    for opening, ending in ((pieces, closing), (pieces, [closer]), ([opener], closing), ([opener], [closer])):
+        whole = lead + opening + enc(good) + ending + enc("\n")
+        assert calls_taken(grammar, tok, whole) == whole + [tok.eos_token_id]
+        wrong = lead + opening + enc(bad) + ending
+        assert tok.decode(calls_taken(grammar, tok, wrong)).endswith('"city": "')  # "Paris": one token
+    plain = enc("Paris is at UTC+1, <tool> tags aside.")
+    expected = plain + [tok.eos_token_id] if choice == "auto" else []
+    assert calls_taken(grammar, tok, plain) == expected

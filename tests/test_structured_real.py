@@ -384,6 +384,9 @@ def test_tli_chains_under_the_grammar_are_the_target_alones(pair, temperature):
 AUTO_WEATHER = {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
     "additionalProperties": False}}
+TWO_LETTER_TIME = {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 2}}, "required": ["city"],
+    "additionalProperties": False}}
 
 
 def test_with_tool_choice_auto_text_is_free_and_an_opened_call_is_held_to_its_schema(pair):
@@ -487,3 +490,31 @@ def test_a_tool_schema_error_names_no_place_in_the_grammar_made_from_it(pair):
         grammars.tool_calls([broken], one=True, field="tools")
     message = str(info.value)
     assert "Pointer '/$defs/No' does not exist" in message and not re.search(r"\bat \d+\(\d+\)", message)
+
+
+def test_calls_written_as_text_are_held_to_their_parameters_and_required_makes_several(client):
+    """The default target often writes ``<tool_call>`` as text pieces: each call is held to
+    ``maxLength`` 2 all the same (it names the cities in two characters), greedy and sampled, as
+    the target alone writes them; ``required`` makes as many calls as the model does,
+    ``parallel_tool_calls: false`` one."""
+    tool = {"type": "function", "function": TWO_LETTER_TIME}
+    messages = [{"role": "system", "content": "You may emit several <tool_call> blocks in one answer, one "
+                                              "per city."},
+                {"role": "user", "content": "Use your tools: what's the local time in Paris, Tokyo and "
+                                            "Lima?"}]
+
+    def calls(**settings) -> list[dict]:
+        choice = client.chat.completions.create(model="tiny-qwen2", messages=messages, tools=[tool],
+                                                max_tokens=120, **{"temperature": 0} | settings).choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message.content
+        found = [json.loads(c.function.arguments) for c in choice.message.tool_calls]
+        for arguments in found:
+            jsonschema.validate(arguments, TWO_LETTER_TIME["parameters"])
+        return found
+
+    auto = calls()
+    assert len(auto) == 3 and auto == calls(extra_body={"speculative": False})
+    sampled = dict(temperature=0.8, seed=7)
+    assert calls(**sampled) == calls(**sampled, extra_body={"speculative": False})
+    assert calls(tool_choice="required") == auto
+    assert calls(tool_choice="required", parallel_tool_calls=False) == auto[:1]

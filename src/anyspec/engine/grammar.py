@@ -75,7 +75,9 @@ class Grammars:
         """One ``<tool_call>`` block (``one``) or several, each ``{"name": ..., "arguments": ...}`` of
         one of ``functions`` (OpenAI's ``{"name", "parameters"}``), as Qwen2.5's template asks.
         ``text``: any text first, the calls optional (``tool_choice: "auto"``): free until the
-        model opens a call, which is then held to the functions' schemas."""
+        model opens a call, which is then held to the functions' schemas. A call opens and closes
+        with the template's tokens or with the same text in pieces (``<``, ``tool``, ``_call``,
+        ``>``), which Qwen2.5-Coder writes as often; either way it is read as a call."""
         # each function's parameters are a schema of their own (its "$ref"s point into it), inside
         # the call's object as json.dumps writes it (STYLE)
         heads = [json.dumps({"name": f["name"], "arguments": 0})[:-2] for f in functions]  # to "arguments":
@@ -88,11 +90,7 @@ class Grammars:
         body = "body: " + " | ".join(calls) + "\n" + "".join(f"args{i}: %json {schema}\n"
                                                               for i, schema in enumerate(params))
         marks = [self.tokenizer.convert_tokens_to_ids(t) for t in (TOOL_OPEN, TOOL_CLOSE)]
-        # Qwen2.5 ends its last call with a newline before the end of its turn: without the "\n"?
-        # that newline could only open another call
-        rule = ("call" if one else 'call ("\\n" call)*') + ' "\\n"?'
-        start = f"start: TEXT ({rule})?\nTEXT: /(?s:.*)/\n" if text else f"start: {rule}\n"
-        lark = start + f'call: <[{marks[0]}]> "\\n" body "\\n" <[{marks[1]}]>\n' + body
+        lark = _calls_lark(marks, one, text) + body
         return self._compile(_llguidance().LLMatcher.grammar_from_lark(lark), field)
 
     def _compile(self, text: str, field: str, what: str = GUIDES["json"]) -> Grammar:
@@ -109,6 +107,24 @@ class Grammars:
         while len(self.cache) > CACHED:
             self.cache.popitem(last=False)
         return grammar
+
+
+def _calls_lark(marks: list[int], one: bool, text: bool) -> str:
+    """The calls around their ``body`` rule: ``marks`` are the ids of TOOL_OPEN and TOOL_CLOSE, each
+    also allowed as its text. A lexeme runs on as far as it can, so free text (``text``) could not
+    stop before a TOOL_OPEN it spells: it is PLAIN, text without one, or OPENED, text up to its first
+    one, the call's opening included."""
+    tags = zip(marks, (TOOL_OPEN, TOOL_CLOSE), strict=True)
+    opening, closing = (f"<[{mark}]> | {json.dumps(tag)}" for mark, tag in tags)
+    # Qwen2.5 ends its last call with a newline before the end of its turn: without the "\n"?
+    # that newline could only open another call
+    calls = 'call "\\n"?' if one else 'call ("\\n" open call)* "\\n"?'
+    start = (f"start: PLAIN | PLAIN? <[{marks[0]}]> calls | OPENED calls\n"
+             f"PLAIN: /(?s:.*)/ & ~/(?s:.*{TOOL_OPEN}.*)/\n"
+             f"OPENED: /(?s:.*{TOOL_OPEN})/ & ~/(?s:.*{TOOL_OPEN}.+)/\n"
+             if text else "start: open calls\n")
+    return (start + f"calls: {calls}\nopen: {opening}\nclose: {closing}\n"
+            'call: "\\n" body "\\n" close\n')
 
 
 def check_unicode(value, field: str) -> None:
