@@ -153,6 +153,13 @@ def test_output_config_format_holds_the_answer_to_the_schema(server):
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}},
      "'output_config.format.schema' cannot be used"),
     ({"tools": [{"name": "f", "input_schema": {"type": "nope"}}]}, "tools[0].input_schema"),
+    ({"tools": [{"name": "f", "input_schema": {"type": "object"}}, {"name": "g"}]},
+     "'tools[1].input_schema' is required"),
+    ({"output_config": {"format": {"type": "json_schema"}}}, "'output_config.format' must be {type: "
+                                                              "'json_schema', schema}"),
+    ({"messages": [{"role": "user", "content": "A dog as JSON."}, {"role": "assistant", "content": '{"a"'}],
+      "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     "'messages' (a prefilled assistant message) and 'output_config.format' cannot be used together"),
 ])
 def test_bad_requests_are_400s_in_anthropics_form(server, body, says):
     status, out = ask(server, **{"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]} | body)

@@ -16,6 +16,10 @@ def test_legacy_function_calling_is_refused_not_ignored(post):
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
+PREFILLED = {"messages": [{"role": "user", "content": "A dog as JSON."},
+                         {"role": "assistant", "content": '{"name": "Rex"'}], "continue_final_message": True}
+
+
 def schema_format(schema) -> dict:
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
 
@@ -80,6 +84,22 @@ def schema_format(schema) -> dict:
      "invalid_value", "the grammar's"),
     ("/v1/completions", {"response_format": {"type": "json_object"}, "min_tokens": 2}, "min_tokens",
      "invalid_value", "the grammar's"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "missing_required_parameter", "is required"),
+    ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                    "schema": None}}},
+     "response_format.json_schema.schema", "missing_required_parameter", "is required"),
+    ("/v1/completions", {"response_format": {"type": "json_object", "schema": {"type": "nope"}}},
+     "response_format.schema", "invalid_value", "not a valid JSON Schema"),
+    ("/v1/completions", {"structured_outputs": {}}, "structured_outputs", "invalid_value",
+     "asks for nothing; it takes one of json, regex, choice, grammar or json_object: true"),
+    ("/v1/chat/completions", {"structured_outputs": {"json_object": False, "regex": None}},
+     "structured_outputs", "invalid_value", "asks for nothing"),
+    ("/v1/chat/completions", PREFILLED | {"response_format": {"type": "json_object"}},
+     "continue_final_message", "invalid_value", "'continue_final_message' (a prefilled assistant message) "
+     "and 'response_format' cannot be used together"),
+    ("/v1/chat/completions", PREFILLED | {"guided_regex": "[a-z]+"}, "continue_final_message",
+     "invalid_value", "and 'guided_regex' cannot be used together"),
 ])
 def test_bad_structured_output_fields_are_400s_naming_the_field(post, path, extra, param, code, says):
     body = (OK if path == "/v1/completions" else CHAT_OK) | extra
@@ -93,4 +113,19 @@ def test_tools_on_a_template_without_tool_support_are_a_400(post):
 
 def test_their_harmless_defaults_are_accepted(post):
     body = CHAT_OK | {"tools": [], "tool_choice": "auto", "response_format": {"type": "text"}}
+    assert post("/v1/chat/completions", json=body).status_code == 200
+
+
+def test_llama_cpps_json_object_with_a_schema_is_held_to_the_schema(post):
+    """llama.cpp reads ``{"type": "json_object", "schema": {...}}`` as an answer that matches the schema."""
+    fixed = {"type": "object", "properties": {"k": {"const": "fixed"}}, "required": ["k"],
+             "additionalProperties": False}
+    body = CHAT_OK | {"max_tokens": 16, "temperature": 0,
+                      "response_format": {"type": "json_object", "schema": fixed}}
+    r = post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == '{"k": "fixed"}', r.text
+
+
+def test_a_prefilled_message_without_a_format_goes_on(post):
+    body = CHAT_OK | PREFILLED | {"max_tokens": 4}
     assert post("/v1/chat/completions", json=body).status_code == 200

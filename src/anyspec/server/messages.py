@@ -35,7 +35,7 @@ RENAMED = [(r"stop\b", "stop_sequences"),
            (r"(tools\[\d+\])\.function\.parameters", r"\1.input_schema"),
            (r"(tools\[\d+\])\.function", r"\1"), (r"tool_choice\.function", "tool_choice"),
            (r"parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
-           (r"tool_choice': 'required'", "tool_choice' of type any")]
+           (r"tool_choice': 'required'", "tool_choice' of type any"), (r"continue_final_message", "messages")]
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -105,7 +105,10 @@ def _tools(tools) -> list[dict] | None:
             raise bad(f"'tools[{i}]' must be a custom tool ({{name, description, input_schema}}); this "
                        f"server runs no server tools, got type {kind!r}.", f"tools[{i}].type",
                        "unsupported_parameter")
-        function = {"name": tool.get("name"), "parameters": tool.get("input_schema") or {"type": "object"}}
+        if tool.get("input_schema") is None:
+            raise bad(f"'tools[{i}].input_schema' is required: the JSON Schema of the tool's input.",
+                      f"tools[{i}].input_schema", "missing_required_parameter")
+        function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
         out.append({"type": "function", "function": function | (
             {"description": tool["description"]} if "description" in tool else {})})
     return out
@@ -159,7 +162,7 @@ def chat_body(body) -> dict:
     config = body_field(body, "output_config", (dict,), {})
     if config.get("format") is not None:
         fmt = config["format"]
-        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or fmt.get("schema") is None:
             raise bad("'output_config.format' must be {type: 'json_schema', schema}.",
                        "output_config.format")
         sent["response_format"] = {"type": "json_schema", "json_schema": {"name": "output",

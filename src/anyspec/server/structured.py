@@ -64,8 +64,9 @@ def response_format(body: dict, grammars) -> object:
                               "response_format.type")
     if kind == "text":
         return None
-    if kind == "json_object":
-        return _schema(grammars, None, "response_format")
+    if kind == "json_object":  # llama.cpp's takes a "schema" beside it
+        schema = spec.get("schema")
+        return _schema(grammars, schema, "response_format" + (".schema" if schema is not None else ""))
     inner = _object(spec.get("json_schema"), "response_format.json_schema")
     if not isinstance(inner.get("name"), str) or not inner["name"]:
         raise StructuredError("'response_format.json_schema.name' must be a non-empty string.",
@@ -73,7 +74,11 @@ def response_format(body: dict, grammars) -> object:
     if not isinstance(inner.get("strict", False), bool):
         raise StructuredError("'response_format.json_schema.strict' must be a boolean.",
                               "response_format.json_schema.strict", "invalid_type")
-    return _schema(grammars, inner.get("schema", {}), "response_format.json_schema.schema")
+    if inner.get("schema") is None:
+        raise StructuredError("'response_format.json_schema.schema' is required: the JSON Schema the answer "
+                              "matches (for any JSON object, use {type: 'json_object'}).",
+                              "response_format.json_schema.schema", "missing_required_parameter")
+    return _schema(grammars, inner["schema"], "response_format.json_schema.schema")
 
 
 def guided(body: dict) -> tuple[str, str, object] | None:
@@ -83,7 +88,10 @@ def guided(body: dict) -> tuple[str, str, object] | None:
     asked = [(name, kind, body[name]) for name, kind in named.items() if body.get(name) is not None]
     outputs = body.get("structured_outputs")
     if outputs is not None:
-        for key, value in _object(outputs, "structured_outputs").items():
+        if not any(value not in (None, False) for value in _object(outputs, "structured_outputs").values()):
+            raise StructuredError(f"'structured_outputs' asks for nothing; it takes one of "
+                                  f"{', '.join(GUIDES)} or json_object: true.", "structured_outputs")
+        for key, value in outputs.items():
             if key == "json_object" and value is True:  # JSON mode
                 key, value = "json", {"type": "object"}
             elif key not in GUIDES and value not in (None, False):
@@ -167,6 +175,7 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
             if body.get(name):
                 raise StructuredError(f"'{name}' and '{param}' cannot be used together: an answer "
                                       "follows one of them.", name)
+        _from_the_start(body, param)
         try:
             return Structure(grammar=grammars().guide(kind, value, param))
         except GrammarError as exc:
@@ -176,7 +185,9 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
             if body.get(name) is not None:
                 raise StructuredError(f"'{name}' is a chat field; /v1/completions takes 'response_format'.",
                                       name, "unsupported_parameter")
-        return Structure(grammar=response_format(body, grammars))
+        if (fmt := response_format(body, grammars)) is not None:
+            _from_the_start(body, "response_format")
+        return Structure(grammar=fmt)
     functions = _functions(tools, grammars) if tools is not None else []
     choice, name = _choice(body, functions)
     parallel = body.get("parallel_tool_calls", True)
@@ -184,6 +195,8 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
         raise StructuredError("'parallel_tool_calls' must be a boolean.", "parallel_tool_calls",
                               "invalid_type")
     fmt = response_format(body, grammars)
+    if fmt is not None:
+        _from_the_start(body, "response_format")
     if fmt is not None and choice in ("required", "function"):
         raise StructuredError("'response_format' and a 'tool_choice' that requires a call cannot be used "
                               "together: the answer is the tool call.", "response_format")
@@ -199,6 +212,13 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
         except GrammarError as exc:
             raise StructuredError(str(exc), exc.field) from None
     return Structure(grammar=grammar, tools=tools, read_calls=choice != "none", functions=functions)
+
+
+def _from_the_start(body: dict, param: str) -> None:
+    if body.get("continue_final_message") is True:
+        raise StructuredError(f"'continue_final_message' (a prefilled assistant message) and '{param}' "
+                              f"cannot be used together: '{param}' would hold the continuation alone, "
+                              "not the prefilled text before it.", "continue_final_message")
 
 
 def _check_template(tokenizer, tools: list[dict]) -> None:
