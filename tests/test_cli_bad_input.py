@@ -296,7 +296,8 @@ def test_a_settings_error_names_the_commands_option(no_loading, capsys, argv, sa
 @pytest.mark.parametrize(("argv", "says"), [
     (["--regex", "(unclosed"], "not a valid regular expression"),
     (["--regex", "a", "--choice", "b"], "--regex and --choice cannot be used together"),
-    (["--choice", ""], "non-empty strings"),
+    (["--choice", ""], "error: --choice takes a non-empty string, one of the answers allowed (repeat it"),
+    (["--choice", "yes", "--choice", ""], "error: --choice takes a non-empty string"),
     (["--grammar-file", "/no/such.gbnf"], "--grammar-file: cannot read /no/such.gbnf"),
     (["--grammar-file", "GRAMMAR"], "not a valid GBNF grammar (Rule 'value' not found)"),
     (["--grammar-file", "GRAMMAR", "--regex", "a"], "--regex and --grammar-file cannot be used together"),

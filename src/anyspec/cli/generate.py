@@ -100,6 +100,9 @@ def read_guide(args) -> tuple[str, object, str] | None:
     if not asked:
         return None
     kind, value, flag = asked[0]
+    if kind == "choice" and not all(value):
+        raise ConfigError("--choice takes a non-empty string, one of the answers allowed (repeat it for "
+                          "each); one is empty")
     if kind in ("json", "grammar"):
         value = read_file(value, flag, kind == "json")
     check_grammar(guide_grammar(kind, value, flag), flag, GUIDES[kind])
