@@ -234,6 +234,59 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, reference):
         client.completions.create(model=MODEL_NAME, prompt=text, max_tokens=0)
 
 
+def _sse_data(response) -> list:
+    """A streamed answer's ``data:`` payloads, JSON but the last (``[DONE]``)."""
+    import json
+
+    data = [line[len("data: "):] for line in response.text.splitlines() if line.startswith("data: ")]
+    return [json.loads(d) for d in data[:-1]] + data[-1:]
+
+
+def _echoed(url: str, stream: bool, **body) -> dict:
+    """A completion that echoes its prompt and generates nothing, whole or streamed (then its choices'
+    text and finish reasons put together, and the usage), within 30 s."""
+    sent = {"model": MODEL_NAME, "echo": True, "max_tokens": 0, "stream": stream} | body
+    if stream:
+        sent["stream_options"] = {"include_usage": True}
+    answer = httpx.post(url + "/v1/completions", json=sent, timeout=30)
+    assert answer.status_code == 200, answer.text
+    if not stream:
+        return answer.json()
+    chunks = _sse_data(answer)
+    assert chunks[-1] == "[DONE]"
+    choices: dict[int, dict] = {}
+    for chunk in chunks[:-1]:
+        for c in chunk["choices"]:
+            got = choices.setdefault(c["index"], {"index": c["index"], "text": "", "finish_reason": None})
+            got["text"] += c["text"]
+            got["finish_reason"] = c["finish_reason"] or got["finish_reason"]
+    return {"choices": [choices[i] for i in sorted(choices)], "usage": chunks[-2]["usage"]}
+
+
+@needs_rowwise
+def test_echo_with_max_tokens_0_answers_where_the_prompt_needs_no_forward(folders):
+    """A prompt to score that leaves the target nothing to read answers all the same, whole or
+    streamed: one the prefix cache holds whole (asked again, without logprobs), and one of a single
+    token (whose logprob is None); with ``n`` and prompt arrays too. No slot stays taken."""
+    with live_server(load_engine(*folders, dtype="int8"), queue_size=8) as (url, _):
+        for stream in (False, True):
+            prompt = "def add(a, b):" + " # streamed" * stream
+            first, again = (_echoed(url, stream, prompt=prompt) for _ in range(2))
+            for out in (first, again):
+                (choice,) = out["choices"]
+                assert choice["text"] == prompt and choice["finish_reason"] == "length"
+            usage = again["usage"]
+            assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+            choices = _echoed(url, stream, prompt=["x", prompt], n=2)["choices"]
+            assert [(c["index"], c["text"], c["finish_reason"]) for c in choices] == [
+                (0, "x", "length"), (1, "x", "length"), (2, prompt, "length"), (3, prompt, "length")]
+        (choice,) = _echoed(url, False, prompt="x", logprobs=1)["choices"]
+        assert choice["text"] == "x" and choice["logprobs"]["token_logprobs"] == [None]
+        choices = _echoed(url, False, prompt=["x", "y"], logprobs=1, n=2)["choices"]
+        assert [c["logprobs"]["tokens"] for c in choices] == [["x"], ["x"], ["y"], ["y"]]
+        assert httpx.get(url + "/health").json()["running"] == 0
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_streamed_logprobs_are_the_whole_answers(client, chat):
     """Each chunk carries the logprobs of the tokens committed since the one before; put together

@@ -312,15 +312,19 @@ def committed(cached: list[int], prompt: list[int]) -> int:
 
 
 def announced(steps: Steps, job: Job, target) -> Steps:
-    """``steps``, the job told ``("start", n)`` when they reach their first forward: the prefill has
-    kept what it reuses of the target's cache by then, so n is the prompt's tokens read from the
-    prefix cache (an Anthropic stream's ``message_start`` counts them)."""
+    """``steps``, the job told ``("start", n)`` when they reach their first forward, or their end
+    where they need none (a prompt only scored, held whole by the prefix cache or of one token):
+    the prefill has kept what it reuses of the target's cache by then, so n is the prompt's tokens
+    read from the prefix cache (an Anthropic stream's ``message_start`` counts them). Every job's
+    events begin with it: ``admit`` waits for it."""
     sent, started = None, False
     try:
         while True:
             try:
                 forward = steps.send(sent)
             except StopIteration as end:
+                if not started:
+                    job.emit("start", len(target.cached_ids))
                 return end.value
             if not started:
                 job.emit("start", len(target.cached_ids))
