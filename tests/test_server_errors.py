@@ -3,6 +3,8 @@
 The tiny target has a 256-token context, so "beyond the context" is cheap to reach.
 """
 
+import copy
+
 import pytest
 
 pytest.importorskip("fastapi")
@@ -373,6 +375,26 @@ def test_a_suffix_needs_fill_in_the_middle_tokens_and_text_prompts(post):
     assert_error(post("/v1/completions", json=OK | {"prompt": [1, 2], "suffix": "x"}), 400, "suffix",
                  "invalid_value", "text prompts")
     assert post("/v1/completions", json=OK | {"suffix": ""}).status_code == 200
+
+
+def test_echo_with_a_suffix_is_refused(post, tok_qwen2):
+    """The prompt a suffix runs is the fill-in-the-middle one, which ``echo`` would give back instead
+    of the prompt sent: refused, as OpenAI refuses it, with FIM tokens or without."""
+    from anyspec.server.fields import ApiError
+    from anyspec.server.protocol import parse_request
+
+    body = OK | {"prompt": "def f(", "suffix": "  return 1\n", "echo": True, "max_tokens": 3}
+    assert_error(post("/v1/completions", json=body), 400, "suffix", "unsupported_parameter",
+                 "'echo' cannot be used with 'suffix'")
+    fim = copy.deepcopy(tok_qwen2)
+    fim.add_tokens(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"], special_tokens=True)
+    infill = parse_request(body | {"echo": False}, False, (MODEL_NAME,), fim, 256, 16).prompts[0]
+    assert infill.sent.startswith("<|fim_prefix|>def f(")
+    with pytest.raises(ApiError) as refused:
+        parse_request(body, False, (MODEL_NAME,), fim, 256, 16)
+    assert refused.value.param == "suffix" and "'echo'" in refused.value.message
+    echoed = post("/v1/completions", json=body | {"suffix": ""}).json()["choices"][0]["text"]
+    assert echoed.startswith("def f(")
 
 
 @pytest.mark.parametrize(("path", "body", "param", "code"), [

@@ -268,6 +268,10 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
                            "unsupported_parameter")
     vocab = vocab_size or 2**31
     suffix = None if chat else body_field(body, "suffix", (str,))
+    echo = body_field(body, "echo", (bool,), False)
+    if echo and suffix:  # the prompt run is the fill-in-the-middle one, not the one sent
+        raise ApiError(400, "'echo' cannot be used with 'suffix'; leave one of them out.", "suffix",
+                       "unsupported_parameter")
     if chat:
         messages, kwargs = chat_request(body, tokenizer)
         sent = [messages]
@@ -301,7 +305,6 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
     include_usage = body_field(options, "include_usage", (bool,), False)
     speculative = body_field(body, "speculative", (bool,), True)
     logprobs = _logprobs(body, chat)
-    echo = body_field(body, "echo", (bool,), False)
     if echo and chat:
         raise ApiError(400, "'echo' is a completions field; chat answers do not repeat the messages.", "echo",
                        "unsupported_parameter")
