@@ -42,6 +42,17 @@ def test_unknown_route(post):
     assert_error(post("/v1/embeddings", json={"input": "hi"}), 404, None, None, "not found")
 
 
+def test_a_method_a_route_does_not_take_is_a_405_that_says_which_it_takes(strict_server):
+    for method, path, allowed in (("GET", "/v1/completions", "POST"), ("DELETE", "/health", "GET, HEAD"),
+                                  ("POST", "/v1/models", "GET")):
+        r = httpx.request(method, strict_server + path, timeout=60)
+        assert_error(r, 405, None, None, "not allowed")
+        assert set(r.headers["allow"].split(", ")) == set(allowed.split(", "))
+    for path in ("/health", "/metrics"):  # what probes may send
+        r = httpx.head(strict_server + path, timeout=60)
+        assert r.status_code == 200 and r.content == b""
+
+
 def test_a_crash_is_a_500_counted_in_metrics(strict_server, monkeypatch):
     """The catch-all handler answers outside the app's own middleware; /metrics still counts it."""
     from anyspec.server import app

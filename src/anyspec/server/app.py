@@ -199,7 +199,8 @@ def error_json(path: str, exc: ApiError) -> dict:
 
 def add_error_handlers(app) -> None:
     """Every error answers ``{"error": {...}}`` (Anthropic's form on ``/v1/messages``): an
-    ``ApiError`` as it says, an HTTP error (an unknown route) with its status, anything else as a 500."""
+    ``ApiError`` as it says, an HTTP error (an unknown route, a method it does not take) with its
+    status and headers (a 405's ``Allow``), anything else as a 500."""
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
 
@@ -210,7 +211,7 @@ def add_error_handlers(app) -> None:
         return error(request, exc)
 
     async def on_http_error(request, exc: HTTPException):
-        return error(request, ApiError(exc.status_code, str(exc.detail)))
+        return error(request, ApiError(exc.status_code, str(exc.detail), headers=exc.headers))
 
     async def on_crash(request, exc: Exception):
         # Starlette raises the exception again once this is sent, and the server then drops the

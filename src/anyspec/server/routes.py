@@ -103,11 +103,11 @@ def add_info_routes(app, engine: Engine, settings: Settings, scheduler: Schedule
                            "model", "model_not_found")
         return listed
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: what probes may send
     async def health():
         return {"status": "ok", "queue_depth": scheduler.depth, "running": len(scheduler.running)}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])  # HEAD: what probes may send
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
