@@ -28,7 +28,8 @@ from anyspec.server.structured import CallStream, read_tool_calls
 
 OWN = ("system", "messages", "tools", "tool_choice", "stop_sequences", "metadata", "thinking", "service_tier",
        "max_tokens", "output_config", "cache_control")
-REFUSED = {"thinking": (None, {"type": "disabled"}), "container": (None,), "mcp_servers": (None, [])}
+REFUSED = {"thinking": (None, {"type": "disabled"}), "container": (None,), "mcp_servers": (None, []),
+           "n": (None, 1)}  # a message is one answer: the chat's n would run answers none receives
 RENAMED = [(r"stop\b", "stop_sequences"),
            (r"response_format\.json_schema\.schema", "output_config.format.schema"),
            (r"response_format", "output_config.format"),
