@@ -4,6 +4,7 @@ variables (``chat_template_kwargs``), the ``developer`` role, and the fields ref
 ignored. Real tokenizer (Qwen2's template), tiny models over real HTTP."""
 
 import copy
+import functools
 import re
 
 import pytest
@@ -19,6 +20,11 @@ from anyspec.server.protocol import parse_request  # noqa: E402
 
 QUESTION = {"role": "user", "content": "List three colors."}
 PARTIAL = {"role": "assistant", "content": '["red",'}
+
+
+def nested(levels: int) -> list:
+    """An array ``levels`` deep."""
+    return functools.reduce(lambda v, _: [v], range(levels), 1)
 
 
 def parsed(tokenizer, **body):
@@ -57,6 +63,14 @@ def test_continue_final_message_ends_the_prompt_inside_the_last_message(tok_qwen
     ({"messages": [QUESTION], "chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize",
      "a parameter of the rendering"),
     ({"messages": [QUESTION], "chat_template_kwargs": ["x"]}, "chat_template_kwargs", "expected an object"),
+    ({"messages": [QUESTION], "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages",
+     "the rendering sets it itself"),
+    ({"messages": [QUESTION], "chat_template_kwargs": {"documents": []}}, "chat_template_kwargs.documents",
+     "cannot set 'documents'"),
+    ({"messages": [QUESTION], "chat_template_kwargs": {"raise_exception": 1}},
+     "chat_template_kwargs.raise_exception", "the rendering sets it itself"),
+    ({"messages": [QUESTION], "chat_template_kwargs": {"deep": nested(900)}},
+     "chat_template_kwargs", "nested more than 64 levels deep"),
     ({"messages": [QUESTION], "stream_options": {"include_usage": True}}, "stream_options",
      "only with 'stream': true"),
     ({"messages": [QUESTION], "modalities": ["text", "audio"]}, "modalities", "not supported"),
@@ -72,7 +86,8 @@ def test_chat_template_kwargs_reach_the_template(tok_qwen2):
     tokenizer.chat_template = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if "
                                "add_generation_prompt %}{{ tone | default('plain') }} assistant:{% endif %}")
     plain = parsed(tokenizer, messages=[QUESTION]).prompts[0].text
-    warm = parsed(tokenizer, messages=[QUESTION], chat_template_kwargs={"tone": "warm"}).prompts[0].text
+    warm = parsed(tokenizer, messages=[QUESTION], chat_template_kwargs={"tone": "warm", "deep": nested(63)}
+                  ).prompts[0].text
     assert plain.endswith("plain assistant:") and warm.endswith("warm assistant:")
     assert parsed(tokenizer, messages=[QUESTION], modalities=["text"]).prompts[0].text == plain
 

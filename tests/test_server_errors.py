@@ -32,6 +32,12 @@ def test_wrong_type(post, field, value, want):
     assert_error(r, 400, field, "invalid_type", f"expected {want}")
 
 
+def test_a_wrong_type_inside_stream_options_is_named_by_its_path(post):
+    body = OK | {"stream": True, "stream_options": {"include_usage": "yes"}}
+    assert_error(post("/v1/completions", json=body), 400, "stream_options.include_usage", "invalid_type",
+                 "'stream_options.include_usage': expected a boolean")
+
+
 def test_wrong_type_in_stop_list(post):
     assert_error(post("/v1/completions", json=OK | {"stop": ["a", 1]}), 400, "stop", "invalid_type")
 

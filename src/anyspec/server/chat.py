@@ -37,8 +37,15 @@ def continued(body: dict, messages: list[dict]) -> list[dict]:
     return [*messages[:-1], last | {"prefix": True}]
 
 
+# what a chat template reads beside its own variables: the rendering's arguments and the functions it
+# calls (transformers'); a variable of the same name would replace them, or clash with them
+RENDERED = ("messages", "tools", "documents", "add_generation_prompt", "raise_exception", "strftime_now")
+MAX_DEPTH = 64  # levels of objects and arrays, chat_template_kwargs itself the first
+
+
 def template_kwargs(body: dict, tokenizer) -> dict | None:
-    """``chat_template_kwargs``: variables for the template, none of them a parameter of its rendering."""
+    """``chat_template_kwargs``: variables for the template, none of them a parameter of its rendering
+    or a name the rendering sets itself, none nested deeper than ``MAX_DEPTH``."""
     kwargs = body.get("chat_template_kwargs")
     if kwargs is None:
         return None
@@ -51,4 +58,22 @@ def template_kwargs(body: dict, tokenizer) -> dict | None:
         raise StructuredError(f"'chat_template_kwargs' cannot set '{clash[0]}', a parameter of the "
                               "rendering, not a variable of the template.",
                               f"chat_template_kwargs.{clash[0]}")
+    if clash := sorted(set(RENDERED) & set(kwargs)):
+        raise StructuredError(f"'chat_template_kwargs' cannot set '{clash[0]}': the rendering sets it "
+                              "itself (from the request's own fields).", f"chat_template_kwargs.{clash[0]}")
+    if nested_deeper(kwargs, MAX_DEPTH):
+        raise StructuredError(f"'chat_template_kwargs' is nested more than {MAX_DEPTH} levels deep.",
+                              "chat_template_kwargs")
     return kwargs
+
+
+def nested_deeper(value: dict | list, levels: int) -> bool:
+    """Whether the arrays and objects of ``value``, itself one, nest more than ``levels`` deep (read
+    level by level, not recursively)."""
+    level = [value]
+    for _ in range(levels):
+        level = [item for v in level for item in (v.values() if isinstance(v, dict) else v)
+                 if isinstance(item, dict | list)]
+        if not level:
+            return False
+    return True

@@ -52,14 +52,17 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def body_field(body: dict, name: str, kinds: tuple, default=None):
+def body_field(body: dict, name: str, kinds: tuple, default=None, within: str | None = None):
+    """Field ``name`` of ``body`` (None: ``default``), a 400 where it is not of one of ``kinds``;
+    ``within``: the field ``body`` is, named before ``name`` in the error (``stream_options``)."""
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         want = " or ".join(JSON_NAMES[k] for k in kinds if not (k is int and float in kinds))
         got = JSON_NAMES.get(type(value), type(value).__name__)
-        raise ApiError(400, f"Invalid type for '{name}': expected {want}, but got {got} instead.", name,
+        param = f"{within}.{name}" if within else name
+        raise ApiError(400, f"Invalid type for '{param}': expected {want}, but got {got} instead.", param,
                        "invalid_type")
     return value
 

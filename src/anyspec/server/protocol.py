@@ -302,7 +302,7 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
     if options and not stream:
         raise ApiError(400, "'stream_options' is allowed only with 'stream': true.", "stream_options",
                        "invalid_value")
-    include_usage = body_field(options, "include_usage", (bool,), False)
+    include_usage = body_field(options, "include_usage", (bool,), False, "stream_options")
     speculative = body_field(body, "speculative", (bool,), True)
     logprobs = _logprobs(body, chat)
     if echo and chat:
