@@ -4,6 +4,7 @@ answered 400 naming its field before any model work (on the tiny server)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -311,3 +312,145 @@ def test_a_call_opened_as_text_pieces_is_held_to_its_parameters(target_tok, choi
     plain = enc("Paris is at UTC+1, <tool> tags aside.")
     expected = plain + [tok.eos_token_id] if choice == "auto" else []
     assert calls_taken(grammar, tok, plain) == expected
+
+
+def nested(depth: int, wrap) -> object:
+    """A value ``depth`` times wrapped by ``wrap``, around a string schema."""
+    value = {"type": "string"}
+    for _ in range(depth):
+        value = wrap(value)
+    return value
+
+
+DEEP_SCHEMAS = [nested(64, lambda s: {"type": "object", "properties": {"a": s}, "required": ["a"]}),
+                nested(200, lambda s: {"type": "array", "items": s}),
+                nested(200, lambda s: {"anyOf": [s, {"type": "null"}]}),
+                {"type": "array", "default": nested(500, lambda v: [v])},
+                {"const": nested(500, lambda v: [v])}]
+
+
+@pytest.mark.parametrize("schema", DEEP_SCHEMAS, ids=["properties", "items", "anyOf", "default", "const"])
+def test_a_schema_nested_too_deep_is_refused_naming_the_field(grammars, schema):
+    from anyspec.engine.grammar import GrammarError
+
+    with pytest.raises(GrammarError, match="nests objects and arrays .* deep; at most") as info:
+        grammars.json(schema, "response_format.json_schema.schema")
+    assert info.value.field == "response_format.json_schema.schema"
+
+
+def test_a_schema_as_deep_as_llguidance_reads_compiles(grammars):
+    from anyspec.engine.grammar import JSON_DEPTH, GrammarError, json_depth
+
+    deepest = {"const": nested(JSON_DEPTH - 2, lambda v: [v])}
+    assert json_depth(deepest) == JSON_DEPTH
+    grammars.json(deepest, "s")
+    with pytest.raises(GrammarError, match=f"{JSON_DEPTH + 1} deep"):
+        grammars.json({"const": [deepest["const"]]}, "s")
+
+
+@pytest.mark.parametrize(("kind", "value"), [("regex", "(a{1000}){1000}"),
+                                             ("grammar", 'root ::= "a"{1000000}'),
+                                             ("regex", "[bc]+(a{1000}){1000}")])
+def test_a_grammar_too_complex_for_the_lexer_is_refused_as_it_compiles(grammars, kind, value):
+    """Its first tokens already run out of the lexer's or the parser's fuel: refused before any
+    answer starts, in one line without llguidance's dump of its state and grammar."""
+    from anyspec.engine.grammar import GrammarError
+
+    with pytest.raises(GrammarError, match="too large or too complex to compile in bounded time") as info:
+        grammars.guide(kind, value, f"guided_{kind}")
+    assert info.value.field == f"guided_{kind}"
+    assert "\n" not in str(info.value) and "<state>" not in str(info.value)
+
+
+def test_a_grammars_error_mid_answer_is_one_line_naming_the_field(grammars, tok_qwen2):
+    from anyspec.errors import ConfigError
+
+    rejected = tok_qwen2.encode("maybe")[0]
+    constraint = grammars.guide("choice", ["yes", "no"], "guided_choice").start(Stats())
+    constraint.matcher.consume_token(rejected)
+    with pytest.raises(ConfigError) as info:
+        constraint.rows(Proposal([]))
+    assert info.value.field == "guided_choice"
+    assert "\n" not in str(info.value) and "<state>" not in str(info.value)
+    with pytest.raises(RuntimeError, match="a committed token broke the grammar") as broke:
+        grammars.guide("choice", ["yes", "no"], "guided_choice").start(Stats()).advance([rejected])
+    assert "\n" not in str(broke.value) and "<state>" not in str(broke.value)
+
+
+def deepest_grammar(limit: int) -> str:
+    """The Lark grammar of at most ``limit`` bytes whose rules chain deepest for llguidance's
+    compiler, which recurses per rule and per parenthesis: each rule is the next one's name in 28
+    parentheses (the most it nests), the names as short as they come."""
+    letters, rest = "abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyz0123456789_"
+    names = (head + "".join(tail) for length in (1, 2, 3) for head in letters
+             for tail in itertools.product(rest, repeat=length - 1))
+    names = (name for name in names if name != "start")
+    name = next(names)
+    rules = [f"start: {name}\n"]
+    size = len(rules[0])
+    for following in names:
+        rule = f"{name}: {'(' * 28}{following}{')' * 28}\n"
+        if size + len(rule) + len(f'{following}: "a"\n') > limit:
+            break
+        rules.append(rule)
+        size += len(rule)
+        name = following
+    return "".join(rules) + f'{name}: "a"\n'
+
+
+COMPILE_DEEP = """
+import sys, threading
+sys.path.insert(0, sys.argv[1])
+from tokenizer_files import _load, ggml_vocab_file
+from anyspec.engine import grammar
+from anyspec.engine.loop import Stats
+from anyspec.engine.proposers import Proposal
+
+grammar.NATIVE_STACK //= 3  # the deepest grammar the cap allows fits in a third of the stack
+tok = _load(ggml_vocab_file("qwen2"))
+grammars = grammar.Grammars(tok, len(tok), {tok.eos_token_id})
+for path in sys.argv[2:]:
+    text = open(path).read()
+    grammar.check_grammar(grammar.guide_grammar("grammar", text, "g"), "g", grammar.GUIDES["grammar"])
+    compiled = grammars.guide("grammar", text, "g")
+
+    def answer():  # a generation's steps and masks, on an ordinary thread's stack
+        constraint = compiled.start(Stats())
+        forced = constraint.forced(4)
+        constraint.rows(Proposal(forced))
+        constraint.advance(forced)
+        print(path, tok.decode(forced), flush=True)
+
+    threading.stack_size(1 << 20)
+    thread = threading.Thread(target=answer)
+    thread.start()
+    thread.join()
+"""
+
+
+def test_grammars_chained_as_deep_as_the_cap_allows_compile_and_generate(tmp_path):
+    """llguidance compiles a chain of rules recursively, in native frames; on an ordinary thread's
+    8 MiB stack 3,000 plain rules overflow it and the process dies. Compiled on a stack of its own,
+    the deepest chain MAX_SCHEMA_BYTES allows fits in a third of it; its steps need no deep stack."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from anyspec.engine.grammar import MAX_SCHEMA_BYTES
+
+    deepest = deepest_grammar(MAX_SCHEMA_BYTES)
+    assert MAX_SCHEMA_BYTES - 100 < len(deepest) <= MAX_SCHEMA_BYTES
+    chain = "".join(f"r{i}: r{i + 1}\n" for i in range(4000))
+    grammars = {"lark": "start: r0\n" + chain + 'r4000: "a"\n',
+                "gbnf": "root ::= r0\n" + chain.replace(":", " ::=") + 'r4000 ::= "a"\n',
+
+                "deepest": deepest}
+    paths = []
+    for name, text in grammars.items():
+        (path := tmp_path / f"{name}.txt").write_text(text)
+        paths.append(str(path))
+    tests = str(Path(__file__).parent)
+    done = subprocess.run([sys.executable, "-c", COMPILE_DEEP, tests, *paths], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [p for path in paths for p in (path, "a")]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import warnings
 from collections import OrderedDict
@@ -28,8 +29,17 @@ from anyspec.errors import ConfigError
 
 CACHED = 64  # compiled grammars kept, the least recently used dropped first
 MAX_SCHEMA_BYTES = 65_536
+TRIAL_STEPS = 4  # tokens a new grammar is followed for, to find the limits it reaches early
+JSON_DEPTH = 124  # objects and arrays in objects and arrays: llguidance's JSON reader takes 128 levels,
+#                  the grammar it writes around a schema holds it 4 deep
 LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=200_000,
-              max_lexer_states=50_000)  # what bounds compile and mask time (llguidance's fuel: ~50k/ms)
+              max_lexer_states=50_000,  # what bounds compile and mask time (llguidance's fuel: ~50k/ms)
+              verbose_errors=False)  # an error is its reason, without the parser's state and grammar
+# llguidance compiles a chain of rules (r0: r1, r1: r2, ...) recursively, one native frame or more
+# per rule and per parenthesis around a reference: a grammar of MAX_SCHEMA_BYTES needs ~55 MiB of
+# stack at its deepest (rules nested in 28 parentheses each), where a thread's default 8 MiB
+# overflows at ~2,600 plain rules and the process dies. Its masks and steps do not recurse so.
+NATIVE_STACK = 256 << 20
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 STYLE = dict(whitespace_flexible=False, item_separator=", ", key_separator=": ")  # as json.dumps writes
 GUIDES = {"json": "JSON Schema", "regex": "regular expression", "choice": "list of choices",
@@ -53,15 +63,42 @@ def _llguidance():
     return llguidance
 
 
+_stack_size = threading.Lock()
+
+
+def native(call, *args, **kwargs):
+    """``call(*args, **kwargs)`` on a thread of its own with a NATIVE_STACK stack, its result or
+    exception returned or raised here: every llguidance call that compiles or checks a grammar."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = call(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 (raised again in the caller's thread)
+            out["error"] = exc
+
+    with _stack_size:
+        default = threading.stack_size(NATIVE_STACK)
+        try:
+            thread = threading.Thread(target=run, name="anyspec-grammar", daemon=True)
+            thread.start()
+        finally:
+            threading.stack_size(default)
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 class Grammars:
     """Grammars compiled against one tokenizer, cached by their text."""
 
     def __init__(self, tokenizer, vocab_size: int, end_ids: set[int], limits: dict | None = None):
         ll = _llguidance()
-        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.tokenizer, self.vocab_size, self.end_ids = tokenizer, vocab_size, end_ids
         self.lltok = ll.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(end_ids))
         self.limits = ll.LLParserLimits(**LIMITS | (limits or {}))
-        self.cache: OrderedDict[str, Grammar] = OrderedDict()
+        self.cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()  # by field and text
 
     def json(self, schema: dict | bool | None, field: str) -> Grammar:
         """Any JSON object (``schema=None``, JSON mode) or a value matching ``schema``."""
@@ -91,22 +128,39 @@ class Grammars:
                                                               for i, schema in enumerate(params))
         marks = [self.tokenizer.convert_tokens_to_ids(t) for t in (TOOL_OPEN, TOOL_CLOSE)]
         lark = _calls_lark(marks, one, text) + body
-        return self._compile(_llguidance().LLMatcher.grammar_from_lark(lark), field)
+        return self._compile(native(_llguidance().LLMatcher.grammar_from_lark, lark), field)
 
     def _compile(self, text: str, field: str, what: str = GUIDES["json"]) -> Grammar:
-        if text in self.cache:
-            self.cache.move_to_end(text)
-            return self.cache[text]
-        matcher = _llguidance().LLMatcher(self.lltok, text, log_level=0, limits=self.limits)
-        if not matcher.is_error():
-            matcher.compute_bitmask()  # the first mask builds the lexer's start: its limits count too
-        if matcher.is_error():
-            raise GrammarError(f"'{field}' cannot be used: {_reason(matcher.get_error(), what)}", field)
-        grammar = Grammar(matcher, self.vocab_size)
-        self.cache[text] = grammar
+        if (field, text) in self.cache:
+            self.cache.move_to_end((field, text))
+            return self.cache[field, text]
+        matcher, error = native(self._matcher, text)
+        if error:
+            raise GrammarError(f"'{field}' cannot be used: {_reason(error, what)}", field)
+        grammar = Grammar(matcher, self.vocab_size, field)
+        self.cache[field, text] = grammar
         while len(self.cache) > CACHED:
             self.cache.popitem(last=False)
         return grammar
+
+    def _matcher(self, text: str):
+        """The matcher of ``text`` and its error, if any: in its first mask, which builds the lexer's
+        start (its limits count too), or in a few first steps, where a lexeme too complex for the
+        lexer (``(a{1000}){1000}``) runs out of fuel: each step takes the first token the grammar
+        forces, else the first it allows."""
+        matcher = _llguidance().LLMatcher(self.lltok, text, log_level=0, limits=self.limits)
+        if matcher.is_error():
+            return matcher, matcher.get_error()
+        mask, trial = matcher.compute_bitmask(), matcher.deep_copy()
+        for _ in range(TRIAL_STEPS):
+            token = next(iter(trial.compute_ff_tokens()), None)
+            if token is None:
+                bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
+                token = next((int(t) for t in np.flatnonzero(bits) if t not in self.end_ids), None)
+            if token is None or not trial.consume_token(token):
+                break
+            mask = trial.compute_bitmask()
+        return matcher, matcher.get_error() or trial.get_error()
 
 
 def _calls_lark(marks: list[int], one: bool, text: bool) -> str:
@@ -147,11 +201,29 @@ def schema_grammar(schema: dict | bool | None, field: str) -> str:
     if not isinstance(schema, dict | bool):
         raise GrammarError(f"'{field}' must be a JSON Schema object.", field)
     check_unicode(schema, field)
+    if (depth := json_depth(schema)) > JSON_DEPTH:
+        raise GrammarError(f"'{field}' nests objects and arrays {depth} deep; at most {JSON_DEPTH} are "
+                           "compiled.", field)
     text = json.dumps({} if schema is True else schema)  # true: any JSON value
     if len(text) > MAX_SCHEMA_BYTES:
         raise GrammarError(f"'{field}' is {len(text)} bytes as JSON; at most {MAX_SCHEMA_BYTES} are "
                            "compiled.", field)
-    return _llguidance().LLMatcher.grammar_from_json_schema(text, defaults=STYLE)
+    try:
+        return native(_llguidance().LLMatcher.grammar_from_json_schema, text, defaults=STYLE)
+    except ValueError as exc:
+        raise GrammarError(f"'{field}' cannot be used: it is not a valid JSON Schema ({_one_line(str(exc))})",
+                           field) from None
+
+
+def json_depth(value) -> int:
+    """How deep objects and arrays nest in ``value`` (a scalar: 0, ``{}``: 1), found without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((inner, level + 1) for inner in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def guide_grammar(kind: str, value, field: str) -> str:
@@ -175,16 +247,16 @@ def guide_grammar(kind: str, value, field: str) -> str:
     elif not isinstance(value, str) or not value:
         raise GrammarError(f"'{field}' must be a non-empty string.", field)
     elif kind == "regex":
-        text = ll.LLMatcher.grammar_from_regex(value)
+        text = native(ll.LLMatcher.grammar_from_regex, value)
     else:
         from llguidance.gbnf_to_lark import any_to_lark
         try:
-            lark = any_to_lark(value)
+            lark = native(any_to_lark, value)
         except Exception as exc:  # noqa: BLE001 (its converter raises bare Exceptions too)
             reason = " ".join(str(exc).split())
             raise GrammarError(f"'{field}' cannot be used: it is not a valid GBNF grammar ({reason})",
                                field) from None
-        text = ll.LLMatcher.grammar_from_lark(lark)
+        text = native(ll.LLMatcher.grammar_from_lark, lark)
     if len(text) > MAX_SCHEMA_BYTES:
         raise GrammarError(f"'{field}' is {len(text)} bytes as a grammar; at most {MAX_SCHEMA_BYTES} are "
                            "compiled.", field)
@@ -194,32 +266,44 @@ def guide_grammar(kind: str, value, field: str) -> str:
 def check_grammar(text: str, field: str, what: str = GUIDES["json"]) -> None:
     """A grammar's problems, found before any tokenizer is loaded (``Grammars`` finds the rest)."""
     ll = _llguidance()
-    error = ll.LLMatcher.validate_grammar(text, None, limits=ll.LLParserLimits(**LIMITS))
+    error = native(ll.LLMatcher.validate_grammar, text, None, limits=ll.LLParserLimits(**LIMITS))
     if error and not error.startswith("WARNING"):
         raise GrammarError(f"'{field}' cannot be used: {_reason(error, what)}", field)
 
 
+def _one_line(error: str) -> str:
+    """llguidance's error as one line: its first and its ``error:`` lines, without any dump of the
+    parser's state or grammar that follows."""
+    error = error.split("<state>")[0].split("<grammar>")[0]
+    lines = [line.strip() for line in error.strip().splitlines()]
+    return " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
+
+
+def _too_complex(error: str) -> bool:
+    return re.search(r"fuel|limit|\btoo\b|max is", error, re.IGNORECASE) is not None
+
+
 def _reason(error: str, what: str) -> str:
-    lines = [line.strip() for line in error.strip().splitlines()]  # one line: the first and the error's
-    error = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
+    error = _one_line(error)
     if what == GUIDES["json"]:  # a place in the grammar made from the schema: nothing a client wrote
         error = re.sub(r"^at \d+\(\d+\): ", "", error)
     if "Unimplemented" in error or "Unknown format" in error:
         return f"an unsupported {what} feature ({error})"
-    if "fuel" in error or "limit" in error.lower() or "too" in error:
+    if _too_complex(error):
         return f"it is too large or too complex to compile in bounded time ({error})"
     return f"it is not a valid {what} ({error})"
 
 
 class Grammar:
-    """A compiled grammar: its matcher at the start, copied for each generation."""
+    """A compiled grammar: its matcher at the start, copied for each generation; ``field``: what
+    it was asked for as (the server's request field), which its errors name."""
 
-    def __init__(self, matcher, vocab_size: int):
-        self.matcher, self.vocab_size = matcher, vocab_size
+    def __init__(self, matcher, vocab_size: int, field: str | None = None):
+        self.matcher, self.vocab_size, self.field = matcher, vocab_size, field
 
     def start(self, stats) -> Constraint:
         """A generation's state; its time goes to ``stats.grammar_seconds``."""
-        return Constraint(self.matcher.deep_copy(), self.vocab_size, stats)
+        return Constraint(self.matcher.deep_copy(), self.vocab_size, stats, self.field)
 
 
 class Free:
@@ -238,8 +322,8 @@ class Free:
 class Constraint(Free):
     """One generation's state in its grammar: after the tokens committed so far."""
 
-    def __init__(self, matcher, vocab_size: int, stats):
-        self.matcher, self.vocab_size, self.stats = matcher, vocab_size, stats
+    def __init__(self, matcher, vocab_size: int, stats, field: str | None = None):
+        self.matcher, self.vocab_size, self.stats, self.field = matcher, vocab_size, stats, field
 
     def forced(self, limit: int) -> list[int]:
         """The next tokens the grammar allows alone (up to ``limit``)."""
@@ -266,8 +350,14 @@ class Constraint(Free):
         masks = self._tree(*proposal.trie) if proposal.trie else self._walk(proposal.ids)
         self.stats.grammar_seconds += time.perf_counter() - t0
         if self.matcher.is_error():
-            raise ConfigError(f"the answer's grammar failed: {self.matcher.get_error()}")
+            raise self._failed()
         return proposal, masks
+
+    def _failed(self) -> ConfigError:
+        """The grammar's error mid-answer: its limits reached (a lexeme or a parse too complex to
+        follow in bounded time), which the request asked for."""
+        said = f"The grammar of '{self.field}'" if self.field else "The answer's grammar"
+        return ConfigError(f"{said} failed mid-answer: {_one_line(self.matcher.get_error())}", self.field)
 
     # The proposed tokens are read on copies of the state, never on the state itself with a
     # rollback after: a matcher that consumed tokens and rolled them back can give a later mask that
@@ -307,7 +397,9 @@ class Constraint(Free):
     def advance(self, committed: list[int]) -> None:
         t0 = time.perf_counter()
         if committed and not self.matcher.consume_tokens(committed):
-            raise RuntimeError(f"a committed token broke the grammar: {self.matcher.get_error()}")
+            if _too_complex(self.matcher.get_error()):
+                raise self._failed()
+            raise RuntimeError(f"a committed token broke the grammar: {_one_line(self.matcher.get_error())}")
         self.stats.grammar_seconds += time.perf_counter() - t0
 
 

@@ -60,7 +60,7 @@ def as_api_error(exc: Exception) -> ApiError:
         return ApiError(503, "The server is shutting down; this request was not finished. Retry it later or "
                              "on another server.", None, "server_shutting_down")
     if isinstance(exc, ConfigError):
-        return ApiError(400, str(exc), None, "invalid_value")
+        return ApiError(400, str(exc), exc.field, "invalid_value")
     return ApiError(500, f"The generation failed: {type(exc).__name__}: {exc}", None, "generation_failed")
 
 
