@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -217,13 +218,29 @@ def test_stop_tokens_wait_for_min_tokens_in_the_logits_and_eos_for_ignore_eos():
     assert masked(ignore_eos=True, min_tokens=2) == [[3, 5], [5], [5]]
 
 
+@pytest.mark.parametrize("fields", [dict(min_tokens=3), dict(ignore_eos=True),
+                                    dict(min_tokens=1, stop_token_ids=[3], allowed_token_ids=[3, 5])])
+def test_allowed_token_ids_held_back_alone_are_refused_before_any_work(fields):
+    """Only end (or, before min_tokens, stop) tokens allowed, and those held back: no token could be
+    chosen; the generation is refused, not given a token outside the allowed ones."""
+    from anyspec.engine.penalties import Penalties
+
+    params = SamplingParams(**{"max_new_tokens": 10, "allowed_token_ids": [5]} | fields)
+    with pytest.raises(ConfigError) as err:
+        Penalties.start(params, 6, {5})
+    assert err.value.field == "allowed_token_ids"
+    Penalties.start(replace(params, allowed_token_ids=[*params.allowed_token_ids, 4]), 6, {5})
+
+
 @pytest.mark.parametrize(("fields", "names"), [(dict(min_tokens=-1), "min_tokens"),
                                                (dict(min_tokens=9, max_new_tokens=8), "min_tokens"),
                                                (dict(ignore_eos=1), "ignore_eos"),
                                                (dict(allowed_token_ids=[]), "allowed_token_ids"),
                                                (dict(include_stop_str_in_output=None),
                                                 "include_stop_str_in_output"),
-                                               (dict(ignore_eos=True, grammar=object()), "ignore_eos")])
+                                               (dict(ignore_eos=True, grammar=object()), "ignore_eos"),
+                                               (dict(allowed_token_ids=[1], grammar=object()),
+                                                "allowed_token_ids")])
 def test_bad_min_tokens_and_ignore_eos_name_their_field(fields, names):
     with pytest.raises(ConfigError) as err:
         SamplingParams(**fields)

@@ -254,7 +254,7 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}", name)
         if self.grammar is not None:
-            check_grammar_end(self)
+            check_with_grammar(self)
         if self.seed is not None and not seed_fits(self.seed):
             raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}", "seed")
         for name in ("logprobs", "prompt_logprobs"):
@@ -294,12 +294,33 @@ def given(value, kind: type, what: str):
     return value
 
 
-def check_grammar_end(params: SamplingParams) -> None:
-    """An answer held to a grammar ends where the grammar does."""
+def check_with_grammar(params: SamplingParams) -> None:
+    """An answer held to a grammar ends where the grammar does, and its tokens are those the grammar
+    allows: ``allowed_token_ids`` would leave a position where the grammar allows none of them."""
     if params.min_tokens or params.ignore_eos:
         raise ConfigError("min_tokens and ignore_eos cannot hold back the end of an answer that follows "
                           "a grammar (its end is the grammar's)",
                           "min_tokens" if params.min_tokens else "ignore_eos")
+    if params.allowed_token_ids is not None:
+        raise ConfigError("allowed_token_ids cannot be used with a grammar: the grammar chooses the tokens "
+                          "an answer may take (a JSON schema, a regex, choices or a grammar, not both)",
+                          "allowed_token_ids")
+
+
+def check_allowed(params: SamplingParams, end_ids: set[int]) -> None:
+    """``allowed_token_ids`` must hold a token that is not held back from the first position (the
+    end-of-sequence tokens with ``ignore_eos`` or before ``min_tokens``, ``stop_token_ids`` before
+    ``min_tokens``): else no token could be chosen there. ``end_ids``: the target's end-of-sequence
+    tokens."""
+    if params.allowed_token_ids is None:
+        return
+    held = set(end_ids) if params.ignore_eos or params.min_tokens else set()
+    held |= set(params.stop_token_ids) if params.min_tokens else set()
+    if set(params.allowed_token_ids) <= held:
+        said = "ignore_eos" if params.ignore_eos else "min_tokens"
+        raise ConfigError(f"allowed_token_ids holds only end-of-sequence or stop tokens, which {said} holds "
+                          "back, so no token could be chosen; allow another token or leave "
+                          f"{said} out", "allowed_token_ids")
 
 
 def _token_ids(ids) -> bool:

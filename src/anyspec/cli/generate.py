@@ -21,7 +21,7 @@ from anyspec.cli.options import (
     sampling_params,
     speculative_config,
 )
-from anyspec.config import check_grammar_end
+from anyspec.config import check_with_grammar
 from anyspec.errors import ConfigError
 
 STAT_KEYS = ("algorithm", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
@@ -126,7 +126,7 @@ def run(args) -> int:
         raise ConfigError("--chat-template needs --chat (without it the prompt is plain text)")
     guide = read_guide(args)
     if guide is not None:
-        check_grammar_end(params)
+        check_with_grammar(params)
     prompt = [{"role": "user", "content": text}] if args.chat else text
     plan = pair_plan(args)
     check_new_tokens(plan, params.max_new_tokens)

@@ -19,7 +19,7 @@ import torch
 
 from anyspec.algorithms import tree
 from anyspec.algorithms.sampling import penalized
-from anyspec.config import SamplingParams
+from anyspec.config import SamplingParams, check_allowed
 from anyspec.engine.proposers import Proposal
 from anyspec.errors import ConfigError
 
@@ -43,6 +43,7 @@ class Penalties:
             if too_large := [t for t in ids if t >= vocab_size]:
                 raise ConfigError(f"{name} names token {too_large[0]}, beyond the target's {vocab_size} "
                                   "tokens", name)
+        check_allowed(params, eos_ids)
         if not (params.presence_penalty or params.frequency_penalty or params.logit_bias
                 or params.repetition_penalty != 1.0 or params.min_tokens or params.ignore_eos
                 or params.allowed_token_ids is not None):

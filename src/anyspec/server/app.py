@@ -235,7 +235,7 @@ async def parse_off_loop(engine: Engine, settings: Settings, tokenizer, tokenizi
     try:
         return await asyncio.get_running_loop().run_in_executor(tokenizing, functools.partial(
             parse_request, asked, chat, settings.model_ids, tokenizer, context, settings.default_max_tokens,
-            most, grammars, engine.target.vocab_size))
+            most, grammars, engine.target.vocab_size, engine.eos_ids))
     except ApiError as exc:
         raise renamed(exc, api.RENAMED) if api else exc from None
 
@@ -254,7 +254,11 @@ async def generate(request, chat: bool, api, parse, settings: Settings, schedule
         log.warning("%s: ignored the request's fields %s: this server does not read them",
                     request.url.path, ", ".join(repr(name) for name in parsed.ignored))
     jobs, n, read_calls = choice_jobs(parsed, settings.queue_size), parsed.n, parsed.structure.read_calls
-    if (cached := await admit(jobs, request, scheduler, settings, metrics)) is None:
+    try:
+        cached = await admit(jobs, request, scheduler, settings, metrics)
+    except ApiError as exc:  # a generation's error may name a chat field, as the request was read into
+        raise renamed(exc, api.RENAMED) if api and exc.param else exc from None
+    if cached is None:
         return Response(status_code=499)
     head = (api.head(body, settings.model_name, len(parsed.prompts[0].ids), cached) if api
             else response_head(chat, settings.model_name))
@@ -279,9 +283,9 @@ async def generate(request, chat: bool, api, parse, settings: Settings, schedule
     except ClientGone:
         cancel(scheduler, jobs)
         return Response(status_code=499)
-    except ApiError:
+    except ApiError as exc:
         cancel(scheduler, jobs)
-        raise
+        raise renamed(exc, api.RENAMED) if api and exc.param else exc from None
     if api:
         return api.whole(head, outcomes[0], read_calls)
     return full_response(head, chat, outcomes, n, read_calls, echoes)

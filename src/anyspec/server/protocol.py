@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from anyspec.config import MAX_LOGPROBS, ROLES, SamplingParams, seed_fits
+from anyspec.config import MAX_LOGPROBS, ROLES, SamplingParams, check_allowed, seed_fits
 from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
@@ -252,11 +252,12 @@ def check_model(body, model_ids: tuple[str, ...]) -> None:
 
 def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, context: int | None,
                   default_max_tokens: int, max_prompt_tokens: int | None = None, grammars=None,
-                  vocab_size: int | None = None) -> Parsed:
+                  vocab_size: int | None = None, end_ids: set[int] = frozenset()) -> Parsed:
     """Check an OpenAI request body; every problem is an ``ApiError`` naming the field.
     ``max_prompt_tokens``: the server's cap on one request's prompt (None: the context only);
     ``grammars()``: the compiler of ``response_format`` and ``tools`` (``engine.grammar.Grammars``);
-    ``vocab_size``: the target's, which ``logit_bias`` keys stay below."""
+    ``vocab_size``: the target's, which ``logit_bias`` keys stay below; ``end_ids``: its
+    end-of-sequence tokens, which ``allowed_token_ids`` must not be alone where they are held back."""
     body = Body(body) if isinstance(body, dict) else body
     check_model(body, model_ids)
     n = body_field(body, "n", (int,), 1)
@@ -329,6 +330,7 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
                                 allowed_token_ids=allowed, include_stop_str_in_output=include_stop,
                                 prompt_logprobs=logprobs if echo else None, grammar=wanted.grammar,
                                 prediction=_prediction(body, tokenizer))
+        check_allowed(params, end_ids)
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
     return Parsed(prompts, params, stream, include_usage, speculative, wanted, n, echo, body.ignored())
