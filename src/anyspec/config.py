@@ -361,6 +361,17 @@ def lone_surrogate(value) -> tuple[str, str, bool] | None:
     return None
 
 
+def json_depth(value) -> int:
+    """How deep objects and arrays nest in ``value`` (a scalar: 0, ``{}``: 1), found without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((inner, level + 1) for inner in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def check_text(text: str, what: str, field: str | None = None) -> None:
     """Text must be valid Unicode."""
     if (at := utf8_problem(text)) is not None:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from anyspec.algorithms import tree
-from anyspec.config import lone_surrogate, utf8_problem
+from anyspec.config import json_depth, lone_surrogate, utf8_problem
 from anyspec.engine.proposers import Proposal
 from anyspec.errors import ConfigError
 
@@ -213,17 +213,6 @@ def schema_grammar(schema: dict | bool | None, field: str) -> str:
     except ValueError as exc:
         raise GrammarError(f"'{field}' cannot be used: it is not a valid JSON Schema ({_one_line(str(exc))})",
                            field) from None
-
-
-def json_depth(value) -> int:
-    """How deep objects and arrays nest in ``value`` (a scalar: 0, ``{}``: 1), found without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, level)
-            stack.extend((inner, level + 1) for inner in (item.values() if isinstance(item, dict) else item))
-    return deepest
 
 
 def guide_grammar(kind: str, value, field: str) -> str:

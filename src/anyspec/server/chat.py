@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 
+from anyspec.config import json_depth
 from anyspec.server.structured import StructuredError
 
 
@@ -61,19 +62,7 @@ def template_kwargs(body: dict, tokenizer) -> dict | None:
     if clash := sorted(set(RENDERED) & set(kwargs)):
         raise StructuredError(f"'chat_template_kwargs' cannot set '{clash[0]}': the rendering sets it "
                               "itself (from the request's own fields).", f"chat_template_kwargs.{clash[0]}")
-    if nested_deeper(kwargs, MAX_DEPTH):
+    if json_depth(kwargs) > MAX_DEPTH:
         raise StructuredError(f"'chat_template_kwargs' is nested more than {MAX_DEPTH} levels deep.",
                               "chat_template_kwargs")
     return kwargs
-
-
-def nested_deeper(value: dict | list, levels: int) -> bool:
-    """Whether the arrays and objects of ``value``, itself one, nest more than ``levels`` deep (read
-    level by level, not recursively)."""
-    level = [value]
-    for _ in range(levels):
-        level = [item for v in level for item in (v.values() if isinstance(v, dict) else v)
-                 if isinstance(item, dict | list)]
-        if not level:
-            return False
-    return True
