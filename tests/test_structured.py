@@ -454,3 +454,11 @@ def test_grammars_chained_as_deep_as_the_cap_allows_compile_and_generate(tmp_pat
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == [p for path in paths for p in (path, "a")]
+
+
+def test_a_grammar_asked_for_under_another_field_is_not_compiled_again(grammars):
+    first = grammars.guide("regex", "ab+", "guided_regex")
+    again = grammars.guide("regex", "ab+", "structured_outputs.regex")
+    assert again.matcher is first.matcher and (first.field, again.field) == ("guided_regex",
+                                                                              "structured_outputs.regex")
+    assert grammars.guide("regex", "ab+", "guided_regex") is first

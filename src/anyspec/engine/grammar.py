@@ -98,7 +98,7 @@ class Grammars:
         self.tokenizer, self.vocab_size, self.end_ids = tokenizer, vocab_size, end_ids
         self.lltok = ll.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(end_ids))
         self.limits = ll.LLParserLimits(**LIMITS | (limits or {}))
-        self.cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()  # by field and text
+        self.cache: OrderedDict[str, Grammar] = OrderedDict()
 
     def json(self, schema: dict | bool | None, field: str) -> Grammar:
         """Any JSON object (``schema=None``, JSON mode) or a value matching ``schema``."""
@@ -131,14 +131,15 @@ class Grammars:
         return self._compile(native(_llguidance().LLMatcher.grammar_from_lark, lark), field)
 
     def _compile(self, text: str, field: str, what: str = GUIDES["json"]) -> Grammar:
-        if (field, text) in self.cache:
-            self.cache.move_to_end((field, text))
-            return self.cache[field, text]
+        if text in self.cache:
+            self.cache.move_to_end(text)
+            cached = self.cache[text]  # compiled once; its errors name the field asked for now
+            return cached if cached.field == field else Grammar(cached.matcher, self.vocab_size, field)
         matcher, error = native(self._matcher, text)
         if error:
             raise GrammarError(f"'{field}' cannot be used: {_reason(error, what)}", field)
         grammar = Grammar(matcher, self.vocab_size, field)
-        self.cache[field, text] = grammar
+        self.cache[text] = grammar
         while len(self.cache) > CACHED:
             self.cache.popitem(last=False)
         return grammar
