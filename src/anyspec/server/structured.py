@@ -64,6 +64,7 @@ def response_format(body: dict, grammars) -> object:
                               "response_format.type")
     if kind == "text":
         return None
+    _from_the_start(body, "response_format")
     if kind == "json_object":  # llama.cpp's takes a "schema" beside it
         schema = spec.get("schema")
         return _schema(grammars, schema, "response_format" + (".schema" if schema is not None else ""))
@@ -185,9 +186,7 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
             if body.get(name) is not None:
                 raise StructuredError(f"'{name}' is a chat field; /v1/completions takes 'response_format'.",
                                       name, "unsupported_parameter")
-        if (fmt := response_format(body, grammars)) is not None:
-            _from_the_start(body, "response_format")
-        return Structure(grammar=fmt)
+        return Structure(grammar=response_format(body, grammars))
     functions = _functions(tools, grammars) if tools is not None else []
     choice, name = _choice(body, functions)
     parallel = body.get("parallel_tool_calls", True)
@@ -195,8 +194,6 @@ def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
         raise StructuredError("'parallel_tool_calls' must be a boolean.", "parallel_tool_calls",
                               "invalid_type")
     fmt = response_format(body, grammars)
-    if fmt is not None:
-        _from_the_start(body, "response_format")
     if fmt is not None and choice in ("required", "function"):
         raise StructuredError("'response_format' and a 'tool_choice' that requires a call cannot be used "
                               "together: the answer is the tool call.", "response_format")
