@@ -189,7 +189,7 @@ def test_a_conversation_set_end_to_end_on_tiny_models(tmp_path, tok_qwen2, tok_s
 
 def test_json_prompts_carry_schemas_the_grammar_takes():
     pytest.importorskip("llguidance")
-    from anyspec.engine.grammar import check_grammar, schema_grammar
+    from anyspec.engine.grammar_text import check_grammar, schema_grammar
 
     rows = bench_prompts.load_prompts(bench_prompts.PROMPTS_DIR / "json.jsonl")
     assert len(rows) >= 6 and all(r["schema"]["type"] == "object" for r in rows)

@@ -130,7 +130,7 @@ def test_the_grammars_tokens_around_the_drafts_are_not_counted_as_the_drafts():
     ([1, 2], "must be a JSON Schema object"),
 ])
 def test_bad_schemas_are_refused_naming_the_field(grammars, schema, says):
-    from anyspec.engine.grammar import GrammarError
+    from anyspec.engine.grammar_text import GrammarError
 
     with pytest.raises(GrammarError, match=says) as info:
         grammars.json(schema, "response_format.json_schema.schema")
@@ -138,7 +138,7 @@ def test_bad_schemas_are_refused_naming_the_field(grammars, schema, says):
 
 
 def test_a_schema_too_large_to_compile_in_bounded_time_is_refused(grammars, tok_qwen2):
-    from anyspec.engine.grammar import GrammarError
+    from anyspec.engine.grammar_text import GrammarError
 
     huge = {"enum": [f"value number {i} of a long list" for i in range(3000)]}
     with pytest.raises(GrammarError, match="at most 65536 are compiled"):
@@ -331,7 +331,7 @@ DEEP_SCHEMAS = [nested(64, lambda s: {"type": "object", "properties": {"a": s}, 
 
 @pytest.mark.parametrize("schema", DEEP_SCHEMAS, ids=["properties", "items", "anyOf", "default", "const"])
 def test_a_schema_nested_too_deep_is_refused_naming_the_field(grammars, schema):
-    from anyspec.engine.grammar import GrammarError
+    from anyspec.engine.grammar_text import GrammarError
 
     with pytest.raises(GrammarError, match="nests objects and arrays .* deep; at most") as info:
         grammars.json(schema, "response_format.json_schema.schema")
@@ -339,7 +339,8 @@ def test_a_schema_nested_too_deep_is_refused_naming_the_field(grammars, schema):
 
 
 def test_a_schema_as_deep_as_llguidance_reads_compiles(grammars):
-    from anyspec.engine.grammar import JSON_DEPTH, GrammarError, json_depth
+    from anyspec.config import json_depth
+    from anyspec.engine.grammar_text import JSON_DEPTH, GrammarError
 
     deepest = {"const": nested(JSON_DEPTH - 2, lambda v: [v])}
     assert json_depth(deepest) == JSON_DEPTH
@@ -354,7 +355,7 @@ def test_a_schema_as_deep_as_llguidance_reads_compiles(grammars):
 def test_a_grammar_too_complex_for_the_lexer_is_refused_as_it_compiles(grammars, kind, value):
     """Its first tokens already run out of the lexer's or the parser's fuel: refused before any
     answer starts, in one line without llguidance's dump of its state and grammar."""
-    from anyspec.engine.grammar import GrammarError
+    from anyspec.engine.grammar_text import GrammarError
 
     with pytest.raises(GrammarError, match="too large or too complex to compile in bounded time") as info:
         grammars.guide(kind, value, f"guided_{kind}")
@@ -402,16 +403,17 @@ COMPILE_DEEP = """
 import sys, threading
 sys.path.insert(0, sys.argv[1])
 from tokenizer_files import _load, ggml_vocab_file
-from anyspec.engine import grammar
+from anyspec.engine import grammar, grammar_text
 from anyspec.engine.loop import Stats
 from anyspec.engine.proposers import Proposal
 
-grammar.NATIVE_STACK //= 3  # the deepest grammar the cap allows fits in a third of the stack
+grammar_text.NATIVE_STACK //= 3  # the deepest grammar the cap allows fits in a third of the stack
 tok = _load(ggml_vocab_file("qwen2"))
 grammars = grammar.Grammars(tok, len(tok), {tok.eos_token_id})
 for path in sys.argv[2:]:
     text = open(path).read()
-    grammar.check_grammar(grammar.guide_grammar("grammar", text, "g"), "g", grammar.GUIDES["grammar"])
+    lark = grammar_text.guide_grammar("grammar", text, "g")
+    grammar_text.check_grammar(lark, "g", grammar_text.GUIDES["grammar"])
     compiled = grammars.guide("grammar", text, "g")
 
     def answer():  # a generation's steps and masks, on an ordinary thread's stack
@@ -436,7 +438,7 @@ def test_grammars_chained_as_deep_as_the_cap_allows_compile_and_generate(tmp_pat
     import sys
     from pathlib import Path
 
-    from anyspec.engine.grammar import MAX_SCHEMA_BYTES
+    from anyspec.engine.grammar_text import MAX_SCHEMA_BYTES
 
     deepest = deepest_grammar(MAX_SCHEMA_BYTES)
     assert MAX_SCHEMA_BYTES - 100 < len(deepest) <= MAX_SCHEMA_BYTES

@@ -481,7 +481,8 @@ def test_tool_parameters_that_refer_to_their_own_parts_are_held_to_them(client):
 def test_a_tool_schema_error_names_no_place_in_the_grammar_made_from_it(pair):
     """The calls' grammar is made from the schemas: llguidance's line and column in it mean nothing
     to a client, so a compile error says what is wrong alone."""
-    from anyspec.engine.grammar import GrammarError, Grammars
+    from anyspec.engine.grammar import Grammars
+    from anyspec.engine.grammar_text import GrammarError
 
     tok = pair[0].tokenizer
     grammars = Grammars(tok, pair[0].vocab_size, {tok.eos_token_id})

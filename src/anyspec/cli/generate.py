@@ -87,9 +87,9 @@ def prompt_text(args) -> str:
 
 
 def read_guide(args) -> tuple[str, object, str] | None:
-    """What the answer is held to, ``(kind, value, flag)`` (``engine.grammar.GUIDES``), checked before
+    """What the answer is held to, ``(kind, value, flag)`` (``engine.grammar_text.GUIDES``), checked before
     any model loads; None for free text."""
-    from anyspec.engine.grammar import GUIDES, check_grammar, guide_grammar
+    from anyspec.engine.grammar_text import GUIDES, check_grammar, guide_grammar
 
     asked = [(kind, value, flag) for kind, value, flag in (
         ("json", args.json_schema, "--json-schema"), ("regex", args.regex, "--regex"),

@@ -2,8 +2,8 @@
 (the target's prefill and verify), ``batch.py`` (many generations' forwards in one pass),
 ``proposers.py`` (TLI and SLEM), ``bridge.py`` (ids and bytes across the two vocabularies),
 ``context.py`` (what the draft reads), ``output.py`` (UTF-8 streaming and stop strings),
-``prompt.py`` (prompt → ids) and ``grammar.py`` (the masks of a JSON schema or a tool-call format
-on every verified row).
+``prompt.py`` (prompt → ids), ``grammar_text.py`` (a JSON schema, guide or tool list as grammar
+text) and ``grammar.py`` (that grammar's masks on every verified row).
 """
 
 from anyspec.config import SamplingParams, SpeculativeConfig

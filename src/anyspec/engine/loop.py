@@ -26,7 +26,8 @@ from anyspec.engine import lookup as prompt_lookup
 from anyspec.engine.batch import Batch, Driver, Meter, Steps, alone
 from anyspec.engine.bridge import build_bridge, token_bytes_table
 from anyspec.engine.context import DraftReader
-from anyspec.engine.grammar import GUIDES, Free, Grammar, Grammars
+from anyspec.engine.grammar import Free, Grammar, Grammars
+from anyspec.engine.grammar_text import GUIDES
 from anyspec.engine.model import MultiSequence
 from anyspec.engine.output import GenerationResult, Output
 from anyspec.engine.penalties import Penalties

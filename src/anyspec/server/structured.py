@@ -2,7 +2,7 @@
 ``tool_choice``, or vLLM's guided decoding (``guided_json``, ``guided_regex``, ``guided_choice``,
 ``guided_grammar``, or the same under ``structured_outputs``), or llama.cpp's ``grammar`` and
 ``json_schema``, checked and compiled into a grammar
-(``engine/grammar.py``) before any model work,
+(``engine/grammar_text.py``, ``engine/grammar.py``) before any model work,
 chat messages that carry tool calls and tool results, and the model's ``<tool_call>`` blocks read
 back into OpenAI's ``tool_calls``, whole or streamed.
 
@@ -21,7 +21,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from anyspec.engine.grammar import GUIDES, TOOL_CLOSE, TOOL_OPEN, GrammarError
+from anyspec.engine.grammar_text import GUIDES, TOOL_CLOSE, TOOL_OPEN, GrammarError
 from anyspec.engine.prompt import render_prompt
 from anyspec.errors import ConfigError
 
