@@ -13,6 +13,19 @@ def test_legacy_function_calling_is_refused_not_ignored(post):
     assert_error(r, 400, "functions", "unsupported_parameter", "not supported")
 
 
+def test_a_bad_grammar_is_one_short_line_that_quotes_little_of_it(post):
+    """A long regex with a syntax error is refused with llguidance's reason and the regex's first
+    characters, not all of it; a GBNF grammar nested too deeply for the converter says so."""
+    regex = "(unclosed" + "x" * 400
+    error = assert_error(post("/v1/completions", json=OK | {"guided_regex": regex}), 400, "guided_regex",
+                         "invalid_value", "unclosed group")
+    assert len(error["message"]) < 300 and '"(unclosedxxx' in error["message"], error["message"]
+    deep = "root ::= " + "(" * 1000 + '"a"' + ")" * 1000
+    error = assert_error(post("/v1/chat/completions", json=CHAT_OK | {"guided_grammar": deep}), 400,
+                         "guided_grammar", "invalid_value", "nests groups too deeply")
+    assert "recursion" not in error["message"]
+
+
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 

@@ -28,6 +28,7 @@ LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar
 # stack at its deepest (rules nested in 28 parentheses each), where a thread's default 8 MiB
 # overflows at ~2,600 plain rules and the process dies. Its masks and steps do not recurse so.
 NATIVE_STACK = 256 << 20
+QUOTED = 60  # characters of a request's text an error quotes
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 STYLE = dict(whitespace_flexible=False, item_separator=", ", key_separator=": ")  # as json.dumps writes
 GUIDES = {"json": "JSON Schema", "regex": "regular expression", "choice": "list of choices",
@@ -174,10 +175,12 @@ def guide_grammar(kind: str, value, field: str) -> str:
         from llguidance.gbnf_to_lark import any_to_lark
         try:
             lark = native(any_to_lark, value)
+        except RecursionError:  # its converter recurses once or more per level
+            raise GrammarError(f"'{field}' cannot be used: its GBNF nests groups too deeply to convert; "
+                               "nest fewer parentheses, or write it in Lark.", field) from None
         except Exception as exc:  # noqa: BLE001 (its converter raises bare Exceptions too)
-            reason = " ".join(str(exc).split())
-            raise GrammarError(f"'{field}' cannot be used: it is not a valid GBNF grammar ({reason})",
-                               field) from None
+            raise GrammarError(f"'{field}' cannot be used: it is not a valid GBNF grammar "
+                               f"({one_line(str(exc))})", field) from None
         text = native(ll.LLMatcher.grammar_from_lark, lark)
     if len(text) > MAX_SCHEMA_BYTES:
         raise GrammarError(f"'{field}' is {len(text)} bytes as a grammar; at most {MAX_SCHEMA_BYTES} are "
@@ -198,7 +201,8 @@ def one_line(error: str) -> str:
     parser's state or grammar that follows."""
     error = error.split("<state>")[0].split("<grammar>")[0]
     lines = [line.strip() for line in error.strip().splitlines()]
-    return " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
+    error = " ".join(lines[:1] + [line for line in lines[1:] if line.startswith("error:")])
+    return re.sub(rf'"([^"]{{{QUOTED}}})[^"]{{8,}}"', r'"\1..."', error)  # the request's regex, say
 
 
 def too_complex(error: str) -> bool:
