@@ -113,6 +113,10 @@ def schema_format(schema) -> dict:
      "and 'response_format' cannot be used together"),
     ("/v1/chat/completions", PREFILLED | {"guided_regex": "[a-z]+"}, "continue_final_message",
      "invalid_value", "and 'guided_regex' cannot be used together"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Call f."}, {
+        "role": "assistant", "content": '<tool_call>\n{"name": "f", "arguments": {"a'}],
+        "continue_final_message": True, "tools": [TOOL]}, "continue_final_message", "invalid_value",
+     "ends inside a <tool_call>"),
 ])
 def test_bad_structured_output_fields_are_400s_naming_the_field(post, path, extra, param, code, says):
     body = (OK if path == "/v1/completions" else CHAT_OK) | extra

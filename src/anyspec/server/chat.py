@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 
 from anyspec.config import json_depth
+from anyspec.engine.grammar_text import TOOL_CLOSE, TOOL_OPEN
 from anyspec.server.structured import StructuredError
 
 
@@ -35,6 +36,12 @@ def continued(body: dict, messages: list[dict]) -> list[dict]:
     if last["role"] != "assistant" or not last["content"] or last.get("tool_calls"):
         raise StructuredError("'continue_final_message' needs the last message to be an assistant's, with "
                               "text and no tool calls.", "continue_final_message")
+    text = last["content"] if isinstance(last["content"], str) else ""
+    calls = body.get("tools") and body.get("tool_choice") != "none"
+    if calls and text.rfind(TOOL_OPEN) > text.rfind(TOOL_CLOSE):
+        raise StructuredError(f"'continue_final_message': the assistant's message ends inside a {TOOL_OPEN}, "
+                              "and a call is held to its function's parameters only from its start; close "
+                              "the call in the message, or leave it to the answer.", "continue_final_message")
     return [*messages[:-1], last | {"prefix": True}]
 
 
