@@ -288,7 +288,11 @@ def test_a_bad_min_tokens_is_one_line_before_loading(no_loading, capsys, argv, s
     (["generate", "--prompt", "hi", "--max-new-tokens", "-5"], "error: --max-new-tokens must be at least 1, "
                                                                  "got -5"),
     (["demo", "--max-new-tokens", "0"], "demo: error: --max-new-tokens must be at least 1, got 0"),
-    (["bench", "--max-new-tokens", "0"], "bench: error: --max-new-tokens must be at least 1, got 0")])
+    (["bench", "--max-new-tokens", "0"], "bench: error: --max-new-tokens must be at least 1, got 0"),
+    (["generate", "--prompt", "hi", "--seed", "-2"], "generate: error: --seed must be an integer from 0 to "
+                                                      "2**64 - 1, or -1 for none, got -2"),
+    (["bench", "--seed", "-1"], "--seed -1 would give anyspec-sampled and target-sampled a random seed "
+                                "each")])
 def test_a_settings_error_names_the_commands_option(no_loading, capsys, argv, says):
     one_line_error(capsys, argv, says)
 

@@ -40,7 +40,7 @@ BAD = [
     (["--stop", "\udcff"], "a stop string is not valid UTF-8"),
     (["--temperature", "inf"], "temperature must be a finite number"),
     (["--temperature", "nan"], "temperature must be a finite number"),
-    (["--seed", "1180591620717411303424"], "seed must be an integer that fits in 64 bits"),
+    (["--seed", "1180591620717411303424"], "seed must be an integer from 0 to 2**64 - 1, or -1 for none"),
     # float32 would make these inf/nan probabilities after the models load
     (["--temperature", "1e-300"], "temperature must be 0 (greedy) or at least 0.0001, got 1e-300"),
     (["--top-p", "1e-300"], "error: --top-p must be at least 1e-06"),
@@ -236,6 +236,22 @@ def test_json_output_and_no_draft_baseline(tiny_dirs, capsys):
     assert lookup["token_ids"] == alone["token_ids"] and lookup["stats"]["algorithm"] == "ngram"
     assert main([*common, "--no-draft", "--ngram", "9"]) == 2
     assert "ngram must be an integer from 0 (off) to 4" in capsys.readouterr().err
+
+
+def test_seed_minus_one_is_no_seed(tiny_dirs, capsys):
+    """``--seed -1`` (llama.cpp's "a random seed") draws a seed for each answer, as no --seed does,
+    and reports it; that seed gives the answer again. It is not read as the seed 2**64 - 1."""
+    common = ["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--prompt", "Once",
+              "--max-new-tokens", "8", "--dtype", "fp32", "--temperature", "1", "--json"]
+    answers = []
+    for seed in ("-1", "-1", str(2**64 - 1)):
+        assert main([*common, "--seed", seed]) == 0
+        answers.append(json.loads(capsys.readouterr().out))
+    drawn = [a["seed"] for a in answers[:2]]
+    assert drawn[0] != drawn[1] and all(0 <= s < 2**53 for s in drawn)
+    assert answers[2]["seed"] == 2**64 - 1
+    assert main([*common, "--seed", str(drawn[0])]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == answers[0]["token_ids"]
 
 
 def test_a_chat_template_given_replaces_the_targets_own(tiny_dirs, capsys, tmp_path):

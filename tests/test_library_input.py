@@ -70,6 +70,16 @@ def test_stop_takes_none_a_string_or_strings_and_nothing_else():
         SamplingParams(stop=5)
 
 
+def test_a_seed_is_0_to_2_64_minus_1_and_minus_1_is_none():
+    """-1 is llama.cpp's "a random seed": no seed, not the 64 bits of -1; other negatives are refused."""
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=None).seed is None
+    assert SamplingParams(seed=0).seed == 0 and SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+    for bad in (-2, -(2**63), 2**64, 1.0, True):
+        with pytest.raises(ConfigError, match=r"must be an integer from 0 to 2\*\*64 - 1, or -1") as raised:
+            SamplingParams(seed=bad)
+        assert raised.value.field == "seed"
+
+
 @pytest.mark.parametrize(("made", "field", "value"), [
     (SamplingParams, "stop", 5), (SamplingParams, "temperature", -1.0),
     (SpeculativeConfig, "num_speculative_tokens", 0)])

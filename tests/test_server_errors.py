@@ -146,9 +146,11 @@ def test_engine_rejects_sampling_setting(post, field, value, says):
     assert_error(post("/v1/completions", json=OK | {field: value}), 400, field, "invalid_value", says)
 
 
-@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
-def test_seed_beyond_64_bits(post, seed):
-    assert_error(post("/v1/completions", json=OK | {"seed": seed}), 400, "seed", "invalid_value", "64 bits")
+@pytest.mark.parametrize("seed", [2**64, -2, -(2**63)])
+def test_a_seed_beyond_64_bits_or_below_minus_one_is_a_400(post, seed):
+    """A seed is 0 to 2**64 - 1, or -1 for none: a negative one is not read as its 64 bits."""
+    assert_error(post("/v1/completions", json=OK | {"seed": seed}), 400, "seed", "invalid_value",
+                 "from 0 to 2**64 - 1, or -1 for none")
 
 
 @pytest.mark.parametrize(("field", "value", "says"), [

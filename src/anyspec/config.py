@@ -37,7 +37,8 @@ METHODS = ("draft_model",)
 ALGORITHMS = ("auto", "tli", "slem")  # auto: SLEM, but TLI where the draft reads the token map
 DRAFT_SAMPLE_METHODS = ("greedy", "sample")
 DRAFT_CONTEXTS = ("retokenize", "token-map")
-SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes
+SEED_RANGE = (0, 2**64)  # a seed's 64 bits
+NO_SEED = -1  # llama.cpp's "a random seed": as if none were given
 
 
 def _is_int(value) -> bool:
@@ -192,7 +193,7 @@ class SamplingParams:
     max_new_tokens: int = 128  # 0: the prompt is only read (into the prefix cache; its logprobs)
     min_tokens: int = 0  # the end-of-sequence tokens and stop strings wait for this many tokens
     ignore_eos: bool = False  # the end-of-sequence tokens are never chosen (max_new_tokens or a stop ends)
-    seed: int | None = None
+    seed: int | None = None  # 0 to 2**64 - 1; None or -1: the answer draws its own
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)  # vLLM's: each ends the answer, itself kept
     include_stop_str_in_output: bool = False  # vLLM's: a stop string that ends the answer stays in it
@@ -255,8 +256,7 @@ class SamplingParams:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}", name)
         if self.grammar is not None:
             check_with_grammar(self)
-        if self.seed is not None and not seed_fits(self.seed):
-            raise ConfigError(f"seed must be an integer that fits in 64 bits, got {self.seed!r}", "seed")
+        object.__setattr__(self, "seed", checked_seed(self.seed))
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
@@ -327,9 +327,15 @@ def _token_ids(ids) -> bool:
     return isinstance(ids, list) and all(_is_int(t) and t >= 0 for t in ids)
 
 
-def seed_fits(seed) -> bool:
-    """An integer ``torch.Generator.manual_seed`` takes (64 bits, signed or not)."""
-    return _is_int(seed) and SEED_RANGE[0] <= seed < SEED_RANGE[1]
+def checked_seed(seed) -> int | None:
+    """A request's seed as sampling reads it: None and -1 (``NO_SEED``, as llama.cpp reads it) are no
+    seed, so the answer draws its own; else an integer from 0 to 2**64 - 1, or a ``ConfigError``."""
+    if seed is None or (_is_int(seed) and seed == NO_SEED):
+        return None
+    if not (_is_int(seed) and SEED_RANGE[0] <= seed < SEED_RANGE[1]):
+        raise ConfigError(f"seed must be an integer from 0 to 2**64 - 1, or -1 for none, got {seed!r}",
+                          "seed")
+    return seed
 
 
 def utf8_problem(text: str) -> int | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from anyspec.bench.llama_spec import DEFAULT_LLAMA_SPEC, llama_spec_args
 from anyspec.bench.methods import METHODS
-from anyspec.config import SamplingParams, SpeculativeConfig
+from anyspec.config import NO_SEED, SamplingParams, SpeculativeConfig
 from anyspec.errors import ConfigError
 
 
@@ -44,6 +44,9 @@ class BenchSettings:
         SamplingParams(temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
                        seed=self.seed, presence_penalty=self.penalties[0],
                        frequency_penalty=self.penalties[1])
+        if self.seed == NO_SEED:
+            raise ConfigError("--seed -1 would give anyspec-sampled and target-sampled a random seed each, "
+                              "whose answers differ; give a seed from 0 to 2**64 - 1")
         for name, value in (("--repeat", self.repeat), ("--limit", 1 if self.limit is None else self.limit)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")

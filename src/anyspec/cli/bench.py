@@ -83,7 +83,7 @@ def add_parser(sub) -> None:
                         "default %(default)s)")
     p.add_argument("--seed", type=int, default=0,
                    help="the seed of anyspec-sampled and target-sampled, the same for both, so their "
-                        "answers must match; also vLLM's engine seed (default %(default)s)")
+                        "answers must match; also vLLM's engine seed (0 to 2**64 - 1; default %(default)s)")
     p.add_argument("--hf-assistant", choices=["default", "k"], default="default",
                    help="HF assisted generation: its adaptive default, or the same fixed k as anyspec "
                         "(default: %(default)s)")

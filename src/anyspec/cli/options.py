@@ -60,8 +60,8 @@ def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int = 128,
                    help="vLLM's: a seen token's logit divided by it where positive, else times it "
                         "(1 = off, default)")
     p.add_argument("--seed", type=int, default=None,
-                   help="a sampled answer's seed: the same seed, the same answer, with or without the draft "
-                        "(default: a fresh random one for each answer, "
+                   help="a sampled answer's seed, 0 to 2**64 - 1: the same seed, the same answer, with or "
+                        "without the draft (default, or -1: a fresh random one for each answer, "
                         + (seed_shown or "not shown") + ")")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable; default: none)")
     p.add_argument("--min-tokens", type=int, default=0,

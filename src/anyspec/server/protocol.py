@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from anyspec.config import MAX_LOGPROBS, ROLES, SamplingParams, check_allowed, seed_fits
+from anyspec.config import MAX_LOGPROBS, ROLES, SamplingParams, check_allowed, checked_seed
 from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
@@ -62,8 +62,7 @@ class Parsed:
         seed = self.params.seed
         if seed is None or i == 0:
             return self.params
-        seed += i  # a negative seed counts up towards 0, as its noise does (seed mod 2**64)
-        return dataclasses.replace(self.params, seed=seed - 2**64 if seed >= 2**64 else seed)
+        return dataclasses.replace(self.params, seed=(seed + i) % 2**64)
 
 
 def _checked(check, *args):
@@ -296,8 +295,11 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
     repetition = body_field(body, "repetition_penalty", (int, float), 1.0)
     ignore_eos = body_field(body, "ignore_eos", (bool,), False)
     seed = body_field(body, "seed", (int,))
-    if seed is not None and not seed_fits(seed):
-        raise ApiError(400, "'seed' must fit in 64 bits.", "seed", "invalid_value")
+    try:
+        seed = checked_seed(seed)
+    except ConfigError:
+        raise ApiError(400, f"'seed' must be an integer from 0 to 2**64 - 1, or -1 for none, got "
+                            f"{number(seed)}.", "seed", "invalid_value") from None
     stream = body_field(body, "stream", (bool,), False)
     options = body_field(body, "stream_options", (dict,), {})
     if options and not stream:
