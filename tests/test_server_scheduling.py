@@ -125,6 +125,28 @@ def test_streaming_disconnect_cancels_the_generation(engine):
         assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def requests_counted(url, status):
+    match = re.search(rf'^anyspec_requests_total{{path="/v1/completions",status="{status}"}} (\S+)$',
+                      httpx.get(url + "/metrics").text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_a_stream_whose_client_leaves_is_counted_499_not_200(engine):
+    """The stream's 200 was sent with its first chunk, but the answer never ended: /metrics counts it
+    as nginx logs it, 499; a stream read to its end is a 200."""
+    with live_server(engine) as (url, _):
+        stream, chunks = start_long_stream(url)
+        next(chunks)
+        stream.close()
+        wait_until(lambda: requests_counted(url, 499) == 1)
+        assert requests_counted(url, 200) == 0
+        whole = client(url).completions.create(model=MODEL_NAME, prompt="after", max_tokens=3, temperature=0,
+                                               stream=True)
+        assert [c.choices[0].finish_reason for c in whole][-1] in ("stop", "length")
+        wait_until(lambda: requests_counted(url, 200) == 1)
+        assert requests_counted(url, 499) == 1
+
+
 def test_non_streaming_disconnect_cancels_the_generation(engine):
     with live_server(engine) as (url, _):
         with pytest.raises(httpx.ReadTimeout):

@@ -165,28 +165,42 @@ def cancel(scheduler: Scheduler, jobs: list[Job]) -> None:
 
 
 def count_requests(app, metrics: Metrics):
-    """ASGI middleware: count every answered HTTP request by route and status for /metrics, a crash
-    (a 500 from the catch-all handler) too."""
+    """ASGI middleware: count every answered HTTP request by route and status for /metrics, once its
+    answer ends: a crash (a 500 from the catch-all handler) too, and an answer whose client left
+    before its end (a stream begun as 200) as 499, as nginx logs it."""
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
         path = route_label(scope["path"])
+        status, counted, gone = None, False, False
 
-        started = False
+        async def watching_receive():
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
 
         async def counting_send(message):
-            nonlocal started
+            nonlocal status, counted, gone
             if message["type"] == "http.response.start":
-                started = True
-                metrics.add_request(path, message["status"])
-            await send(message)
+                status = message["status"]
+            try:
+                await send(message)
+            except OSError:  # the client left (ASGI 2.4 servers raise it on send)
+                gone = True
+                raise
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                counted = True
+                metrics.add_request(path, status)
 
         try:
-            await app(scope, receive, counting_send)
+            await app(scope, watching_receive, counting_send)
         except Exception:  # answered 500 by the outermost handler, outside this middleware
-            if not started:
-                metrics.add_request(path, 500)
+            status = 500 if status is None else status
             raise
+        finally:
+            if status is not None and not counted:
+                metrics.add_request(path, 499 if gone else status)
     return wrapped
 
 
