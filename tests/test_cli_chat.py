@@ -38,6 +38,38 @@ def test_each_answer_is_the_engines_for_the_conversation_so_far(folders, referen
     assert "anyspec chat: /help is not a command; /reset starts a new conversation" in err  # not sent
 
 
+def test_each_turn_renders_and_encodes_the_conversation_once(folders, reference, monkeypatch, capsys):
+    """The conversation goes through the target's chat template and tokenizer once a turn: the ids
+    that measure the room left are those the engine reads."""
+    import anyspec.pair
+
+    calls = {"apply_chat_template": 0, "encode": 0}
+    load = anyspec.pair.load_pair
+
+    def counted(plan, *args, **kwargs):
+        pair = load(plan, *args, **kwargs)
+        tokenizer = pair.target.tokenizer
+        for name in calls:
+            setattr(tokenizer, name, counting(getattr(tokenizer, name), name))
+        return pair
+
+    def counting(method, name):
+        def call(*args, **kwargs):
+            calls[name] += SYSTEM in str(args[0])  # the conversation, not the pieces SLEM re-encodes
+            return method(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(anyspec.pair, "load_pair", counted)
+    rc, out, _ = chat(folders, monkeypatch, capsys, "Name a prime.\nAnd another?\n", "--max-new-tokens", "4")
+    system = {"role": "system", "content": SYSTEM}
+    first = [system, {"role": "user", "content": "Name a prime."}]
+    a1 = reference.generate(first, SamplingParams(max_new_tokens=4)).text
+    second = [*first, {"role": "assistant", "content": a1}, {"role": "user", "content": "And another?"}]
+    a2 = reference.generate(second, SamplingParams(max_new_tokens=4)).text
+    assert rc == 0 and out == f"{a1}\n{a2}\n"
+    assert calls == {"apply_chat_template": 2, "encode": 2}
+
+
 def test_a_turn_beyond_the_context_is_one_line_and_the_session_goes_on(folders, reference, monkeypatch,
                                                                        capsys):
     too_long = "word " * 300
@@ -100,8 +132,8 @@ def test_ctrl_c_stops_an_answer_and_the_conversation_goes_on_from_what_was_shown
 
     real, calls = Engine.stream, []
 
-    def interrupted(self, prompt, params=None, stop=None):
-        inner = real(self, prompt, params, stop)
+    def interrupted(self, prompt, params=None, stop=None, **kwargs):
+        inner = real(self, prompt, params, stop, **kwargs)
         calls.append(prompt)
         if len(calls) > 1:
             return inner

@@ -84,8 +84,8 @@ def run(args) -> int:
             continue
         try:
             asked = [*messages, {"role": "user", "content": line}]
-            turn = fitted(engine, asked, params)
-            text, stats, finish = answer(engine, asked, turn, write)
+            turn, encoded = fitted(engine, asked, params)
+            text, stats, finish = answer(engine, asked, turn, encoded, write)
         except ConfigError as exc:  # the conversation outgrew the context: say so, keep the session
             print(f"anyspec chat: {exc}; /reset starts a new conversation", file=sys.stderr)
             continue
@@ -104,27 +104,30 @@ def run(args) -> int:
 
 def fitted(engine, messages: list[dict], params):
     """``params`` with no more new tokens than the target's context holds after ``messages`` (as the
-    server does for a request's default ``max_tokens``); a ``ConfigError`` where it holds none."""
+    server does for a request's default ``max_tokens``), and the messages' target ids and text, which
+    the engine then reads without encoding them again; a ``ConfigError`` where the context holds
+    none."""
     from anyspec.engine.prompt import encode_prompt
 
+    ids, text, _ = encode_prompt(engine.target.tokenizer, messages)
     context = engine.target.context_length
     if context is None:
-        return params
-    used = len(encode_prompt(engine.target.tokenizer, messages)[0])
-    if used >= context:
-        raise ConfigError(f"the conversation has {used} tokens, no room left in the target's context of "
+        return params, (ids, text)
+    if len(ids) >= context:
+        raise ConfigError(f"the conversation has {len(ids)} tokens, no room left in the target's context of "
                           f"{context} tokens")
-    return dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, context - used))
+    room = min(params.max_new_tokens, context - len(ids))
+    return dataclasses.replace(params, max_new_tokens=room), (ids, text)
 
 
-def answer(engine, messages: list[dict], params, write):
-    """The answer to ``messages``, streamed through ``write``, its statistics and finish reason;
-    Ctrl-C (SIGINT) ends it after its current round (``"abort"``), so the caches hold committed
-    tokens only and the next turn reuses them."""
+def answer(engine, messages: list[dict], params, encoded: tuple[list[int], str], write):
+    """The answer to ``messages`` (``encoded``: their target ids and text, ``fitted``'s), streamed
+    through ``write``, its statistics and finish reason; Ctrl-C (SIGINT) ends it after its current
+    round (``"abort"``), so the caches hold committed tokens only and the next turn reuses them."""
     stop = threading.Event()
     before = signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        result = engine.generate(messages, params, on_text=write, stop=stop)
+        result = engine.generate(messages, params, on_text=write, stop=stop, encoded=encoded)
     finally:
         signal.signal(signal.SIGINT, before)
     return result.text, result.stats, result.finish_reason

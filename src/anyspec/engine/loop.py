@@ -159,12 +159,13 @@ class Engine:
         return self.proposers[algorithm_for(self.config, params)] if self.draft is not None else None
 
     def generate(self, prompt: str | list[dict], params: SamplingParams | None = None,
-                 on_text: Callable[[str], None] | None = None, stop: threading.Event | None = None
-                 ) -> GenerationResult:
+                 on_text: Callable[[str], None] | None = None, stop: threading.Event | None = None, *,
+                 encoded: tuple[list[int], str] | None = None) -> GenerationResult:
         """Generate; ``on_text`` receives text as it is committed (never half a character); ``stop``
-        as ``stream``'s. An error ``on_text`` raises ends the generation and frees the engine."""
+        and ``encoded`` as ``stream``'s. An error ``on_text`` raises ends the generation and frees
+        the engine."""
         check_callbacks(on_text)
-        with contextlib.closing(self.stream(prompt, params, stop)) as stream:
+        with contextlib.closing(self.stream(prompt, params, stop, encoded=encoded)) as stream:
             while True:
                 try:
                     piece = next(stream)
@@ -174,17 +175,19 @@ class Engine:
                     on_text(piece)
 
     def stream(self, prompt: str | list[dict], params: SamplingParams | None = None,
-               stop: threading.Event | None = None) -> Generator[str, None, GenerationResult]:
+               stop: threading.Event | None = None, *, encoded: tuple[list[int], str] | None = None
+               ) -> Generator[str, None, GenerationResult]:
         """Yield committed text; the generator's return value is the ``GenerationResult``. It runs on
         the engine's own KV caches, so one at a time: a second stream that starts while another is
         under way (begun, not finished or closed) raises ``EngineBusy``. ``stop``, once set (from
         any thread), ends the generation after its current round: its result has the text and
-        statistics so far and ``finish_reason`` ``"abort"``."""
+        statistics so far and ``finish_reason`` ``"abort"``. ``encoded``: the prompt's target ids and
+        text as ``encode_prompt`` gives them, where the caller has them already."""
         self._open()
         params = given(params, SamplingParams, "params")
         check_callbacks(stop=stop)
         stream = self._one_at_a_time(alone(lambda batch: self.steps(prompt, params, self.target, self.draft,
-                                                                    batch, 0, stop=stop)))
+                                                                    batch, 0, encoded, stop=stop)))
         self._streams.add(stream)
         return stream
 
