@@ -56,12 +56,13 @@ def load_engine(target_dir, draft_dir, k: int = 3, dtype: str = "fp32", prefix_c
 
 @contextlib.contextmanager
 def live_server(engine: Engine, **settings):
-    """Yield the base URL (``http://127.0.0.1:PORT``) of a uvicorn server over ``engine``; stop it after."""
+    """Yield the base URL (``http://127.0.0.1:PORT``) of a uvicorn server over ``engine``; stop it after,
+    the engine left open unless ``close_engine`` (a test's engine often serves several servers)."""
     import uvicorn
 
     from anyspec.server.app import Settings, create_app
 
-    app = create_app(engine, Settings(model_name=MODEL_NAME, **settings))
+    app = create_app(engine, Settings(model_name=MODEL_NAME, **({"close_engine": False} | settings)))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))

@@ -147,6 +147,28 @@ def test_a_stream_whose_client_leaves_is_counted_499_not_200(engine):
         assert requests_counted(url, 499) == 1
 
 
+def test_the_apps_shutdown_closes_its_engine(folders):
+    """The app's lifespan ends its worker, then drops the slots' caches and closes the engine, so that
+    the models go with nothing else holding them; with ``close_engine`` off the engine stays open."""
+    import gc
+    import weakref
+
+    from starlette.testclient import TestClient
+
+    from anyspec.server.app import Settings, create_app
+
+    for close in (True, False):
+        engine = load_engine(*folders)
+        models = [weakref.ref(m) for m in (engine.target, engine.draft)]
+        app = create_app(engine, Settings(model_name=MODEL_NAME, close_engine=close))
+        with TestClient(app) as http:
+            assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3}).status_code == 200
+        assert not app.state.scheduler.thread.is_alive()
+        gc.collect()
+        assert engine.closed is close and [m() is None for m in models] == [close, close]
+    assert len(engine.generate("hi", SamplingParams(max_new_tokens=2)).token_ids) == 2
+
+
 def test_non_streaming_disconnect_cancels_the_generation(engine):
     with live_server(engine) as (url, _):
         with pytest.raises(httpx.ReadTimeout):

@@ -331,6 +331,7 @@ class Driver:
             drop_slot(slot)
         self.free.clear()
         self.slots.clear()
+        self.batch.drafts.clear()
 
     def _done(self, key, result) -> None:
         self.free.append(self.slots.pop(key))

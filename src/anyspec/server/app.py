@@ -359,7 +359,8 @@ def add_generation_routes(app, settings: Settings, scheduler: Scheduler, metrics
 
 def create_app(engine: Engine, settings: Settings):
     """The FastAPI app over ``engine``; the worker thread starts and stops with the app's lifespan
-    (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``)."""
+    (``settings.worker_thread``; else whoever serves the app runs the worker, see ``cli/serve.py``),
+    and once the worker has stopped the engine is closed (``settings.close_engine``)."""
     from fastapi import FastAPI
 
     metrics = Metrics()
@@ -376,7 +377,10 @@ def create_app(engine: Engine, settings: Settings):
         if settings.worker_thread:
             scheduler.start()
         yield
-        scheduler.stop()
+        if not settings.close_engine:
+            scheduler.stop()
+        elif not scheduler.close():
+            log.warning("the worker did not stop within 30 s; the engine is left open")
         tokenizing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="anyspec", lifespan=lifespan)

@@ -123,6 +123,7 @@ class Scheduler:
         self.draining = False  # new jobs are refused; those queued and running go on
         self.joining: set[Job] = set()  # jobs taken from the queue, not yet running
         self.thread = threading.Thread(target=self.run, name="anyspec-worker", daemon=True)
+        self.working = threading.Lock()  # held while ``run`` runs: the engine is the worker's then
 
     @property
     def depth(self) -> int:
@@ -157,6 +158,19 @@ class Scheduler:
             self.cond.notify_all()
         if self.thread.is_alive():
             self.thread.join(timeout=30)
+
+    def close(self, wait: float = 30.0) -> bool:
+        """``stop``, then once the worker has returned (within ``wait`` seconds), drop the slots'
+        caches and close the engine, so that the models' memory goes; whether it did."""
+        self.stop()
+        if not self.working.acquire(timeout=wait):
+            return False
+        try:
+            self.driver.close()
+            self.engine.close()
+        finally:
+            self.working.release()
+        return True
 
     def submit(self, *jobs: Job) -> None:
         """Queue the jobs one after the other, all or none (``QueueFull``)."""
@@ -202,6 +216,10 @@ class Scheduler:
 
     def run(self, alive=lambda: True) -> None:
         """The worker: admit, retire and step the batch until ``stop`` (or until ``alive()`` is false)."""
+        with self.working:
+            self._work(alive)
+
+    def _work(self, alive) -> None:
         while True:
             with self.cond:
                 while not self.pending and not self.running and not self.stopping and alive():

@@ -33,6 +33,7 @@ class Settings:
         None, "refuse (400) a request whose prompt has more than N tokens (default: the context)",
         metavar="N", type=int)
     worker_thread: bool = True  # False: the caller runs app.state.scheduler.run() itself
+    close_engine: bool = True  # the app's shutdown closes the engine (False: the caller's, to close itself)
     body_timeout: float = flag(
         30.0, "seconds a request's body may take to arrive; then 408 (slow or stalled clients; default "
         "%(default)s)", metavar="S")
