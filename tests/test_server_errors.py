@@ -376,6 +376,18 @@ def test_sampling_fields_the_server_cannot_honour_are_refused(post, field, value
         assert post("/v1/completions", json=OK | {field: defaults[field]}).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize(("field", "value", "alike"), [
+    ("best_of", True, 1), ("mirostat", False, 0), ("skip_special_tokens", 1, True),
+    ("use_beam_search", 0, False), ("repeat_penalty", True, 1.0)])
+def test_a_harmless_value_of_another_type_is_still_refused(post, path, field, value, alike):
+    """``true`` is not ``1`` and ``0`` is not ``false``: only a value that changes nothing, of its
+    type (``1.0`` for ``1``), is let through."""
+    body = (OK if path == "/v1/completions" else CHAT_OK) | {field: value}
+    assert_error(post(path, json=body), 400, field, "unsupported_parameter", "not supported")
+    assert post(path, json=body | {field: alike}).status_code == 200
+
+
 def test_a_suffix_needs_fill_in_the_middle_tokens_and_text_prompts(post):
     """The tiny target's tokenizer has no FIM tokens (the real pair's test fills in the middle)."""
     r = post("/v1/completions", json=OK | {"suffix": " end"})

@@ -150,6 +150,7 @@ def test_output_config_format_holds_the_answer_to_the_schema(server):
     ({"tool_choice": {"type": "any"}}, "'tool_choice' of type any needs 'tools'"),
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking' is not supported"),
     ({"n": 8}, "'n' is not supported"),
+    ({"n": True}, "'n' is not supported"),
     ({"stop_sequences": [1]}, "'stop_sequences': expected a string or an array of strings"),
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}},
      "'output_config.format.schema' cannot be used"),

@@ -131,6 +131,8 @@ def test_text_format_holds_the_answer_to_the_schema(client):
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}},
      "text.format.schema", "invalid_value", "not a valid JSON Schema"),
     ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter", "not supported"),
+    ({"background": 0}, "background", "unsupported_parameter", "not supported"),
+    ({"top_logprobs": False}, "top_logprobs", "unsupported_parameter", "not supported"),
     ({"store": "no"}, "store", "invalid_type", "expected a boolean"),
     ({"metadata": "str"}, "metadata", "invalid_type", "expected an object"),
     ({"user": 5}, "user", "invalid_type", "expected a string"),

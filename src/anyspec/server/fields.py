@@ -67,6 +67,24 @@ def body_field(body: dict, name: str, kinds: tuple, default=None, within: str | 
     return value
 
 
+def same_json(a, b) -> bool:
+    """``a == b`` as JSON values: a boolean is not a number (``true`` is not ``1``), ``1.0`` is ``1``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(same_json, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def changes_nothing(value, harmless: tuple) -> bool:
+    """Whether ``value`` is one of the ``harmless`` values of a field, type and all."""
+    return any(same_json(value, h) for h in harmless)
+
+
 def number(value: int | float) -> str:
     """A number for a message: a huge integer as its digit count, not its digits."""
     digits = len(str(abs(value))) if isinstance(value, int) and abs(value) > 10**15 else 0

@@ -22,7 +22,7 @@ import json
 import uuid
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.fields import ApiError, body_field, number
+from anyspec.server.fields import ApiError, body_field, changes_nothing, number
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 
@@ -132,7 +132,7 @@ def chat_body(body) -> dict:
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None, "invalid_type")
     for name, harmless in REFUSED.items():
-        if body.get(name) not in harmless:
+        if not changes_nothing(body.get(name), harmless):
             raise bad(f"'{name}' is not supported by this server; leave it out.", name,
                        "unsupported_parameter")
     if body.get("max_tokens") is None:

@@ -14,7 +14,7 @@ from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
 from anyspec.server.chat import continued, template_kwargs
-from anyspec.server.fields import ApiError, Body, body_field, number
+from anyspec.server.fields import ApiError, Body, body_field, changes_nothing, number
 from anyspec.server.structured import (
     Structure,
     StructuredError,
@@ -263,7 +263,7 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
     if not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be from 1 to {MAX_CHOICES}, got {number(n)}.", "n", "invalid_value")
     for name, harmless in UNSUPPORTED.items():
-        if body.get(name) not in harmless:
+        if not changes_nothing(body.get(name), harmless):
             raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
                            "unsupported_parameter")
     vocab = vocab_size or 2**31

@@ -22,7 +22,7 @@ import time
 import uuid
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.fields import body_field
+from anyspec.server.fields import body_field, changes_nothing
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 
@@ -153,7 +153,7 @@ def chat_body(body, earlier: list[dict] = ()) -> dict:
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None, "invalid_type")
     for name, harmless in REFUSED.items():
-        if body.get(name) not in harmless:
+        if not changes_nothing(body.get(name), harmless):
             why = ("send the conversation in 'input', or continue one with 'previous_response_id'"
                    if name == "conversation" else "leave it out")
             raise bad(f"'{name}' is not supported by this server; {why}.", name, "unsupported_parameter")
