@@ -133,6 +133,44 @@ def test_their_harmless_defaults_are_accepted(post):
     assert post("/v1/chat/completions", json=body).status_code == 200
 
 
+def function(**fields) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f"} | fields}]
+
+
+def called(**call) -> dict:
+    """Messages whose first is an assistant's with the one tool call ``call``."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}} | call
+    return {"messages": [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": False}, "tools"), ({"tools": 0}, "tools"), ({"tools": ""}, "tools"), ({"tools": {}}, "tools"),
+    ({"tools": False, "guided_regex": "a+"}, "tools"),
+    ({"tools": function(parameters=[])}, "tools[0].function.parameters"),
+    ({"tools": function(parameters=0)}, "tools[0].function.parameters"),
+    ({"tools": function(description=5)}, "tools[0].function.description"),
+    ({"tools": function(strict="yes")}, "tools[0].function.strict"),
+    ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name"),
+    ({"messages": [{"role": "user", "content": "hi", "name": ["bob"]}]}, "messages[0].name"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "x", "tool_call_id": 5}]},
+     "messages[1].tool_call_id"),
+    (called(id=5), "messages[0].tool_calls[0].id"),
+    (called(function={"name": "f", "arguments": 5}), "messages[0].tool_calls[0].function.arguments"),
+    ({"structured_outputs": {"regex": "a+", "json_object": 0}}, "structured_outputs.json_object"),
+    ({"structured_outputs": {"json_object": 1}}, "structured_outputs.json_object"),
+])
+def test_a_wrong_type_is_a_400_naming_the_field_not_taken_as_absent(post, extra, param):
+    assert_error(post("/v1/chat/completions", json=CHAT_OK | extra), 400, param, "invalid_type")
+
+
+def test_null_is_still_absent_and_a_name_is_taken(post):
+    body = CHAT_OK | {"tools": None, "messages": [{"role": "user", "content": "hi", "name": None}]}
+    assert post("/v1/chat/completions", json=body).status_code == 200
+    body["messages"][0]["name"] = "bob"
+    assert post("/v1/chat/completions", json=body).status_code == 200
+
+
 def test_llama_cpps_json_object_with_a_schema_is_held_to_the_schema(post):
     """llama.cpp reads ``{"type": "json_object", "schema": {...}}`` as an answer that matches the schema."""
     fixed = {"type": "object", "properties": {"k": {"const": "fixed"}}, "required": ["k"],

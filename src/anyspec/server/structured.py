@@ -93,6 +93,9 @@ def guided(body: dict) -> tuple[str, str, object] | None:
             raise StructuredError(f"'structured_outputs' asks for nothing; it takes one of "
                                   f"{', '.join(GUIDES)} or json_object: true.", "structured_outputs")
         for key, value in outputs.items():
+            if key == "json_object" and not isinstance(value, bool | None):
+                raise StructuredError("'structured_outputs.json_object' must be a boolean.",
+                                      "structured_outputs.json_object", "invalid_type")
             if key == "json_object" and value is True:  # JSON mode
                 key, value = "json", {"type": "object"}
             elif key not in GUIDES and value not in (None, False):
@@ -114,10 +117,7 @@ def _schema(grammars, schema, param: str):
         raise StructuredError(str(exc), exc.field) from None
 
 
-def _functions(tools, grammars) -> list[dict]:
-    if not isinstance(tools, list):
-        raise StructuredError("'tools' must be an array of {type: 'function', function: {...}}.",
-                              "tools", "invalid_type")
+def _functions(tools: list, grammars) -> list[dict]:
     out = []
     for i, tool in enumerate(tools):
         tool = _object(tool, f"tools[{i}]")
@@ -132,9 +132,21 @@ def _functions(tools, grammars) -> list[dict]:
         if name in (f["name"] for f in out):
             raise StructuredError(f"tools[{i}].function.name {name!r} is given twice.",
                                   f"tools[{i}].function.name")
-        _schema(grammars, function.get("parameters") or {"type": "object"}, f"tools[{i}].function.parameters")
+        _function_types(function, f"tools[{i}].function")
+        parameters = function.get("parameters")
+        _schema(grammars, {"type": "object"} if parameters is None else parameters,
+                f"tools[{i}].function.parameters")
         out.append(function)
     return out
+
+
+def _function_types(function: dict, param: str) -> None:
+    """A function's ``description`` a string, ``strict`` a boolean and ``parameters`` a JSON Schema
+    (an object, or a boolean), where given."""
+    for name, kinds, says in (("description", str, "a string"), ("strict", bool, "a boolean"),
+                              ("parameters", dict | bool, "a JSON Schema object")):
+        if function.get(name) is not None and not isinstance(function[name], kinds):
+            raise StructuredError(f"'{param}.{name}' must be {says}.", f"{param}.{name}", "invalid_type")
 
 
 def _choice(body: dict, functions: list[dict]) -> tuple[str, str | None]:
@@ -168,12 +180,16 @@ def _choice(body: dict, functions: list[dict]) -> tuple[str, str | None]:
 def structure(body: dict, chat: bool, tokenizer, grammars) -> Structure:
     """What ``response_format``, ``tools`` and ``tool_choice`` ask for; ``grammars()`` gives the
     compiler (``engine.grammar.Grammars``) only once one is needed."""
-    tools = body.get("tools") or None  # [] is no tools
+    tools = body.get("tools")
+    if chat and tools is not None and not isinstance(tools, list):
+        raise StructuredError("'tools' must be an array of {type: 'function', function: {...}}.", "tools",
+                              "invalid_type")
+    tools = tools or None  # [] is no tools
     guide = guided(body)
     if guide is not None:
         param, kind, value = guide
-        for name in ("response_format", "tools"):
-            if body.get(name):
+        for name, given in (("response_format", body.get("response_format")), ("tools", tools)):
+            if given is not None:
                 raise StructuredError(f"'{name}' and '{param}' cannot be used together: an answer "
                                       "follows one of them.", name)
         _from_the_start(body, param)
@@ -239,9 +255,14 @@ def _check_template(tokenizer, tools: list[dict]) -> None:
 
 def message_fields(m: dict, i: int) -> dict:
     """An assistant message's ``tool_calls`` (arguments as objects, as templates read them) and a
-    tool message's ``tool_call_id``, for the chat template."""
+    tool message's ``tool_call_id``, for the chat template; a ``name`` (which it does not show) must
+    be a string."""
+    for name in ("name", "tool_call_id"):
+        if m.get(name) is not None and not isinstance(m[name], str):
+            raise StructuredError(f"messages[{i}].{name} must be a string.", f"messages[{i}].{name}",
+                                  "invalid_type")
     out = {}
-    if m["role"] == "tool" and isinstance(m.get("tool_call_id"), str):
+    if m["role"] == "tool" and m.get("tool_call_id") is not None:
         out["tool_call_id"] = m["tool_call_id"]
     calls = m.get("tool_calls")
     if calls is None or m["role"] != "assistant":
@@ -253,7 +274,12 @@ def message_fields(m: dict, i: int) -> dict:
     for j, call in enumerate(calls):
         param = f"messages[{i}].tool_calls[{j}]"
         function = _object(_object(call, param).get("function"), f"{param}.function")
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise StructuredError(f"{param}.id must be a string.", f"{param}.id", "invalid_type")
         arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str | dict):
+            raise StructuredError(f"{param}.function.arguments must be a string of JSON (or an object).",
+                                  f"{param}.function.arguments", "invalid_type")
         try:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
         except ValueError:
