@@ -169,6 +169,37 @@ def test_bad_requests_are_400s_in_anthropics_form(server, body, says):
     assert says in out["error"]["message"], out["error"]["message"]
 
 
+TOOL = {"name": "f", "input_schema": {"type": "object"}}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"system": False}, "system"), ({"system": 0}, "system"), ({"system": {}}, "system"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": {"type": "auto", "disable_parallel_tool_use": 1}},
+     "tool_choice.disable_parallel_tool_use"),
+    ({"tools": [TOOL | {"description": 5}]}, "tools[0].description"),
+    ({"tools": [TOOL | {"input_schema": []}]}, "tools[0].input_schema"),
+    ({"metadata": "me"}, "metadata"), ({"metadata": {"user_id": 5}}, "metadata.user_id"),
+    ({"service_tier": 1}, "service_tier"), ({"cache_control": "ephemeral"}, "cache_control"),
+    ({"output_config": {"effort": 3}}, "output_config.effort"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                                 "is_error": "no"}]}]}, "messages[0].content[0].is_error"),
+])
+def test_a_wrong_type_is_a_400_naming_the_field(server, body, field):
+    status, out = ask(server, **{"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]} | body)
+    said = out["error"]["message"]
+    assert status == 400 and out["error"]["type"] == "invalid_request_error", out
+    assert f"'{field}' must be" in said or f"Invalid type for '{field}'" in said, said
+
+
+def test_an_empty_or_null_system_is_no_system_message(server):
+    question = [{"role": "user", "content": "Name a prime."}]
+    _, alone = ask(server, max_tokens=4, messages=question)
+    for system in (None, "", []):
+        status, out = ask(server, max_tokens=4, messages=question, system=system)
+        assert status == 200 and out["content"] == alone["content"], out
+
+
 def test_an_empty_last_assistant_message_is_no_prefill(server):
     question = [{"role": "user", "content": "Name a prime."}]
     status, out = ask(server, max_tokens=6, messages=[*question, {"role": "assistant", "content": []}])

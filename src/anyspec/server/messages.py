@@ -10,10 +10,11 @@ assistant's ``tool_use`` blocks (the chat's ``tool_calls``) and the user's ``too
 Schema) its ``response_format``; ``stop_sequences`` its ``stop``. A last message of the assistant's
 with text is continued: the answer goes on from it (Anthropic's prefill). ``cache_control`` and
 ``output_config.effort`` change nothing here (prompts are cached anyway; the models do not reason
-first). ``stop_reason`` is ``end_turn``, ``max_tokens``, ``stop_sequence`` (with ``stop_sequence``)
-or ``tool_use``. ``usage.input_tokens`` counts the prompt tokens not read from the prefix cache,
-``cache_read_input_tokens`` those that were (``cache_creation_input_tokens`` is 0: no request writes
-a cache entry of its own). Errors are Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
+first). ``stop_reason`` is ``end_turn``, ``max_tokens``,
+``stop_sequence`` (with ``stop_sequence``) or ``tool_use``. ``usage.input_tokens`` counts the
+prompt tokens not read from the prefix cache, ``cache_read_input_tokens`` those that were
+(``cache_creation_input_tokens`` is 0: no request writes a cache entry of its own). Errors are
+Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ OWN = ("system", "messages", "tools", "tool_choice", "stop_sequences", "metadata
        "max_tokens", "output_config", "cache_control")
 REFUSED = {"thinking": (None, {"type": "disabled"}), "container": (None,), "mcp_servers": (None, []),
            "n": (None, 1)}  # a message is one answer: the chat's n would run answers none receives
+TYPES = [("metadata", dict), ("service_tier", str), ("cache_control", dict), ("output_config", dict)]
 RENAMED = [(r"stop\b", "stop_sequences"),
            (r"response_format\.json_schema\.schema", "output_config.format.schema"),
            (r"response_format", "output_config.format"),
@@ -49,7 +51,7 @@ def _text(content, param: str) -> str:
         return content
     if not isinstance(content, list) or not all(isinstance(b, dict) and b.get("type") == "text"
                                                 and isinstance(b.get("text"), str) for b in content):
-        raise bad(f"'{param}' must be a string or an array of text blocks.", param)
+        raise bad(f"'{param}' must be a string or an array of text blocks.", param, "invalid_type")
     return "".join(b["text"] for b in content)
 
 
@@ -88,6 +90,7 @@ def _blocks(message: dict, i: int, last: bool) -> list[dict]:
         else:
             if not isinstance(block.get("tool_use_id"), str):
                 raise bad(f"'{at}.tool_use_id' must be a string.", f"{at}.tool_use_id", "invalid_type")
+            body_field(block, "is_error", (bool,), within=at)
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": _text(block.get("content", ""), f"{at}.content")})
     said = [{"role": role, "content": "".join(text)} | ({"tool_calls": calls} if calls else {})]
@@ -118,23 +121,36 @@ def _tools(tools) -> list[dict] | None:
 def _tool_choice(choice, sent: dict) -> None:
     if choice is None:
         return
-    if not isinstance(choice, dict) or choice.get("type") not in (*CHOICES, "tool"):
+    if not isinstance(choice, dict):
+        raise bad("'tool_choice' must be an object ({type: auto, any, tool or none}).", "tool_choice",
+                  "invalid_type")
+    if choice.get("type") not in (*CHOICES, "tool"):
         raise bad("'tool_choice.type' must be auto, any, tool or none.", "tool_choice.type")
     kind = choice["type"]
     sent["tool_choice"] = ({"type": "function", "function": {"name": choice.get("name")}} if kind == "tool"
                            else CHOICES[kind])
-    if choice.get("disable_parallel_tool_use"):
+    if body_field(choice, "disable_parallel_tool_use", (bool,), False, "tool_choice"):
         sent["parallel_tool_calls"] = False
+
+
+def _refused(body: dict) -> None:
+    """Fields a message cannot honour (``REFUSED``), and the types of the fields that change
+    nothing here."""
+    for name, harmless in REFUSED.items():
+        if not changes_nothing(body.get(name), harmless):
+            raise bad(f"'{name}' is not supported by this server; leave it out.", name,
+                       "unsupported_parameter")
+    for name, kind in TYPES:
+        body_field(body, name, (kind,))
+    body_field(body.get("metadata") or {}, "user_id", (str,), within="metadata")
+    body_field(body.get("output_config") or {}, "effort", (str,), within="output_config")
 
 
 def chat_body(body) -> dict:
     """The chat completion's body that answers the Messages request ``body``."""
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None, "invalid_type")
-    for name, harmless in REFUSED.items():
-        if not changes_nothing(body.get(name), harmless):
-            raise bad(f"'{name}' is not supported by this server; leave it out.", name,
-                       "unsupported_parameter")
+    _refused(body)
     if body.get("max_tokens") is None:
         raise bad("'max_tokens' is required.", "max_tokens", "missing_required_parameter")
     temperature = body.get("temperature")  # Anthropic's range; the rest of the checks are the chat's
@@ -147,7 +163,8 @@ def chat_body(body) -> dict:
         raise bad("'messages' must be a non-empty array of messages.", "messages",
                    "missing_required_parameter" if given is None else "invalid_value")
     system = body.get("system")
-    messages = [{"role": "system", "content": _text(system, "system")}] if system else []
+    system = _text(system, "system") if system is not None else ""
+    messages = [{"role": "system", "content": system}] if system else []
     for i, message in enumerate(given):
         if not isinstance(message, dict):
             raise bad(f"'messages[{i}]' must be an object.", f"messages[{i}]", "invalid_type")
