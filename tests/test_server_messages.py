@@ -192,6 +192,21 @@ def test_a_wrong_type_is_a_400_naming_the_field(server, body, field):
     assert f"'{field}' must be" in said or f"Invalid type for '{field}'" in said, said
 
 
+@pytest.mark.parametrize(("field", "value", "instead"), [
+    ("logprobs", True, None), ("top_logprobs", 2, None), ("stop", ["x"], "stop_sequences"),
+    ("max_completion_tokens", 3, "max_tokens"), ("response_format", {"type": "json_object"},
+                                                 "output_config.format"),
+    ("parallel_tool_calls", False, "tool_choice.disable_parallel_tool_use"),
+    ("continue_final_message", True, "messages")])
+def test_the_chats_own_fields_are_refused_not_run(server, field, value, instead):
+    """A message carries no logprobs and has its own stop, limit and format fields: the chat's are
+    refused, not silently computed or applied."""
+    status, out = ask(server, max_tokens=4, messages=[{"role": "user", "content": "hi"}], **{field: value})
+    assert status == 400, out
+    assert f"'{field}' is a chat completions field" in out["error"]["message"], out["error"]["message"]
+    assert instead is None or f"it takes '{instead}'" in out["error"]["message"]
+
+
 def test_an_empty_or_null_system_is_no_system_message(server):
     question = [{"role": "user", "content": "Name a prime."}]
     _, alone = ask(server, max_tokens=4, messages=question)

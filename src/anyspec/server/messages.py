@@ -10,7 +10,9 @@ assistant's ``tool_use`` blocks (the chat's ``tool_calls``) and the user's ``too
 Schema) its ``response_format``; ``stop_sequences`` its ``stop``. A last message of the assistant's
 with text is continued: the answer goes on from it (Anthropic's prefill). ``cache_control`` and
 ``output_config.effort`` change nothing here (prompts are cached anyway; the models do not reason
-first). ``stop_reason`` is ``end_turn``, ``max_tokens``,
+first). The chat's own fields (``logprobs``, ``stop``, ``response_format``, ...) answer 400: a
+message has its own or cannot carry what they ask for; its sampling extensions (``seed``,
+``min_p``, ``speculative``, ...) pass through. ``stop_reason`` is ``end_turn``, ``max_tokens``,
 ``stop_sequence`` (with ``stop_sequence``) or ``tool_use``. ``usage.input_tokens`` counts the
 prompt tokens not read from the prefix cache, ``cache_read_input_tokens`` those that were
 (``cache_creation_input_tokens`` is 0: no request writes a cache entry of its own). Errors are
@@ -31,6 +33,12 @@ OWN = ("system", "messages", "tools", "tool_choice", "stop_sequences", "metadata
        "max_tokens", "output_config", "cache_control")
 REFUSED = {"thinking": (None, {"type": "disabled"}), "container": (None,), "mcp_servers": (None, []),
            "n": (None, 1)}  # a message is one answer: the chat's n would run answers none receives
+CHAT_FIELDS = {  # the chat's own fields, which a message has its own for or cannot answer with
+    "stop": "stop_sequences", "max_completion_tokens": "max_tokens",
+    "response_format": "output_config.format",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use", "continue_final_message": "messages",
+    "add_generation_prompt": "messages", "functions": "tools", "function_call": "tool_choice",
+    "logprobs": None, "top_logprobs": None, "echo": None, "suffix": None}
 TYPES = [("metadata", dict), ("service_tier", str), ("cache_control", dict), ("output_config", dict)]
 RENAMED = [(r"stop\b", "stop_sequences"),
            (r"response_format\.json_schema\.schema", "output_config.format.schema"),
@@ -134,12 +142,17 @@ def _tool_choice(choice, sent: dict) -> None:
 
 
 def _refused(body: dict) -> None:
-    """Fields a message cannot honour (``REFUSED``), and the types of the fields that change
-    nothing here."""
+    """Fields a message cannot honour (``REFUSED``), the chat's own (``CHAT_FIELDS``), and the
+    types of the fields that change nothing here."""
     for name, harmless in REFUSED.items():
         if not changes_nothing(body.get(name), harmless):
             raise bad(f"'{name}' is not supported by this server; leave it out.", name,
                        "unsupported_parameter")
+    for name, instead in CHAT_FIELDS.items():
+        if name in body:
+            hint = f"; it takes '{instead}'" if instead else ""
+            raise bad(f"'{name}' is a chat completions field, not one of /v1/messages{hint}.", name,
+                      "unsupported_parameter")
     for name, kind in TYPES:
         body_field(body, name, (kind,))
     body_field(body.get("metadata") or {}, "user_id", (str,), within="metadata")
