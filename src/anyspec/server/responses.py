@@ -39,6 +39,8 @@ CHAT_FIELDS = {"messages": "input", "max_tokens": "max_output_tokens",
                "max_completion_tokens": "max_output_tokens", "response_format": "text.format", "n": None,
                "logprobs": None, "functions": "tools", "function_call": "tool_choice",
                "echo": None, "suffix": None}
+TYPES = [("store", bool), ("metadata", dict), ("stream_options", dict), ("user", str), ("reasoning", dict),
+         ("service_tier", str), ("prompt_cache_key", str), ("safety_identifier", str)]  # read nowhere else
 RENAMED = [(r"messages(\[\d+\])?(\.[\w.\[\]]+)?", "input"), (r"max_tokens", "max_output_tokens"),
            (r"response_format\.json_schema\.(\w+)", r"text.format.\1"),
            (r"response_format", "text.format"),
@@ -108,8 +110,8 @@ def _tools(tools) -> list[dict] | None:
             raise bad(f"'tools[{i}]' must be a function tool ({{type: 'function', name, parameters}}); this "
                        f"server runs no built-in tools, got type {kind!r}.", f"tools[{i}].type",
                        "unsupported_parameter")
-        out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")
-                                                      if k in tool}})
+        out.append({"type": "function", "function": {
+            k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}})
     return out
 
 
@@ -162,8 +164,13 @@ def chat_body(body, earlier: list[dict] = ()) -> dict:
             hint = f"; it takes '{instead}'" if instead else ""
             raise bad(f"'{name}' is a chat completions field, not one of /v1/responses{hint}.", name,
                        "unsupported_parameter")
-    for name, kind in (("store", bool), ("metadata", dict), ("stream_options", dict), ("user", str)):
+    for name, kind in TYPES:
         body_field(body, name, (kind,))
+    body_field(body.get("stream_options") or {}, "include_obfuscation", (bool,), within="stream_options")
+    for key, value in (body.get("metadata") or {}).items():
+        if not isinstance(value, str):
+            raise bad(f"'metadata.{key}' must be a string: metadata maps keys to strings.", f"metadata.{key}",
+                      "invalid_type")
     given = own_items(body)
     instructions = body_field(body, "instructions", (str,))
     messages = [{"role": "system", "content": instructions}] if instructions else []
