@@ -345,6 +345,19 @@ def tool_client(tok_qwen2, tok_llama2, tmp_path_factory):
         yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0), url
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 4, "tools": [WEATHER | {"parameters": True}]},
+     "tools[0].parameters"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 4, "tools": [{"type": "function", "function": {
+        "name": "get_weather", "parameters": True}}]}, "tools[0].function.parameters")])
+def test_parameters_not_a_schema_object_are_a_400_where_tools_are_rendered(tool_client, path, body, param):
+    """The arguments of a call are an object: ``parameters: true`` is refused as it is read, not
+    left to fail where the calls' grammar is built."""
+    pytest.importorskip("llguidance")
+    r = httpx.post(tool_client[1] + path, json={"model": MODEL_NAME} | body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
 def test_a_forced_call_is_the_whole_output_streamed_or_not(tool_client, choice):
     """An answer that is only a call has no message item, whole, streamed or read back."""

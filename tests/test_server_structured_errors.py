@@ -149,6 +149,7 @@ def called(**call) -> dict:
     ({"tools": False, "guided_regex": "a+"}, "tools"),
     ({"tools": function(parameters=[])}, "tools[0].function.parameters"),
     ({"tools": function(parameters=0)}, "tools[0].function.parameters"),
+    ({"tools": function(parameters=True)}, "tools[0].function.parameters"),
     ({"tools": function(description=5)}, "tools[0].function.description"),
     ({"tools": function(strict="yes")}, "tools[0].function.strict"),
     ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name"),

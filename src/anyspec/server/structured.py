@@ -142,9 +142,9 @@ def _functions(tools: list, grammars) -> list[dict]:
 
 def _function_types(function: dict, param: str) -> None:
     """A function's ``description`` a string, ``strict`` a boolean and ``parameters`` a JSON Schema
-    (an object, or a boolean), where given."""
+    object (the arguments are one), where given."""
     for name, kinds, says in (("description", str, "a string"), ("strict", bool, "a boolean"),
-                              ("parameters", dict | bool, "a JSON Schema object")):
+                              ("parameters", dict, "a JSON Schema object")):
         if function.get(name) is not None and not isinstance(function[name], kinds):
             raise StructuredError(f"'{param}.{name}' must be {says}.", f"{param}.{name}", "invalid_type")
 
