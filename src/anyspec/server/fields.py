@@ -67,6 +67,25 @@ def body_field(body: dict, name: str, kinds: tuple, default=None, within: str | 
     return value
 
 
+def check_own_fields(body: dict, endpoint: str, refused: dict, chat_fields: dict, types: list,
+                     why=lambda name: "leave it out") -> None:
+    """The fields an endpoint other than the chat's takes or refuses: those it cannot honour unless
+    they change nothing (``refused``: name -> the values that change nothing; ``why(name)``: what
+    to do instead), the chat's own where it has one of its own or none (``chat_fields``: name -> its
+    own field, or ""), and the types of those it keeps to itself (``types``: (name, type))."""
+    for name, harmless in refused.items():
+        if not changes_nothing(body.get(name), harmless):
+            raise ApiError(400, f"'{name}' is not supported by this server; {why(name)}.", name,
+                           "unsupported_parameter")
+    for name, instead in chat_fields.items():
+        if name in body:
+            hint = f"; it takes '{instead}'" if instead else ""
+            raise ApiError(400, f"'{name}' is a chat completions field, not one of {endpoint}{hint}.", name,
+                           "unsupported_parameter")
+    for name, kind in types:
+        body_field(body, name, (kind,))
+
+
 def same_json(a, b) -> bool:
     """``a == b`` as JSON values: a boolean is not a number (``true`` is not ``1``), ``1.0`` is ``1``."""
     if isinstance(a, bool) or isinstance(b, bool):

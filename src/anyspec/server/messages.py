@@ -25,7 +25,7 @@ import json
 import uuid
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.fields import ApiError, body_field, changes_nothing, number
+from anyspec.server.fields import ApiError, body_field, check_own_fields, number
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 
@@ -144,17 +144,7 @@ def _tool_choice(choice, sent: dict) -> None:
 def _refused(body: dict) -> None:
     """Fields a message cannot honour (``REFUSED``), the chat's own (``CHAT_FIELDS``), and the
     types of the fields that change nothing here."""
-    for name, harmless in REFUSED.items():
-        if not changes_nothing(body.get(name), harmless):
-            raise bad(f"'{name}' is not supported by this server; leave it out.", name,
-                       "unsupported_parameter")
-    for name, instead in CHAT_FIELDS.items():
-        if name in body:
-            hint = f"; it takes '{instead}'" if instead else ""
-            raise bad(f"'{name}' is a chat completions field, not one of /v1/messages{hint}.", name,
-                      "unsupported_parameter")
-    for name, kind in TYPES:
-        body_field(body, name, (kind,))
+    check_own_fields(body, "/v1/messages", REFUSED, CHAT_FIELDS, TYPES)
     body_field(body.get("metadata") or {}, "user_id", (str,), within="metadata")
     body_field(body.get("output_config") or {}, "effort", (str,), within="output_config")
 

@@ -22,7 +22,7 @@ import time
 import uuid
 
 from anyspec.server.answers import as_api_error, bad, choice_stats, usage
-from anyspec.server.fields import body_field, changes_nothing
+from anyspec.server.fields import body_field, check_own_fields
 from anyspec.server.scheduler import Outcome
 from anyspec.server.structured import CallStream, read_tool_calls
 
@@ -154,18 +154,9 @@ def chat_body(body, earlier: list[dict] = ()) -> dict:
     ``earlier`` of the conversation it continues."""
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None, "invalid_type")
-    for name, harmless in REFUSED.items():
-        if not changes_nothing(body.get(name), harmless):
-            why = ("send the conversation in 'input', or continue one with 'previous_response_id'"
-                   if name == "conversation" else "leave it out")
-            raise bad(f"'{name}' is not supported by this server; {why}.", name, "unsupported_parameter")
-    for name, instead in CHAT_FIELDS.items():
-        if name in body:
-            hint = f"; it takes '{instead}'" if instead else ""
-            raise bad(f"'{name}' is a chat completions field, not one of /v1/responses{hint}.", name,
-                       "unsupported_parameter")
-    for name, kind in TYPES:
-        body_field(body, name, (kind,))
+    check_own_fields(body, "/v1/responses", REFUSED, CHAT_FIELDS, TYPES, lambda name: (
+        "send the conversation in 'input', or continue one with 'previous_response_id'"
+        if name == "conversation" else "leave it out"))
     body_field(body.get("stream_options") or {}, "include_obfuscation", (bool,), within="stream_options")
     for key, value in (body.get("metadata") or {}).items():
         if not isinstance(value, str):
