@@ -63,32 +63,13 @@ from anyspec.engine.grammar import Grammars
 from anyspec.server import messages, response_store
 from anyspec.server.answers import as_api_error, full_response, renamed, response_head, stream_chunks
 from anyspec.server.fields import ApiError, ClientGone, error_body
-from anyspec.server.metrics import Metrics
+from anyspec.server.metrics import Metrics, count_requests
 from anyspec.server.protocol import Parsed, parse_request
 from anyspec.server.routes import add_info_routes, add_token_routes, read_json, require_key
 from anyspec.server.scheduler import Job, Outcome, QueueFull, Scheduler, ShuttingDown
 from anyspec.server.settings import Settings
 
 log = logging.getLogger("anyspec.server")
-
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
-          "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize")
-
-
-def route_label(path: str) -> str:
-    """A request's path as /metrics counts it: a route, its id in braces, or ``other`` (unknown
-    paths, so that no client can make the labels grow)."""
-    if path in ROUTES:
-        return path
-    parts = path.split("/")[1:]  # "/v1/models/m": ["v1", "models", "m"]
-    if parts[:2] == ["v1", "responses"] and len(parts) == 3:
-        return "/v1/responses/{id}"
-    if parts[:2] == ["v1", "responses"] and len(parts) == 4 and parts[3] == "input_items":
-        return "/v1/responses/{id}/input_items"
-    if parts[:2] == ["v1", "models"] and len(parts) == 3:
-        return "/v1/models/{model}"
-    return "other"
-
 
 async def next_event(job: Job, request, deadline: float | None = None):
     """The job's next event; raises ClientGone on a disconnect (checked every 0.25 s), TimeoutError
@@ -162,46 +143,6 @@ async def outcome_of(job: Job, request) -> Outcome:
 def cancel(scheduler: Scheduler, jobs: list[Job]) -> None:
     for job in jobs:
         scheduler.cancel(job)
-
-
-def count_requests(app, metrics: Metrics):
-    """ASGI middleware: count every answered HTTP request by route and status for /metrics, once its
-    answer ends: a crash (a 500 from the catch-all handler) too, and an answer whose client left
-    before its end (a stream begun as 200) as 499, as nginx logs it."""
-    async def wrapped(scope, receive, send):
-        if scope["type"] != "http":
-            return await app(scope, receive, send)
-        path = route_label(scope["path"])
-        status, counted, gone = None, False, False
-
-        async def watching_receive():
-            nonlocal gone
-            message = await receive()
-            gone = gone or message["type"] == "http.disconnect"
-            return message
-
-        async def counting_send(message):
-            nonlocal status, counted, gone
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            try:
-                await send(message)
-            except OSError:  # the client left (ASGI 2.4 servers raise it on send)
-                gone = True
-                raise
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                counted = True
-                metrics.add_request(path, status)
-
-        try:
-            await app(scope, watching_receive, counting_send)
-        except Exception:  # answered 500 by the outermost handler, outside this middleware
-            status = 500 if status is None else status
-            raise
-        finally:
-            if status is not None and not counted:
-                metrics.add_request(path, 499 if gone else status)
-    return wrapped
 
 
 def error_json(path: str, exc: ApiError) -> dict:

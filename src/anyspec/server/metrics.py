@@ -2,7 +2,8 @@
 
 The counts live here, under a lock (the worker thread and the event loop both add to them); a
 collector on the server's own registry turns them into metric families on each scrape, so the
-rates (acceptance, tokens per second) are computed from the same totals.
+rates (acceptance, tokens per second) are computed from the same totals. ``count_requests``, an
+ASGI middleware, counts each HTTP request by its route (``route_label``) and status.
 """
 
 from __future__ import annotations
@@ -129,3 +130,62 @@ class Metrics:
 
 def _bound(b: float) -> str:
     return "+Inf" if b == float("inf") else f"{b:g}"
+
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+          "/v1/messages/count_tokens", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize")
+
+
+def route_label(path: str) -> str:
+    """A request's path as /metrics counts it: a route, its id in braces, or ``other`` (unknown
+    paths, so that no client can make the labels grow)."""
+    if path in ROUTES:
+        return path
+    parts = path.split("/")[1:]  # "/v1/models/m": ["v1", "models", "m"]
+    if parts[:2] == ["v1", "responses"] and len(parts) == 3:
+        return "/v1/responses/{id}"
+    if parts[:2] == ["v1", "responses"] and len(parts) == 4 and parts[3] == "input_items":
+        return "/v1/responses/{id}/input_items"
+    if parts[:2] == ["v1", "models"] and len(parts) == 3:
+        return "/v1/models/{model}"
+    return "other"
+
+
+def count_requests(app, metrics: Metrics):
+    """ASGI middleware: count every answered HTTP request by route and status for /metrics, once its
+    answer ends: a crash (a 500 from the catch-all handler) too, and an answer whose client left
+    before its end (a stream begun as 200) as 499, as nginx logs it."""
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        path = route_label(scope["path"])
+        status, counted, gone = None, False, False
+
+        async def watching_receive():
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
+
+        async def counting_send(message):
+            nonlocal status, counted, gone
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            try:
+                await send(message)
+            except OSError:  # the client left (ASGI 2.4 servers raise it on send)
+                gone = True
+                raise
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                counted = True
+                metrics.add_request(path, status)
+
+        try:
+            await app(scope, watching_receive, counting_send)
+        except Exception:  # answered 500 by the outermost handler, outside this middleware
+            status = 500 if status is None else status
+            raise
+        finally:
+            if status is not None and not counted:
+                metrics.add_request(path, 499 if gone else status)
+    return wrapped
