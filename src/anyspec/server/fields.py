@@ -67,16 +67,21 @@ def body_field(body: dict, name: str, kinds: tuple, default=None, within: str | 
     return value
 
 
-def check_own_fields(body: dict, endpoint: str, refused: dict, chat_fields: dict, types: list,
-                     why=lambda name: "leave it out") -> None:
-    """The fields an endpoint other than the chat's takes or refuses: those it cannot honour unless
-    they change nothing (``refused``: name -> the values that change nothing; ``why(name)``: what
-    to do instead), the chat's own where it has one of its own or none (``chat_fields``: name -> its
-    own field, or ""), and the types of those it keeps to itself (``types``: (name, type))."""
+def check_refused(body: dict, refused: dict, why=lambda name: "leave it out") -> None:
+    """Fields other servers take that this one cannot honour, unless they change nothing
+    (``refused``: name -> the values that change nothing; ``why(name)``: what to do instead)."""
     for name, harmless in refused.items():
         if not changes_nothing(body.get(name), harmless):
             raise ApiError(400, f"'{name}' is not supported by this server; {why(name)}.", name,
                            "unsupported_parameter")
+
+
+def check_own_fields(body: dict, endpoint: str, refused: dict, chat_fields: dict, types: list,
+                     why=lambda name: "leave it out") -> None:
+    """The fields an endpoint other than the chat's takes or refuses: the ``refused``
+    (``check_refused``), the chat's own where it has one of its own or none (``chat_fields``: name
+    -> its own field, or ""), and the types of those it keeps to itself (``types``: (name, type))."""
+    check_refused(body, refused, why)
     for name, instead in chat_fields.items():
         if name in body:
             hint = f"; it takes '{instead}'" if instead else ""

@@ -14,7 +14,7 @@ from anyspec.engine import encode_prompt
 from anyspec.engine.prompt import fill_in_the_middle
 from anyspec.errors import ConfigError
 from anyspec.server.chat import continued, template_kwargs
-from anyspec.server.fields import ApiError, Body, body_field, changes_nothing, number
+from anyspec.server.fields import ApiError, Body, body_field, check_refused, number
 from anyspec.server.structured import (
     Structure,
     StructuredError,
@@ -262,10 +262,7 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
     n = body_field(body, "n", (int,), 1)
     if not 1 <= n <= MAX_CHOICES:
         raise ApiError(400, f"'n' must be from 1 to {MAX_CHOICES}, got {number(n)}.", "n", "invalid_value")
-    for name, harmless in UNSUPPORTED.items():
-        if not changes_nothing(body.get(name), harmless):
-            raise ApiError(400, f"'{name}' is not supported by this server; leave it out.", name,
-                           "unsupported_parameter")
+    check_refused(body, UNSUPPORTED)
     vocab = vocab_size or 2**31
     suffix = None if chat else body_field(body, "suffix", (str,))
     echo = body_field(body, "echo", (bool,), False)
@@ -294,18 +291,8 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
     include_stop = body_field(body, "include_stop_str_in_output", (bool,), False)
     repetition = body_field(body, "repetition_penalty", (int, float), 1.0)
     ignore_eos = body_field(body, "ignore_eos", (bool,), False)
-    seed = body_field(body, "seed", (int,))
-    try:
-        seed = checked_seed(seed)
-    except ConfigError:
-        raise ApiError(400, f"'seed' must be an integer from 0 to 2**64 - 1, or -1 for none, got "
-                            f"{number(seed)}.", "seed", "invalid_value") from None
-    stream = body_field(body, "stream", (bool,), False)
-    options = body_field(body, "stream_options", (dict,), {})
-    if options and not stream:
-        raise ApiError(400, "'stream_options' is allowed only with 'stream': true.", "stream_options",
-                       "invalid_value")
-    include_usage = body_field(options, "include_usage", (bool,), False, "stream_options")
+    seed = _seed(body)
+    stream, include_usage = _stream(body)
     speculative = body_field(body, "speculative", (bool,), True)
     logprobs = _logprobs(body, chat)
     if echo and chat:
@@ -336,6 +323,25 @@ def parse_request(body, chat: bool, model_ids: tuple[str, ...], tokenizer, conte
     except ConfigError as exc:
         raise ApiError(400, str(exc), exc.field, "invalid_value") from None
     return Parsed(prompts, params, stream, include_usage, speculative, wanted, n, echo, body.ignored())
+
+
+def _seed(body: dict) -> int | None:
+    seed = body_field(body, "seed", (int,))
+    try:
+        return checked_seed(seed)
+    except ConfigError:
+        raise ApiError(400, f"'seed' must be an integer from 0 to 2**64 - 1, or -1 for none, got "
+                            f"{number(seed)}.", "seed", "invalid_value") from None
+
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    """``stream``, and ``stream_options.include_usage``."""
+    stream = body_field(body, "stream", (bool,), False)
+    options = body_field(body, "stream_options", (dict,), {})
+    if options and not stream:
+        raise ApiError(400, "'stream_options' is allowed only with 'stream': true.", "stream_options",
+                       "invalid_value")
+    return stream, body_field(options, "include_usage", (bool,), False, "stream_options")
 
 
 def _max_tokens(prompts: list[Prompt], names: list[str], max_tokens: int | None, context: int | None,
