@@ -236,6 +236,9 @@ def test_queue_wait_timeout_answers_503(engine):
         assert r.status_code == 503 and "retry-after" in r.headers
         assert r.json()["error"]["code"] == "queue_timeout" and r.json()["error"]["type"] == "server_error"
         assert health(url)["queue_depth"] == 0
+        counted = httpx.get(url + "/metrics").text
+        assert 'anyspec_generations_total{outcome="queue_timeout"} 1.0' in counted, counted
+        assert 'outcome="cancelled"' not in counted
         stream.close()
 
 

@@ -104,7 +104,7 @@ async def admit(jobs: list[Job], request, scheduler: Scheduler, settings: Settin
     try:
         kind, value = await next_event(jobs[0], request, time.monotonic() + settings.queue_timeout)
     except TimeoutError:
-        cancel(scheduler, jobs)
+        cancel(scheduler, jobs, "queue_timeout")
         raise ApiError(503, f"The request waited longer than {settings.queue_timeout:g} s in the queue.",
                        None, "queue_timeout", {"Retry-After": retry}) from None
     except ClientGone:
@@ -140,9 +140,9 @@ async def outcome_of(job: Job, request) -> Outcome:
     return outcome
 
 
-def cancel(scheduler: Scheduler, jobs: list[Job]) -> None:
+def cancel(scheduler: Scheduler, jobs: list[Job], outcome: str = "cancelled") -> None:
     for job in jobs:
-        scheduler.cancel(job)
+        scheduler.cancel(job, outcome)
 
 
 def error_json(path: str, exc: ApiError) -> dict:

@@ -79,8 +79,8 @@ class Metrics:
         requests = CounterMetricFamily("anyspec_requests", "HTTP requests answered, by path and status.",
                                        labels=["path", "status"])
         generations = CounterMetricFamily(
-            "anyspec_generations", "Generations by outcome (completed, cancelled by a disconnect, timed_out, "
-            "error).", labels=["outcome"])
+            "anyspec_generations", "Generations by outcome (completed, cancelled by a disconnect, "
+            "queue_timeout (never started), timed_out, error).", labels=["outcome"])
         with self.lock:
             for (path, status), n in sorted(self.requests.items()):
                 requests.add_metric([path, str(status)], n)

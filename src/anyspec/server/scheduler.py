@@ -182,12 +182,14 @@ class Scheduler:
             self.pending.extend(jobs)
             self.cond.notify()
 
-    def cancel(self, job: Job) -> None:
+    def cancel(self, job: Job, outcome: str = "cancelled") -> None:
+        """Stop ``job``; one still queued is counted under ``outcome`` (``queue_timeout``: it waited
+        too long), one running as ``cancelled`` once the worker retires it."""
         job.cancelled.set()
         with self.cond:
             if job in self.pending:
                 self.pending.remove(job)
-                self.metrics.add_generation("cancelled", 0, 0.0, None)
+                self.metrics.add_generation(outcome, 0, 0.0, None)
             self.cond.notify()
 
     def _ids(self, job: Job) -> list[int]:
