@@ -36,7 +36,7 @@ def continued(body: dict, messages: list[dict]) -> list[dict]:
     if last["role"] != "assistant" or not last["content"] or last.get("tool_calls"):
         raise StructuredError("'continue_final_message' needs the last message to be an assistant's, with "
                               "text and no tool calls.", "continue_final_message")
-    text = last["content"] if isinstance(last["content"], str) else ""
+    text = last["content"]  # chat_messages joined its parts
     calls = body.get("tools") and body.get("tool_choice") != "none"
     if calls and text.rfind(TOOL_OPEN) > text.rfind(TOOL_CLOSE):
         raise StructuredError(f"'continue_final_message': the assistant's message ends inside a {TOOL_OPEN}, "
